@@ -57,6 +57,9 @@ def cuda_library(name, srcs, hdrs = [], deps = [], nvcc_hdrs = [], nvcc_flags = 
         srcs = objs,
         hdrs = hdrs,
         deps = deps + ["//third_party:cuda_runtime"],
+        # Link the objects into each binary (not a per-library .so) so that the static CUDA
+        # runtime that follows them on the link line resolves their references.
+        linkstatic = True,
         visibility = visibility,
         **kwargs
     )

@@ -1,0 +1,35 @@
+// Raw CUDA entry points, implemented in .cu files. Plain C++: no CUDA or Abseil types, so host
+// code includes this without the CUDA headers. Each returns a cudaError_t value (0 = success);
+// host wrappers (device.h, *_cuda.h) turn those into absl::Status. `stream` is a cudaStream_t
+// (nullptr = the legacy default stream).
+#ifndef DEEPINFER_KERNELS_CUDA_LAUNCH_H_
+#define DEEPINFER_KERNELS_CUDA_LAUNCH_H_
+
+#include <cstddef>
+
+#include "kernels/rmsnorm.h"
+
+namespace deepinfer::kernels::cuda_raw {
+
+// cudaGetDeviceCount; *count is 0 on error.
+int GetDeviceCount(int* count);
+// cudaGetErrorName / cudaGetErrorString of an error value.
+const char* ErrorName(int error);
+const char* ErrorString(int error);
+// Device properties of the current device: name (NUL-terminated into `name`), compute
+// capability, global memory bytes.
+int GetDeviceInfo(int device, char* name, size_t name_len, int* major, int* minor,
+                  size_t* total_bytes);
+
+int Malloc(void** ptr, size_t bytes);
+int Free(void* ptr);
+int MemcpyHostToDevice(void* dst, const void* src, size_t bytes);
+int MemcpyDeviceToHost(void* dst, const void* src, size_t bytes);
+int StreamSynchronize(void* stream);
+
+// RMSNorm over device pointers; parameters as kernels/rmsnorm.h, already validated.
+int LaunchRmsNorm(const RmsNormParams& p, void* stream);
+
+}  // namespace deepinfer::kernels::cuda_raw
+
+#endif  // DEEPINFER_KERNELS_CUDA_LAUNCH_H_

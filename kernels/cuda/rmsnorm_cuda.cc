@@ -1,0 +1,14 @@
+#include "kernels/cuda/rmsnorm_cuda.h"
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/launch.h"
+
+namespace deepinfer::kernels {
+
+absl::Status RmsNormCuda(const RmsNormParams& p, void* stream) {
+  if (const char* error = ValidateRmsNormParams(p)) return absl::InvalidArgumentError(error);
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  return CudaStatus(cuda_raw::LaunchRmsNorm(p, stream), "rmsnorm launch");
+}
+
+}  // namespace deepinfer::kernels
