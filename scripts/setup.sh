@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Installs exactly the Debian packages that building and testing deepinfer needs. Idempotent and
+# fast when everything is present (one dpkg-query); fails loudly, naming what is missing, when it
+# cannot install. The CUDA 13 toolkit is not a Debian package: it must already be under
+# /usr/local/cuda (or $CUDA_HOME), and its absence is reported by name.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap          # Bazel 4.2.3, used offline
+  g++                      # C++20 compiler
+  pkg-config
+  protobuf-compiler        # protoc
+  protobuf-compiler-grpc   # grpc_cpp_plugin
+  libprotobuf-dev
+  libgrpc++-dev
+  libabsl-dev
+  libspdlog-dev
+  libfmt-dev
+  libucx-dev
+  ucx-utils                # ucx_info / ucx_perftest for transport checks
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
+  libpcre2-dev
+  nlohmann-json3-dev
+)
+
+missing_packages() {
+  local missing=()
+  for pkg in "${PACKAGES[@]}"; do
+    pkg=${pkg%%#*}
+    [ -z "$pkg" ] && continue
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  echo "${missing[@]:-}"
+}
+
+missing=$(missing_packages)
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages: $missing"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: $missing" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q >/dev/null || echo "setup: apt-get update failed; trying the cached lists" >&2
+  # shellcheck disable=SC2086
+  if ! $SUDO apt-get install -y -q --no-install-recommends $missing >/tmp/deepinfer-apt.log 2>&1; then
+    tail -20 /tmp/deepinfer-apt.log >&2
+    echo "setup: apt-get install failed for: $missing" >&2
+    exit 1
+  fi
+  still=$(missing_packages)
+  if [ -n "$still" ]; then
+    echo "setup: still missing after install: $still" >&2
+    exit 1
+  fi
+fi
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+for f in bin/nvcc lib64/libcudart_static.a lib64/libcublas.so lib64/libnccl.so include/cuda_runtime.h; do
+  if [ ! -e "$CUDA_HOME/$f" ]; then
+    echo "setup: missing $CUDA_HOME/$f: install the CUDA 13 toolkit (with cuBLAS and NCCL) there" >&2
+    exit 1
+  fi
+done
+
+for tool in bazel protoc grpc_cpp_plugin; do
+  command -v "$tool" >/dev/null || { echo "setup: $tool not on PATH after install" >&2; exit 1; }
+done
+echo "setup: all build dependencies present"
