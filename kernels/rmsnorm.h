@@ -30,6 +30,10 @@ struct RmsNormParams {
   float eps = 1e-6f;   // > 0
   float weight_offset = 0.0f;
   DType dtype = DType::kBF16;
+  // For f32 buffers that hold values of a narrower model type (the CPU engine keeps activations
+  // in f32): round every stored intermediate to this type, exactly as if the buffers were of it.
+  // Must be kF32 or equal to `dtype` unless dtype is kF32.
+  DType round_to = DType::kF32;
 };
 
 // Plain-C++ check shared by both backends: nullptr when the parameters are usable, else a

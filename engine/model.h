@@ -1,0 +1,120 @@
+// The transformer forward pass on the CPU over a ragged batch with a paged KV cache.
+//
+// A batch holds several sequences; each contributes some new tokens (a prefill chunk, or one
+// decode token, or several speculative tokens) at positions [start_position, start_position + n)
+// and a block table covering every position up to the last new one. The pass writes the new
+// tokens' K/V into their blocks and returns logits for the last new token of each sequence (or
+// for every new token when asked).
+//
+// Numerics: weights stay in their stored precision and are widened on the fly; accumulation is
+// f32; activations are rounded to the model's dtype (config torch_dtype) at the same points as
+// Hugging Face transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16
+// checkpoints to bf16 rounding noise.
+//
+// Thread-safety: Forward() may be called by one thread at a time (it uses the model's pool);
+// the model is otherwise immutable. Not copyable or movable (owns the checkpoint mapping).
+#ifndef DEEPINFER_ENGINE_MODEL_H_
+#define DEEPINFER_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/kv_cache.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "kernels/dtype.h"
+#include "kernels/thread_pool.h"
+
+namespace deepinfer::engine {
+
+struct ModelOptions {
+  // Threads for the forward pass; <= 0: all cores.
+  int num_threads = 0;
+};
+
+struct SequenceInput {
+  const int32_t* tokens = nullptr;  // new tokens
+  int64_t num_tokens = 0;           // >= 1
+  int64_t start_position = 0;       // tokens of this sequence already in the KV cache
+  const int32_t* block_table = nullptr;
+  int64_t num_blocks = 0;  // entries in block_table; must cover start_position + num_tokens
+  bool all_logits = false;  // logits for every new token instead of only the last
+};
+
+class Model {
+ public:
+  // Loads config.json + safetensors from a Hugging Face model directory. Errors name the file
+  // and the problem (missing/mis-shaped tensor, unsupported dtype, bad config).
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     const ModelOptions& options = {});
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  // The activation dtype (bf16, f16 or f32) and the KV-cache dtype this model wants.
+  kernels::DType activation_dtype() const { return act_dtype_; }
+
+  // A cache geometry for this model.
+  KvCacheConfig MakeKvCacheConfig(int num_blocks, int block_size) const;
+
+  // Runs the batch. `logits` is resized to rows x vocab_size, rows in batch order (one per
+  // sequence, or num_tokens for sequences with all_logits). kInvalidArgument (naming the
+  // sequence and field) for token ids out of range, block tables too short or naming blocks
+  // outside the cache, or a cache of another geometry.
+  absl::Status Forward(const std::vector<SequenceInput>& batch, KvCache* cache,
+                       std::vector<float>* logits);
+
+ private:
+  struct Linear {
+    const void* w = nullptr;
+    const void* b = nullptr;
+    kernels::DType dtype = kernels::DType::kF32;
+    int64_t out = 0;
+    int64_t in = 0;
+  };
+  struct Mlp {
+    Linear gate, up, down;
+  };
+  struct Layer {
+    std::vector<float> input_norm, post_norm, q_norm, k_norm;
+    Linear q, k, v, o;
+    Mlp mlp;                       // dense layers
+    Linear router;                 // MoE: [experts, hidden]
+    std::vector<Mlp> experts;      // MoE
+    Mlp shared_expert;             // Qwen2-MoE
+    Linear shared_expert_gate;     // Qwen2-MoE: [1, hidden]
+    bool moe = false;
+    bool sliding = false;
+  };
+
+  Model(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, int num_threads);
+  absl::Status Init();
+  absl::StatusOr<Linear> GetLinear(const std::string& name, int64_t out, int64_t in,
+                                   bool bias) const;
+  absl::StatusOr<std::vector<float>> GetNorm(const std::string& name, int64_t size) const;
+  void RunLinear(const Linear& l, const float* x, int64_t m, float* y) const;
+  void RunMlp(const Mlp& mlp, const float* x, int64_t m, int64_t inter, float* out,
+              std::vector<float>* scratch) const;
+  void RunMoe(const Layer& layer, const float* x, int64_t m, float* out) const;
+  void RmsNorm(const std::vector<float>& w, const float* x, int64_t rows, int64_t width,
+               float* y) const;
+
+  const ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<kernels::ThreadPool> pool_;
+  kernels::DType act_dtype_ = kernels::DType::kF32;
+  Linear embed_;
+  Linear lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;  // RoPE, head_dim / 2
+};
+
+}  // namespace deepinfer::engine
+
+#endif  // DEEPINFER_ENGINE_MODEL_H_

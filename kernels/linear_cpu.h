@@ -1,0 +1,35 @@
+// Dense projection on the CPU: y[m, n] = x[m, k] · W[n, k]^T (+ bias[n]), the layout of
+// PyTorch's nn.Linear weights as stored in checkpoints. Activations are f32 buffers; weights stay
+// in their stored precision (f32, bf16, f16) and are widened on the fly; accumulation is f32.
+// The result is rounded to `round_to` (the model's activation dtype), which reproduces what a
+// bf16/f16 framework stores after the same matmul.
+//
+// Thread-safety: thread-compatible; parallelises internally on `pool` (may be null).
+#ifndef DEEPINFER_KERNELS_LINEAR_CPU_H_
+#define DEEPINFER_KERNELS_LINEAR_CPU_H_
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/thread_pool.h"
+
+namespace deepinfer::kernels {
+
+struct LinearParams {
+  const float* x = nullptr;     // [m, k], row stride k
+  const void* weight = nullptr; // [n, k], weight_dtype
+  DType weight_dtype = DType::kF32;
+  const void* bias = nullptr;   // [n], weight_dtype, optional
+  float* y = nullptr;           // [m, n], row stride ldy (>= n; 0 means n)
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t ldy = 0;
+  DType round_to = DType::kF32;
+};
+
+void LinearCpu(const LinearParams& p, ThreadPool* pool);
+
+}  // namespace deepinfer::kernels
+
+#endif  // DEEPINFER_KERNELS_LINEAR_CPU_H_
