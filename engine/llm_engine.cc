@@ -1,0 +1,597 @@
+#include "engine/llm_engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/block_hash.h"
+
+namespace deepinfer::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t Micros(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(to - from).count();
+}
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+struct LlmEngine::Sequence {
+  enum class State { kWaiting, kRunning, kFinished };
+  uint64_t id = 0;
+  std::string request_id;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t prompt_len = 0;       // original prompt
+  SamplingParams sampling;
+  std::unique_ptr<Sampler> sampler;
+  OutputCallback on_output;
+  int priority = 0;
+  uint64_t arrival = 0;
+  uint64_t root_hash = 0;
+  State state = State::kWaiting;
+
+  bool has_blocks = false;
+  int64_t computed = 0;       // tokens whose KV is in the cache
+  int64_t scheduled_end = 0;  // tokens whose KV will be there after planned steps
+  int pending_samples = 0;    // in-flight or planned steps that sample for it
+  int in_flight = 0;          // submitted steps that reference its blocks
+  std::vector<uint64_t> block_hashes;  // chain over its committed full blocks
+  bool preempt_requested = false;
+  uint64_t epoch = 0;  // bumped by each preemption: plans made before it are void
+
+  RequestUsage usage;
+  bool counted_cache = false;
+  Clock::time_point arrived;
+  bool scheduled_once = false;
+  bool first_token_seen = false;
+  bool aborted = false;
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+};
+
+struct LlmEngine::Planned {
+  Sequence* seq = nullptr;
+  uint64_t epoch = 0;
+  int64_t start = 0;
+  int64_t count = 0;
+  bool sample = false;
+  std::vector<int32_t> table;
+  std::vector<int32_t> input;
+  SampleResult result;
+};
+
+struct LlmEngine::Step {
+  std::vector<Planned> items;
+  absl::Status status;
+  double forward_seconds = 0.0;
+  Clock::time_point done_at;
+};
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
+                                                             const EngineOptions& options) {
+  if (options.num_blocks <= 0 || options.block_size <= 0 || options.max_batch_tokens <= 0 ||
+      options.max_running <= 0 || options.max_waiting <= 0) {
+    return absl::InvalidArgumentError(
+        "engine options: num_blocks, block_size, max_batch_tokens, max_running and max_waiting "
+        "must be positive");
+  }
+  DI_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                      KvCache::Create(model->MakeKvCacheConfig(options.num_blocks,
+                                                               options.block_size)));
+  return std::unique_ptr<LlmEngine>(new LlmEngine(model, options, std::move(cache)));
+}
+
+LlmEngine::LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr<KvCache> cache)
+    : model_(model),
+      options_(options),
+      cache_(std::move(cache)),
+      blocks_(options.num_blocks, options.block_size) {}
+
+LlmEngine::~LlmEngine() { Stop(); }
+
+absl::Status LlmEngine::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return absl::FailedPreconditionError("engine already started");
+  started_ = true;
+  executor_ = std::thread([this] { ExecutorLoop(); });
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+  return absl::OkStatus();
+}
+
+void LlmEngine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stopping_) {
+      stopping_ = true;
+    } else {
+      stopping_ = true;
+    }
+  }
+  wake_.notify_all();
+  if (scheduler_.joinable()) scheduler_.join();
+  {
+    std::lock_guard<std::mutex> lock(exec_mu_);
+    exec_stop_ = true;
+  }
+  exec_cv_.notify_all();
+  if (executor_.joinable()) executor_.join();
+}
+
+absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) {
+  const ModelConfig& c = model_->config();
+  if (request.request_id.empty()) {
+    return absl::InvalidArgumentError("request_id: expected a non-empty id");
+  }
+  if (request.prompt.empty()) {
+    return absl::InvalidArgumentError("prompt_token_ids: expected at least one token, got 0");
+  }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i,
+                                                     "]: expected a token id in [0, ",
+                                                     c.vocab_size, "), got ", request.prompt[i]));
+    }
+  }
+  DI_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, c.vocab_size));
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
+  if (total > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.max_tokens: prompt (", request.prompt.size(), " tokens) + max_tokens (",
+        request.sampling.max_tokens, ") exceeds the model's context of ",
+        c.max_position_embeddings, " tokens"));
+  }
+  if ((total + options_.block_size - 1) / options_.block_size > options_.num_blocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt + max_tokens (", total, " tokens) can never fit in this node's KV cache (",
+        static_cast<int64_t>(options_.num_blocks) * options_.block_size, " tokens)"));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->request_id = request.request_id;
+  seq->tokens = std::move(request.prompt);
+  seq->prompt_len = static_cast<int64_t>(seq->tokens.size());
+  seq->sampling = request.sampling;
+  seq->sampler = std::make_unique<Sampler>(request.sampling);
+  seq->sampler->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
+  seq->on_output = std::move(on_output);
+  seq->priority = request.priority;
+  seq->root_hash = RootBlockHash(options_.hash_seed, request.cache_salt);
+  seq->arrived = Clock::now();
+  seq->usage.prompt_tokens = seq->prompt_len;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
+    if (live_.count(seq->request_id) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request_id: \"", seq->request_id, "\" is already running"));
+    }
+    if (stats_.waiting + static_cast<int64_t>(incoming_.size()) >= options_.max_waiting) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "queue full: ", options_.max_waiting, " requests waiting; retry later"));
+    }
+    live_[seq->request_id] = seq.get();
+    incoming_.push_back(std::move(seq));
+  }
+  wake_.notify_all();
+  return absl::OkStatus();
+}
+
+bool LlmEngine::Abort(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (live_.count(request_id) == 0) return false;
+    abort_requests_.push_back(request_id);
+  }
+  wake_.notify_all();
+  return true;
+}
+
+EngineStats LlmEngine::GetStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) {
+  if (seq->state == Sequence::State::kFinished) return;
+  const Sequence::State was = seq->state;
+  seq->state = Sequence::State::kFinished;
+  const auto now = Clock::now();
+  seq->usage.completion_tokens = seq->generated();
+  seq->usage.total_us = Micros(seq->arrived, now);
+  {
+    // Before the callback: a client may reuse the id as soon as it sees the final output.
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(seq->request_id);
+    ++stats_.finished;
+  }
+  EngineOutput out;
+  out.request_id = seq->request_id;
+  out.finished = true;
+  out.finish_reason = reason;
+  out.status = std::move(status);
+  out.usage = seq->usage;
+  seq->on_output(out);
+  auto& from = was == Sequence::State::kWaiting ? waiting_ : running_;
+  for (auto it = from.begin(); it != from.end(); ++it) {
+    if (it->get() == seq) {
+      finished_pending_free_.push_back(std::move(*it));
+      from.erase(it);
+      break;
+    }
+  }
+}
+
+void LlmEngine::HandleAborts() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids.swap(abort_requests_);
+  }
+  for (const std::string& id : ids) {
+    Sequence* seq = nullptr;
+    for (auto& s : waiting_) {
+      if (s->request_id == id) seq = s.get();
+    }
+    for (auto& s : running_) {
+      if (s->request_id == id) seq = s.get();
+    }
+    if (seq != nullptr) {
+      seq->aborted = true;
+      Finish(seq, FinishReason::kAborted, absl::CancelledError("aborted"));
+    }
+  }
+}
+
+void LlmEngine::Preempt(Sequence* seq) {
+  (void)blocks_.Free(seq->id);
+  seq->has_blocks = false;
+  seq->computed = 0;
+  seq->scheduled_end = 0;
+  seq->block_hashes.clear();
+  seq->preempt_requested = false;
+  seq->pending_samples = 0;  // nothing in flight; planned-but-unsubmitted items are voided
+  ++seq->epoch;
+  seq->state = Sequence::State::kWaiting;
+  ++seq->usage.preemptions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.preemptions;
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->get() == seq) {
+      std::unique_ptr<Sequence> owned = std::move(*it);
+      running_.erase(it);
+      auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) {
+        return w->priority < owned->priority ||
+               (w->priority == owned->priority && w->arrival > owned->arrival);
+      });
+      waiting_.insert(pos, std::move(owned));
+      return;
+    }
+  }
+}
+
+void LlmEngine::CommitBlocks(Sequence* seq) {
+  if (!options_.enable_prefix_cache) return;
+  const int bs = options_.block_size;
+  const int64_t full = seq->computed / bs;
+  while (static_cast<int64_t>(seq->block_hashes.size()) < full) {
+    const int64_t b = static_cast<int64_t>(seq->block_hashes.size());
+    const uint64_t parent = b == 0 ? seq->root_hash : seq->block_hashes.back();
+    const uint64_t hash = BlockHash(parent, seq->tokens.data() + b * bs, bs);
+    (void)blocks_.Commit(seq->id, b, hash, b == 0 ? 0 : parent);
+    seq->block_hashes.push_back(hash);
+  }
+}
+
+std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
+  auto step = std::make_unique<Step>();
+  int64_t budget = options_.max_batch_tokens;
+  bool preempting = false;
+
+  // Plans `seq` for up to the remaining budget; returns false when it had to be skipped.
+  auto plan = [&](Sequence* seq) {
+    const int64_t known = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples;
+    const int64_t avail = known - seq->scheduled_end;
+    if (avail <= 0 || budget <= 0) return;
+    // A sequence whose planned samples already reach max_tokens is finishing: nothing to do.
+    if (seq->generated() + seq->pending_samples >= seq->sampling.max_tokens) return;
+    int64_t count = std::min(avail, budget);
+    if (!options_.chunked_prefill && count < avail) {
+      if (!step->items.empty()) return;
+      count = avail;  // alone in the step: run the whole prompt
+    }
+    absl::Status grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
+    if (!grown.ok()) {
+      // Free room: ask the newest, lowest-priority other running sequence to give its blocks
+      // back once the step in flight is done.
+      Sequence* victim = nullptr;
+      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+        Sequence* s = it->get();
+        if (s == seq || s->preempt_requested) continue;
+        if (victim == nullptr || s->priority < victim->priority) victim = s;
+      }
+      if (victim != nullptr) victim->preempt_requested = true;
+      preempting = true;
+      return;
+    }
+    Planned p;
+    p.seq = seq;
+    p.epoch = seq->epoch;
+    p.start = seq->scheduled_end;
+    p.count = count;
+    p.sample = p.start + count == known;
+    seq->scheduled_end += count;
+    if (p.sample) ++seq->pending_samples;
+    budget -= count;
+    step->items.push_back(std::move(p));
+  };
+
+  // Decodes first (one token each), then continuing prefills.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& owned : running_) {
+      Sequence* seq = owned.get();
+      if (seq->preempt_requested) continue;
+      const int64_t avail = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples -
+                            seq->scheduled_end;
+      if ((pass == 0) != (avail == 1)) continue;
+      plan(seq);
+    }
+  }
+  // Admissions: priority, then FCFS; stop at the first that does not fit.
+  // No admissions while running sequences are short of blocks.
+  for (auto& s : running_) preempting = preempting || s->preempt_requested;
+  while (!preempting && budget > 0 && static_cast<int>(running_.size()) < options_.max_running &&
+         !waiting_.empty()) {
+    Sequence* seq = waiting_.front().get();
+    std::vector<uint64_t> hashes;
+    if (options_.enable_prefix_cache) {
+      hashes = BlockHashes(seq->root_hash, seq->tokens, options_.block_size);
+    }
+    absl::StatusOr<int64_t> cached =
+        blocks_.AllocateSequence(seq->id, static_cast<int64_t>(seq->tokens.size()), hashes);
+    if (!cached.ok()) break;
+    seq->has_blocks = true;
+    seq->computed = seq->scheduled_end = *cached;
+    if (options_.enable_prefix_cache) {
+      hashes.resize(*cached / options_.block_size);
+      seq->block_hashes = hashes;
+    }
+    if (!seq->counted_cache) {
+      seq->usage.cached_prompt_tokens = *cached;
+      seq->counted_cache = true;
+    }
+    if (!seq->scheduled_once) {
+      seq->scheduled_once = true;
+      seq->usage.queue_us = Micros(seq->arrived, Clock::now());
+    }
+    seq->state = Sequence::State::kRunning;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    plan(seq);
+  }
+  return step;
+}
+
+bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step) {
+  std::vector<Planned> kept;
+  for (Planned& p : step->items) {
+    Sequence* seq = p.seq;
+    if (seq->state != Sequence::State::kRunning || seq->epoch != p.epoch) continue;
+    p.input.assign(seq->tokens.begin() + p.start, seq->tokens.begin() + p.start + p.count);
+    p.table = *blocks_.Table(seq->id);
+    ++seq->in_flight;
+    kept.push_back(std::move(p));
+  }
+  step->items = std::move(kept);
+  if (step->items.empty()) return false;
+  if (!options_.overlap) {
+    ExecuteStep(*step);
+    Process(*step);
+    return false;
+  }
+  {
+    std::unique_lock<std::mutex> lock(exec_mu_);
+    exec_in_ = std::move(step);
+  }
+  exec_cv_.notify_all();
+  return true;
+}
+
+void LlmEngine::ExecuteStep(Step& step) {
+  const auto t0 = Clock::now();
+  std::vector<SequenceInput> inputs;
+  inputs.reserve(step.items.size());
+  for (const Planned& p : step.items) {
+    SequenceInput in;
+    in.tokens = p.input.data();
+    in.num_tokens = p.count;
+    in.start_position = p.start;
+    in.block_table = p.table.data();
+    in.num_blocks = static_cast<int64_t>(p.table.size());
+    inputs.push_back(in);
+  }
+  std::vector<float> logits;
+  step.status = model_->Forward(inputs, cache_.get(), &logits);
+  if (step.status.ok()) {
+    const int vocab = model_->config().vocab_size;
+    for (size_t i = 0; i < step.items.size(); ++i) {
+      Planned& p = step.items[i];
+      if (!p.sample) continue;
+      p.result = p.seq->sampler->Sample(logits.data() + i * vocab, vocab);
+      p.seq->sampler->AddOutputToken(p.result.token);
+    }
+  }
+  step.done_at = Clock::now();
+  step.forward_seconds = Seconds(t0, step.done_at);
+}
+
+void LlmEngine::ExecutorLoop() {
+  while (true) {
+    std::unique_ptr<Step> step;
+    {
+      std::unique_lock<std::mutex> lock(exec_mu_);
+      exec_cv_.wait(lock, [&] { return exec_stop_ || exec_in_ != nullptr; });
+      if (exec_in_ == nullptr) return;
+      step = std::move(exec_in_);
+    }
+    ExecuteStep(*step);
+    {
+      std::lock_guard<std::mutex> lock(exec_mu_);
+      exec_out_ = std::move(step);
+    }
+    exec_cv_.notify_all();
+  }
+}
+
+void LlmEngine::Process(Step& step) {
+  int64_t tokens = 0;
+  for (Planned& p : step.items) {
+    Sequence* seq = p.seq;
+    --seq->in_flight;
+    tokens += p.count;
+    if (p.sample) --seq->pending_samples;
+    if (seq->state == Sequence::State::kFinished) continue;
+    if (!step.status.ok()) {
+      Finish(seq, FinishReason::kAborted, step.status);
+      continue;
+    }
+    seq->computed = std::max(seq->computed, p.start + p.count);
+    if (!p.sample) {
+      CommitBlocks(seq);
+      continue;
+    }
+    const int32_t token = p.result.token;
+    seq->tokens.push_back(token);
+    CommitBlocks(seq);
+    const auto now = Clock::now();
+    if (!seq->first_token_seen) {
+      seq->first_token_seen = true;
+      seq->usage.first_token_us = Micros(seq->arrived, now);
+    }
+    StepOutput out{token, p.result.logprob, std::move(p.result.top)};
+    const auto& eos = options_.eos_token_ids;
+    const bool is_eos =
+        !seq->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+    const auto& stops = seq->sampling.stop_token_ids;
+    const bool is_stop = std::find(stops.begin(), stops.end(), token) != stops.end();
+    const bool at_max = seq->generated() >= seq->sampling.max_tokens;
+    if (is_eos || is_stop || at_max) {
+      // Deliver the token with the final output.
+      seq->usage.completion_tokens = seq->generated();
+      EngineOutput last;
+      last.request_id = seq->request_id;
+      last.new_tokens.push_back(std::move(out));
+      seq->on_output(last);
+      Finish(seq, is_eos || is_stop ? FinishReason::kStop : FinishReason::kLength, absl::OkStatus());
+      continue;
+    }
+    EngineOutput o;
+    o.request_id = seq->request_id;
+    o.new_tokens.push_back(std::move(out));
+    seq->on_output(o);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.step_tokens += tokens;
+  stats_.forward_seconds += step.forward_seconds;
+}
+
+void LlmEngine::SchedulerLoop() {
+  bool in_flight = false;
+  Clock::time_point last_done = Clock::now();
+  bool have_last_done = false;
+  while (true) {
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!incoming_.empty()) {
+        std::unique_ptr<Sequence> seq = std::move(incoming_.front());
+        incoming_.pop_front();
+        seq->id = next_seq_id_++;
+        seq->arrival = arrival_counter_++;
+        auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) {
+          return w->priority < seq->priority;
+        });
+        waiting_.insert(pos, std::move(seq));
+      }
+      stopping = stopping_;
+    }
+    HandleAborts();
+    if (stopping) {
+      std::vector<Sequence*> all;
+      for (auto& s : waiting_) all.push_back(s.get());
+      for (auto& s : running_) all.push_back(s.get());
+      for (Sequence* s : all) Finish(s, FinishReason::kAborted, absl::CancelledError("engine stopped"));
+    }
+
+    const auto sched_start = Clock::now();
+    std::unique_ptr<Step> next = stopping ? std::make_unique<Step>() : Schedule();
+    const auto sched_end = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.schedule_seconds += Seconds(sched_start, sched_end);
+    }
+    if (in_flight) {
+      std::unique_ptr<Step> done;
+      {
+        std::unique_lock<std::mutex> lock(exec_mu_);
+        exec_cv_.wait(lock, [&] { return exec_out_ != nullptr; });
+        done = std::move(exec_out_);
+      }
+      last_done = done->done_at;
+      have_last_done = true;
+      Process(*done);
+      in_flight = false;
+    }
+    // Blocks of finished or preempted sequences are released once no step uses them.
+    for (auto it = finished_pending_free_.begin(); it != finished_pending_free_.end();) {
+      Sequence* seq = it->get();
+      if (seq->in_flight > 0) {
+        ++it;
+        continue;
+      }
+      if (seq->has_blocks) (void)blocks_.Free(seq->id);
+      it = finished_pending_free_.erase(it);
+    }
+    std::vector<Sequence*> victims;
+    for (auto& s : running_) {
+      if (s->preempt_requested && s->in_flight == 0) victims.push_back(s.get());
+    }
+    for (Sequence* v : victims) Preempt(v);
+
+    const bool had_work = !next->items.empty();
+    if (had_work) {
+      const auto submit_at = Clock::now();
+      if (options_.overlap && have_last_done && submit_at > last_done) {
+        // The executor sat idle from the previous step's end until now: scheduling time that
+        // the overlap did not hide.
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.exposed_schedule_seconds += Seconds(last_done, submit_at);
+      }
+      in_flight = FinalizeAndSubmit(std::move(next));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.running = static_cast<int64_t>(running_.size());
+      stats_.waiting = static_cast<int64_t>(waiting_.size());
+      stats_.blocks = blocks_.stats();
+    }
+    if (stopping && !in_flight && finished_pending_free_.empty()) return;
+    if (!had_work && !in_flight) {
+      have_last_done = false;
+      std::unique_lock<std::mutex> lock(mu_);
+      const bool runnable = !waiting_.empty() || !running_.empty();
+      wake_.wait_for(lock, std::chrono::milliseconds(runnable ? 1 : 50), [&] {
+        return stopping_ || !incoming_.empty() || !abort_requests_.empty();
+      });
+    }
+  }
+}
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,184 @@
+// The serving engine: many concurrent requests share one model and one paged KV cache.
+//
+// - Continuous batching with a per-step token budget; chunked prefill mixed with decode tokens
+//   in the same step.
+// - Prefix reuse: prompts are hashed per block (block_hash.h); blocks whose KV is already cached
+//   are shared copy-free (block_manager.h); new full blocks are published once computed.
+// - Admission control: a request is admitted (priority first, then FCFS) only when its prompt's
+//   blocks can be reserved; it waits otherwise; a full waiting queue rejects Submit with
+//   kResourceExhausted.
+// - Preemption by recompute when a running sequence cannot grow: the newest lowest-priority
+//   sequence gives its blocks back and re-enters the queue with its tokens so far; outputs do not
+//   change (its sampler state is kept).
+// - Overlap: while step N runs on the executor thread, the scheduler thread prepares step N+1
+//   (admission, block allocation, block tables); the only synchronisation is on step N's sampled
+//   tokens, which are filled into step N+1's inputs when it is submitted. With overlap off the
+//   two alternate on one thread. The executor is where a CUDA stream would be driven.
+// - Abort at any point frees every block the request held (after the step that may be using
+//   them has finished).
+//
+// Thread-safety: Submit, Abort and GetStats are thread-safe. Output callbacks run on the engine's
+// scheduler thread and must not block (hand the output to another queue). Start() launches the
+// threads; Stop() (or the destructor) aborts what is left, emits a final output for every
+// request, and joins them. Not copyable or movable.
+#ifndef DEEPINFER_ENGINE_LLM_ENGINE_H_
+#define DEEPINFER_ENGINE_LLM_ENGINE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/block_manager.h"
+#include "engine/generate.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+namespace deepinfer::engine {
+
+struct EngineOptions {
+  int num_blocks = 1024;
+  int block_size = 16;
+  int max_batch_tokens = 512;   // token budget per step
+  int max_running = 64;         // sequences in the running batch
+  int max_waiting = 4096;       // queue bound; beyond it Submit returns kResourceExhausted
+  bool enable_prefix_cache = true;
+  bool chunked_prefill = true;
+  bool overlap = true;
+  uint64_t hash_seed = 0;
+  std::vector<int32_t> eos_token_ids;
+};
+
+struct EngineRequest {
+  std::string request_id;  // unique among live requests
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  std::string cache_salt;
+  int priority = 0;  // higher first
+};
+
+struct RequestUsage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t completion_tokens = 0;
+  int64_t queue_us = 0;        // arrival -> first scheduled
+  int64_t first_token_us = 0;  // arrival -> first token (TTFT)
+  int64_t total_us = 0;        // arrival -> finish
+  int64_t preemptions = 0;
+};
+
+struct EngineOutput {
+  std::string request_id;
+  std::vector<StepOutput> new_tokens;  // tokens since the previous output
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kLength;
+  absl::Status status;  // non-OK when the request failed (finished is then true)
+  RequestUsage usage;   // filled on the final output
+};
+
+using OutputCallback = std::function<void(const EngineOutput&)>;
+
+struct EngineStats {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  BlockManagerStats blocks;
+  int64_t steps = 0;
+  int64_t step_tokens = 0;          // tokens computed over all steps
+  double forward_seconds = 0.0;     // executor time in forward + sampling
+  double schedule_seconds = 0.0;    // scheduler time preparing steps
+  double exposed_schedule_seconds = 0.0;  // of which not hidden behind a running step
+  int64_t preemptions = 0;
+  int64_t finished = 0;
+};
+
+class LlmEngine {
+ public:
+  // `model` must outlive the engine. kInvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<LlmEngine>> Create(Model* model,
+                                                           const EngineOptions& options);
+  LlmEngine(const LlmEngine&) = delete;
+  LlmEngine& operator=(const LlmEngine&) = delete;
+  ~LlmEngine();
+
+  absl::Status Start();
+  void Stop();
+
+  // Queues a request. kInvalidArgument (named field) for bad input, kAlreadyExists for a live
+  // id, kResourceExhausted when the queue is full or the prompt can never fit in the KV cache,
+  // kFailedPrecondition when not started. On OK, `on_output` will be called at least once, the
+  // last time with finished == true.
+  absl::Status Submit(EngineRequest request, OutputCallback on_output);
+
+  // Aborts a request (waiting or running); its final output has kAborted. False if unknown.
+  bool Abort(const std::string& request_id);
+
+  EngineStats GetStats() const;
+
+ private:
+  struct Sequence;
+  struct Planned;
+  struct Step;
+
+  LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
+
+  void SchedulerLoop();
+  void ExecutorLoop();
+  std::unique_ptr<Step> Schedule();
+  // Fills step inputs from the now-known tokens and runs it (inline without overlap, else on the
+  // executor). Returns true when the step was handed to the executor.
+  bool FinalizeAndSubmit(std::unique_ptr<Step> step);
+  void Process(Step& step);
+  void Finish(Sequence* seq, FinishReason reason, absl::Status status);
+  void HandleAborts();
+  void Preempt(Sequence* seq);
+  void CommitBlocks(Sequence* seq);
+  void ExecuteStep(Step& step);
+
+  Model* const model_;
+  const EngineOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  BlockManager blocks_;  // scheduler thread only
+
+  // Submission side (guarded by mu_).
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  std::vector<std::string> abort_requests_;
+  std::unordered_map<std::string, Sequence*> live_;  // all requests not yet finished
+  bool started_ = false;
+  bool stopping_ = false;
+  EngineStats stats_;
+
+  // Scheduler thread state.
+  std::list<std::unique_ptr<Sequence>> waiting_;
+  std::list<std::unique_ptr<Sequence>> running_;
+  std::vector<std::unique_ptr<Sequence>> finished_pending_free_;
+  uint64_t next_seq_id_ = 1;
+  uint64_t arrival_counter_ = 0;
+
+  // Executor mailbox (guarded by exec_mu_).
+  std::mutex exec_mu_;
+  std::condition_variable exec_cv_;
+  std::unique_ptr<Step> exec_in_;
+  std::unique_ptr<Step> exec_out_;
+  bool exec_stop_ = false;
+
+  std::thread scheduler_;
+  std::thread executor_;
+};
+
+}  // namespace deepinfer::engine
+
+#endif  // DEEPINFER_ENGINE_LLM_ENGINE_H_

@@ -1,0 +1,292 @@
+// The serving engine against the single-sequence reference path (GenerateOne) on a committed
+// fixture checkpoint: greedy outputs must be identical whatever the batching, with the prefix
+// cache on or off, chunked prefill on or off, overlap on or off, and under preemption; and under
+// random load with aborts no KV block may leak.
+#include "engine/llm_engine.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace deepinfer::engine {
+namespace {
+
+constexpr char kModelDir[] = "engine/testdata/models/llama";
+
+// Collects outputs from the engine's callback thread.
+class Collector {
+ public:
+  OutputCallback Callback() {
+    return [this](const EngineOutput& out) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Result& r = results_[out.request_id];
+      for (const StepOutput& s : out.new_tokens) r.tokens.push_back(s.token);
+      if (out.finished) {
+        ++r.final_outputs;
+        r.finish = out.finish_reason;
+        r.status = out.status;
+        r.usage = out.usage;
+        ++finished_;
+        cv_.notify_all();
+      }
+    };
+  }
+  bool WaitFor(int n, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return finished_ >= n; });
+  }
+  struct Result {
+    std::vector<int32_t> tokens;
+    int final_outputs = 0;
+    FinishReason finish = FinishReason::kLength;
+    absl::Status status;
+    RequestUsage usage;
+  };
+  std::map<std::string, Result> results() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Result> results_;
+  int finished_ = 0;
+};
+
+class LlmEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto model = Model::Load(kModelDir, ModelOptions{2});
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = model->release();
+    // Prompts sharing long prefixes (an agent resending its context), plus unrelated ones.
+    std::mt19937 rng(5);
+    const int vocab = model_->config().vocab_size;
+    std::vector<int32_t> context(37);
+    for (int32_t& t : context) t = rng() % vocab;
+    for (int i = 0; i < 10; ++i) {
+      std::vector<int32_t> p;
+      if (i < 6) p.assign(context.begin(), context.begin() + 20 + 3 * i);
+      const int extra = 1 + rng() % 9;
+      for (int j = 0; j < extra; ++j) p.push_back(rng() % vocab);
+      prompts_.push_back(p);
+    }
+    for (const auto& p : prompts_) {
+      SamplingParams sp = Greedy(12);
+      auto r = GenerateOne(*model_, p, sp, GenerateOptions());
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<int32_t> out;
+      for (const StepOutput& s : r->steps) out.push_back(s.token);
+      expected_.push_back(out);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  static SamplingParams Greedy(int max_tokens) {
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = max_tokens;
+    sp.ignore_eos = true;
+    return sp;
+  }
+
+  // Runs every prompt twice (the second round reuses the first round's cached prefixes) and
+  // checks each output against the reference.
+  void RunAndCompare(const EngineOptions& options, bool expect_preemption = false) {
+    auto engine = LlmEngine::Create(model_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->Start().ok());
+    for (int round = 0; round < 2; ++round) {
+      Collector c;
+      for (size_t i = 0; i < prompts_.size(); ++i) {
+        EngineRequest req;
+        req.request_id = "r" + std::to_string(i);
+        req.prompt = prompts_[i];
+        req.sampling = Greedy(12);
+        ASSERT_TRUE((*engine)->Submit(req, c.Callback()).ok());
+      }
+      ASSERT_TRUE(c.WaitFor(prompts_.size(), std::chrono::seconds(120)));
+      auto results = c.results();
+      for (size_t i = 0; i < prompts_.size(); ++i) {
+        const auto& r = results["r" + std::to_string(i)];
+        EXPECT_EQ(r.final_outputs, 1);
+        EXPECT_TRUE(r.status.ok()) << r.status;
+        EXPECT_EQ(r.finish, FinishReason::kLength);
+        EXPECT_EQ(r.tokens, expected_[i]) << "prompt " << i << " round " << round;
+        EXPECT_EQ(r.usage.completion_tokens, 12);
+        EXPECT_EQ(r.usage.prompt_tokens, static_cast<int64_t>(prompts_[i].size()));
+        if (!options.enable_prefix_cache) EXPECT_EQ(r.usage.cached_prompt_tokens, 0);
+      }
+    }
+    const EngineStats stats = (*engine)->GetStats();
+    if (options.enable_prefix_cache) EXPECT_GT(stats.blocks.prefix_hit_tokens, 0);
+    if (expect_preemption) EXPECT_GT(stats.preemptions, 0);
+    (*engine)->Stop();
+    const EngineStats after = (*engine)->GetStats();
+    EXPECT_EQ(after.blocks.used_blocks, 0);
+  }
+
+  static Model* model_;
+  static std::vector<std::vector<int32_t>> prompts_;
+  static std::vector<std::vector<int32_t>> expected_;
+};
+
+Model* LlmEngineTest::model_ = nullptr;
+std::vector<std::vector<int32_t>> LlmEngineTest::prompts_;
+std::vector<std::vector<int32_t>> LlmEngineTest::expected_;
+
+TEST_F(LlmEngineTest, IdenticalAcrossCacheChunkingAndOverlapSettings) {
+  for (bool cache : {true, false}) {
+    for (bool chunked : {true, false}) {
+      for (bool overlap : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "cache " << cache << " chunked " << chunked
+                                          << " overlap " << overlap);
+        EngineOptions o;
+        o.num_blocks = 256;
+        o.block_size = 4;
+        o.max_batch_tokens = 16;  // small budget: prompts are chunked and mixed with decodes
+        o.enable_prefix_cache = cache;
+        o.chunked_prefill = chunked;
+        o.overlap = overlap;
+        RunAndCompare(o);
+      }
+    }
+  }
+}
+
+TEST_F(LlmEngineTest, IdenticalUnderPreemption) {
+  for (bool overlap : {true, false}) {
+    EngineOptions o;
+    o.num_blocks = 24;  // 96 tokens for 10 requests of up to ~60: forces preemption
+    o.block_size = 4;
+    o.max_batch_tokens = 32;
+    o.overlap = overlap;
+    RunAndCompare(o, /*expect_preemption=*/true);
+  }
+}
+
+TEST_F(LlmEngineTest, PrefixCacheServesTheSecondTurn) {
+  EngineOptions o;
+  o.num_blocks = 128;
+  o.block_size = 4;
+  auto engine = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  EngineRequest req;
+  req.request_id = "turn1";
+  req.prompt = prompts_[5];
+  req.sampling = Greedy(4);
+  ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+  req.request_id = "turn2";
+  ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(2, std::chrono::seconds(60)));
+  auto results = c.results();
+  EXPECT_EQ(results["turn1"].usage.cached_prompt_tokens, 0);
+  // Every full block except the one holding the last prompt token.
+  EXPECT_EQ(results["turn2"].usage.cached_prompt_tokens, (prompts_[5].size() - 1) / 4 * 4);
+  EXPECT_EQ(results["turn1"].tokens, results["turn2"].tokens);
+  // A different salt shares nothing.
+  req.request_id = "other-tenant";
+  req.cache_salt = "tenant-b";
+  ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(3, std::chrono::seconds(60)));
+  EXPECT_EQ(c.results()["other-tenant"].usage.cached_prompt_tokens, 0);
+}
+
+TEST_F(LlmEngineTest, RejectsBadRequestsWithNamedFields) {
+  EngineOptions o;
+  o.num_blocks = 8;
+  o.block_size = 4;
+  o.max_waiting = 2;
+  auto engine = LlmEngine::Create(model_, o).value();
+  Collector c;
+  EngineRequest req;
+  req.request_id = "x";
+  req.prompt = {1, 2, 3};
+  req.sampling = Greedy(4);
+  EXPECT_EQ(engine->Submit(req, c.Callback()).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine->Start().ok());
+  EngineRequest bad = req;
+  bad.prompt = {};
+  EXPECT_NE(engine->Submit(bad, c.Callback()).message().find("prompt_token_ids"), absl::string_view::npos);
+  bad = req;
+  bad.prompt = {model_->config().vocab_size};
+  EXPECT_NE(engine->Submit(bad, c.Callback()).message().find("prompt_token_ids[0]"), absl::string_view::npos);
+  bad = req;
+  bad.sampling.top_p = 2;
+  EXPECT_NE(engine->Submit(bad, c.Callback()).message().find("sampling.top_p"), absl::string_view::npos);
+  bad = req;
+  bad.sampling.max_tokens = 40;  // 43 tokens > 32 in the cache
+  EXPECT_EQ(engine->Submit(bad, c.Callback()).code(), absl::StatusCode::kResourceExhausted);
+  bad = req;
+  bad.request_id = "";
+  EXPECT_NE(engine->Submit(bad, c.Callback()).message().find("request_id"), absl::string_view::npos);
+  EXPECT_FALSE(engine->Abort("never-submitted"));
+}
+
+TEST_F(LlmEngineTest, RandomLoadWithAbortsLeaksNoBlocks) {
+  EngineOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.max_batch_tokens = 48;
+  o.max_running = 16;
+  auto engine = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  std::mt19937 rng(99);
+  const int vocab = model_->config().vocab_size;
+  const int n = 300;
+  int submitted = 0;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest req;
+    req.request_id = "q" + std::to_string(i);
+    const std::vector<int32_t>& base = prompts_[rng() % prompts_.size()];
+    req.prompt.assign(base.begin(), base.begin() + 1 + rng() % base.size());
+    const int extra = rng() % 6;
+    for (int j = 0; j < extra; ++j) req.prompt.push_back(rng() % vocab);
+    req.sampling = Greedy(1 + rng() % 8);
+    req.priority = rng() % 3;
+    absl::Status s = engine->Submit(req, c.Callback());
+    ASSERT_TRUE(s.ok()) << s;
+    ++submitted;
+    if (rng() % 4 == 0) {
+      if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+      engine->Abort("q" + std::to_string(rng() % (i + 1)));
+    }
+  }
+  ASSERT_TRUE(c.WaitFor(submitted, std::chrono::seconds(240)));
+  auto results = c.results();
+  int aborted = 0;
+  for (const auto& [id, r] : results) {
+    EXPECT_EQ(r.final_outputs, 1) << id;
+    if (r.finish == FinishReason::kAborted) ++aborted;
+  }
+  EXPECT_EQ(static_cast<int>(results.size()), submitted);
+  // Let the scheduler release blocks of the last finished steps.
+  EngineStats s;
+  for (int i = 0; i < 200; ++i) {
+    s = engine->GetStats();
+    if (s.blocks.used_blocks == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.blocks.used_blocks, 0);
+  EXPECT_EQ(s.blocks.free_blocks + s.blocks.cached_blocks, 64);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
+  EXPECT_GT(aborted, 0);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine
