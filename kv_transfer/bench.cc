@@ -1,0 +1,147 @@
+// kv_transfer bandwidth/latency benchmark over UCX between two processes.
+//
+//   UCX_TLS=sm,self bench --role=server --metadata=/tmp/kv.meta &
+//   UCX_TLS=sm,self bench --role=client --metadata=/tmp/kv.meta \
+//       --block_sizes=16384,131072,1048576,2097152 --batches=1,16,256 --iterations=20
+//
+// The server registers a pool and publishes its metadata blob in a file; the client writes
+// batches of blocks into it (WRITE, each batch one post ending with a notification) and prints
+// one line per (block size, batch): GB/s (1e9 bytes/s) and mean post latency. The client tells the
+// server to exit with a notification of request_id 0.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "kv_transfer/ucx_agent.h"
+
+ABSL_FLAG(std::string, role, "client", "server or client");
+ABSL_FLAG(std::string, metadata, "/tmp/kv_transfer_bench.meta", "file the server's blob goes in");
+ABSL_FLAG(std::string, block_sizes, "16384,65536,262144,1048576,2097152", "bytes, comma list");
+ABSL_FLAG(std::string, batches, "1,16,64,256", "blocks per post, comma list");
+ABSL_FLAG(int, iterations, 20, "posts per (block size, batch) after 2 warm-up posts");
+ABSL_FLAG(int64_t, pool_bytes, int64_t{512} << 20, "bytes registered on each side");
+
+namespace deepinfer::kv_transfer {
+namespace {
+
+std::vector<uint64_t> ParseList(const std::string& s) {
+  std::vector<uint64_t> out;
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    uint64_t v = 0;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+std::unique_ptr<TransferAgent> MakeAgent(const char* name) {
+  AgentConfig config;
+  config.name = name;
+  config.incarnation = static_cast<uint64_t>(absl::GetCurrentTimeNanos());
+  config.backend = Backend::kUcx;
+  auto agent = CreateUcxAgent(config);
+  if (!agent.ok() || !(*agent)->Start().ok()) {
+    std::fprintf(stderr, "bench: %s\n", agent.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(agent);
+}
+
+int Server() {
+  auto agent = MakeAgent("bench_server");
+  const size_t bytes = absl::GetFlag(FLAGS_pool_bytes);
+  std::vector<char> pool(bytes, 0);
+  if (!agent->RegisterMemory(pool.data(), bytes, MemoryKind::kHost).ok()) return 1;
+  const std::string path = absl::GetFlag(FLAGS_metadata);
+  {
+    std::ofstream out(path + ".tmp", std::ios::binary);
+    std::string blob = *agent->ExportMetadata();
+    out.write(blob.data(), blob.size());
+  }
+  std::rename((path + ".tmp").c_str(), path.c_str());
+  while (true) {
+    if (!agent->WaitForNotifications(absl::Now() + absl::Seconds(600))) return 3;
+    for (const Notification& n : agent->DrainNotifications()) {
+      if (n.request_id == 0) return 0;
+    }
+  }
+}
+
+int Client() {
+  auto agent = MakeAgent("bench_client");
+  const size_t bytes = absl::GetFlag(FLAGS_pool_bytes);
+  std::vector<char> pool(bytes, 1);
+  RegionId region = *agent->RegisterMemory(pool.data(), bytes, MemoryKind::kHost);
+  std::string blob;
+  for (int i = 0; i < 2000 && blob.empty(); ++i) {
+    std::ifstream in(absl::GetFlag(FLAGS_metadata), std::ios::binary);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      blob = ss.str();
+    } else {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  auto peer = agent->ImportPeer(blob);
+  if (!peer.ok()) {
+    std::fprintf(stderr, "bench: %s\n", peer.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%10s %6s %10s %12s\n", "block_B", "batch", "GB/s", "post_us");
+  HandleId last = 0;
+  for (uint64_t block : ParseList(absl::GetFlag(FLAGS_block_sizes))) {
+    const uint32_t n = bytes / block;
+    std::vector<BlockDesc> blocks;
+    for (uint32_t i = 0; i < n; ++i) blocks.push_back({region, i * block, block});
+    DescListId local = *agent->PrepareLocalDescriptors(blocks);
+    for (BlockDesc& b : blocks) b.region = 1;  // the server's only region
+    DescListId remote = *agent->PrepareRemoteDescriptors(*peer, blocks);
+    HandleId h = *agent->CreateHandle(local, remote);
+    for (uint64_t batch : ParseList(absl::GetFlag(FLAGS_batches))) {
+      if (batch > n) continue;
+      std::vector<uint32_t> idx(batch);
+      const int iterations = absl::GetFlag(FLAGS_iterations);
+      absl::Time start;
+      for (int it = -2; it < iterations; ++it) {
+        if (it == 0) start = absl::Now();
+        for (uint32_t i = 0; i < batch; ++i) idx[i] = (it * batch + i) % n;
+        Notification note{1, static_cast<uint32_t>(it + 2), 0, ""};
+        absl::Status s = agent->Post(h, TransferOp::kWrite, idx, idx, &note,
+                                     absl::Now() + absl::Seconds(60));
+        auto st = agent->Wait(h, absl::Now() + absl::Seconds(60));
+        if (!s.ok() || !st.ok() || st->state != TransferState::kDone) {
+          std::fprintf(stderr, "bench: post failed: %s %s\n", s.ToString().c_str(),
+                       st.ok() ? st->status.ToString().c_str() : st.status().ToString().c_str());
+          return 1;
+        }
+      }
+      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+      const double total = static_cast<double>(block) * batch * iterations;
+      std::printf("%10llu %6llu %10.3f %12.1f\n", static_cast<unsigned long long>(block),
+                  static_cast<unsigned long long>(batch), total / secs / 1e9,
+                  secs / iterations * 1e6);
+      std::fflush(stdout);
+    }
+    last = h;
+  }
+  Notification bye{0, 0, 0, ""};
+  (void)agent->Post(last, TransferOp::kWrite, {}, {}, &bye, absl::Now() + absl::Seconds(10));
+  (void)agent->Wait(last, absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+}  // namespace
+}  // namespace deepinfer::kv_transfer
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return absl::GetFlag(FLAGS_role) == "server" ? deepinfer::kv_transfer::Server()
+                                               : deepinfer::kv_transfer::Client();
+}
