@@ -293,7 +293,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& j, absl::string_view fi
 
   // MoE.
   if (moe_family) {
-    const char* experts_key = c.family == ModelFamily::kMixtral ? "num_local_experts" : "num_experts";
+    // Mixtral writes num_local_experts, Qwen-MoE num_experts; newer transformers releases may
+    // write either for either family.
+    const char* experts_key = r.Has("num_local_experts") ? "num_local_experts" : "num_experts";
     DI_ASSIGN_OR_RETURN(int64_t experts, r.Int(experts_key, 1, 4096, true));
     DI_ASSIGN_OR_RETURN(int64_t top_k, r.Int("num_experts_per_tok", 1, experts, true));
     c.moe.num_experts = static_cast<int>(experts);

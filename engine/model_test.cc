@@ -36,9 +36,8 @@ class ModelFixtureTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     dir_ = FixtureDir(GetParam());
-    if (!std::filesystem::exists(dir_ + "/config.json")) {
-      GTEST_SKIP() << "fixture " << dir_ << " not generated";
-    }
+    ASSERT_TRUE(std::filesystem::exists(dir_ + "/config.json"))
+        << "fixture " << dir_ << " missing: run tools/fixtures/make_fixtures.py";
     std::ifstream in(dir_ + "/reference.json");
     ref_ = json::parse(in);
     auto model = Model::Load(dir_, ModelOptions{2});
