@@ -206,6 +206,7 @@ int Main() {
 }  // namespace deepinfer::engine
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   absl::ParseCommandLine(argc, argv);
   return deepinfer::engine::Main();
 }
