@@ -199,5 +199,52 @@ TEST(TokenizerTest, MergesInBothFormatsGiveTheSameTokenizer) {
   EXPECT_EQ(*(*a)->Encode(text, true), *(*b)->Encode(text, true));
 }
 
+// Hand-written configurations (also the JSON fuzzer's seeds) exercising components the
+// fixtures do not: Replace/Strip normalizers, Digits, BertProcessing, lstrip/rstrip/single_word,
+// Metaspace and Strip decoders, ids colliding with unknown characters. Expected values are what
+// tokenizers 0.23.3 returns for the same files.
+TEST(TokenizerTest, HandWrittenConfigsMatchTokenizers) {
+  struct Case {
+    const char* file;
+    const char* text;
+    std::vector<int32_t> ids;
+    const char* decoded;
+    const char* decoded_skip_special;
+  };
+  const Case kCases[] = {
+      {"minimal.json", "Hello  world 12345", {7, 6, 3, 3, 2}, "<|endoftext|>Hellool", "Hellool"},
+      {"minimal.json", "a a  aA<unk>é ", {7}, "<|endoftext|>", ""},
+      {"minimal.json", "", {7}, "<|endoftext|>", ""},
+      {"minimal.json", "Hell<|endoftext|>oÅ", {7, 6, 7, 3}, "<|endoftext|>Hell<|endoftext|>o",
+       "Hello"},
+      {"minimal.json", " <unk>a", {7}, "<|endoftext|>", ""},
+      {"metaspace.json", "Hello  world 12345", {1, 4, 0, 4, 4, 0, 4, 0, 2},
+       "<s> <unk>  <unk> <unk></s>", "<s>    </s>"},
+      {"metaspace.json", "a a  aA<unk>é ", {1, 6, 6, 4, 6, 3, 0, 2}, "<s> a a  aA<unk></s>",
+       "<s> a a  aA</s>"},
+      {"metaspace.json", "", {1, 2}, "<s></s>", "<s></s>"},
+      {"metaspace.json", "Hell<|endoftext|>oÅ", {1, 4, 0, 2}, "<s> <unk></s>", "<s> </s>"},
+      {"metaspace.json", " <unk>a", {1, 4, 4, 0, 5, 2}, "<s>  <unk>a</s>", "<s>  a</s>"},
+      {"metaspace.json", "x<unk> a", {1, 4, 0, 6, 2}, "<s> <unk> a</s>", "<s>  a</s>"},
+  };
+  for (const Case& c : kCases) {
+    auto t = Tokenizer::FromFile(std::string("engine/tokenizer/fuzz_corpus/json/") + c.file);
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto ids = (*t)->Encode(c.text, /*add_special_tokens=*/true);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(*ids, c.ids) << c.file << ": " << c.text;
+    EXPECT_EQ(*(*t)->Decode(*ids, false), c.decoded) << c.file << ": " << c.text;
+    EXPECT_EQ(*(*t)->Decode(*ids, true), c.decoded_skip_special) << c.file << ": " << c.text;
+  }
+}
+
+TEST(TokenizerTest, MixedMergeFormatsAreRejected) {
+  auto t = Tokenizer::FromJson(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "abb": 3},
+          "merges": ["a b", ["ab", "b"]]}})");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("merge 1"));
+}
+
 }  // namespace
 }  // namespace deepinfer::tokenizer

@@ -146,8 +146,10 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j) {
   if (!merges_it->is_array()) return FieldError(kWhere, "merges", "an array", *merges_it);
   std::vector<std::pair<std::string, std::string>> merges;
   merges.reserve(merges_it->size());
+  // tokenizers accepts either all "a b" strings or all [a, b] pairs, not a mix.
+  const bool strings = !merges_it->empty() && (*merges_it)[0].is_string();
   for (const Json& m : *merges_it) {
-    if (m.is_string()) {
+    if (m.is_string() && strings) {
       const std::string& line = m.get_ref<const std::string&>();
       if (absl::StartsWith(line, "#version")) continue;
       std::vector<std::string> parts = absl::StrSplit(line, ' ');
@@ -156,12 +158,14 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j) {
             kWhere, ": expected merge ", merges.size(), " to be \"a b\", found \"", line, "\""));
       }
       merges.emplace_back(std::move(parts[0]), std::move(parts[1]));
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+    } else if (!strings && m.is_array() && m.size() == 2 && m[0].is_string() &&
+               m[1].is_string()) {
       merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat(kWhere, ": expected merge ", merges.size(),
-                       " to be \"a b\" or [\"a\", \"b\"], found ", m.dump().substr(0, 100)));
+          absl::StrCat(kWhere, ": expected merge ", merges.size(), " to be ",
+                       strings ? "an \"a b\" string like merge 0" : "an [\"a\", \"b\"] pair like merge 0",
+                       ", found ", m.dump().substr(0, 100)));
     }
   }
   return Create(std::move(vocab), merges, std::move(options));
