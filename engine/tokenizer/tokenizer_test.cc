@@ -1,8 +1,10 @@
 #include "engine/tokenizer/tokenizer.h"
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -236,6 +238,39 @@ TEST(TokenizerTest, HandWrittenConfigsMatchTokenizers) {
     EXPECT_EQ(*(*t)->Decode(*ids, false), c.decoded) << c.file << ": " << c.text;
     EXPECT_EQ(*(*t)->Decode(*ids, true), c.decoded_skip_special) << c.file << ": " << c.text;
   }
+}
+
+TEST(TokenizerTest, LongWordsAndConcurrentCallers) {
+  auto t = Tokenizer::FromDirectory("engine/testdata/tokenizers/llama3");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Tokenizer& tok = **t;
+  // One 256 KB pre-token: merging must stay O(n log n), and the result must round-trip.
+  std::string word;
+  for (int i = 0; word.size() < (1 << 18); ++i) word += "abcdefghij"[(i * 7) % 10];
+  auto ids = tok.Encode(word, false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*tok.Decode(*ids, false), word);
+
+  // Four threads encode the same texts and must agree with a single-threaded run.
+  const std::vector<std::string> texts = {"def f(x):\n    return x", "Hello, world!",
+                                          "\u4f60\u597d <|eot_id|> caf\u00e9", "  12345 xyz  "};
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& text : texts) expected.push_back(*tok.Encode(text, true));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        const size_t k = i % texts.size();
+        auto got = tok.Encode(texts[k] + std::to_string(i % 17), true);
+        auto want = tok.Encode(texts[k] + std::to_string(i % 17), true);
+        if (!got.ok() || *got != *want) ++mismatches;
+        if (*tok.Encode(texts[k], true) != expected[k]) ++mismatches;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(TokenizerTest, MixedMergeFormatsAreRejected) {
