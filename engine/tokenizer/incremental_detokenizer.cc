@@ -8,8 +8,7 @@
 
 namespace deepinfer::tokenizer {
 
-IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer,
-                                               bool skip_special_tokens)
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(tokenizer),
       skip_special_tokens_(skip_special_tokens),
       stream_(std::make_unique<internal::DecodeStream>(*tokenizer.decoder_)) {}

@@ -70,7 +70,8 @@ absl::Status ParsePostProcessor(const Json& j, int depth, PostProcessing* pp) {
   if (type == "TemplateProcessing") {
     auto single = j.find("single");
     if (single == j.end() || !single->is_array()) {
-      return internal::FieldError(where, "single", "an array", single == j.end() ? Json() : *single);
+      return internal::FieldError(where, "single", "an array",
+                                  single == j.end() ? Json() : *single);
     }
     auto specials = j.find("special_tokens");
     std::vector<int32_t> prefix, suffix;
@@ -80,9 +81,9 @@ absl::Status ParsePostProcessor(const Json& j, int depth, PostProcessing* pp) {
         const Json& seq = piece["Sequence"];
         if (!seq.is_object() || !seq.contains("id") || !seq["id"].is_string() ||
             seq["id"].get<std::string>() != "A" || seen_sequence) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": expected the single template to hold sequence A once, found ",
-              piece.dump().substr(0, 100)));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": expected the single template to hold sequence A once, found ",
+                           piece.dump().substr(0, 100)));
         }
         seen_sequence = true;
         continue;
@@ -91,14 +92,15 @@ absl::Status ParsePostProcessor(const Json& j, int depth, PostProcessing* pp) {
           !piece["SpecialToken"].is_object() || !piece["SpecialToken"].contains("id") ||
           !piece["SpecialToken"]["id"].is_string()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, ": expected template pieces {\"Sequence\": ...} or {\"SpecialToken\": ...}, "
-                   "found ",
+            where,
+            ": expected template pieces {\"Sequence\": ...} or {\"SpecialToken\": ...}, "
+            "found ",
             piece.dump().substr(0, 100)));
       }
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
       if (specials == j.end() || !specials->is_object() || !specials->contains(name)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": template names special token \"", name, "\" missing from special_tokens"));
+        return absl::InvalidArgumentError(absl::StrCat(where, ": template names special token \"",
+                                                       name, "\" missing from special_tokens"));
       }
       const Json& st = (*specials)[name];
       if (!st.is_object() || !st.contains("ids") || !st["ids"].is_array()) {
@@ -108,9 +110,9 @@ absl::Status ParsePostProcessor(const Json& j, int depth, PostProcessing* pp) {
       std::vector<int32_t>& target = seen_sequence ? suffix : prefix;
       for (const Json& id : st["ids"]) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, ": expected special_tokens[\"", name, "\"].ids to hold token ids, found ",
-              id.dump()));
+          return absl::InvalidArgumentError(absl::StrCat(where, ": expected special_tokens[\"",
+                                                         name, "\"].ids to hold token ids, found ",
+                                                         id.dump()));
         }
         target.push_back(static_cast<int32_t>(id.get<int64_t>()));
       }
@@ -171,8 +173,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
     absl::string_view tokenizer_json, absl::string_view tokenizer_config_json) {
   DI_ASSIGN_OR_RETURN(const Json j, ParseJson(tokenizer_json, "tokenizer.json"));
   if (!j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer.json: expected an object at the top level, found ", j.type_name()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.json: expected an object at the top level, found ", j.type_name()));
   }
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   // nlohmann::json reports type mismatches by throwing; the accessors below check types first,
@@ -181,9 +183,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
     for (const char* key : {"truncation", "padding"}) {
       auto it = j.find(key);
       if (it != j.end() && !it->is_null()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer.json: \"", key, "\" is not supported (expected null, found ",
-            it->dump().substr(0, 100), ")"));
+        return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: \"", key,
+                                                       "\" is not supported (expected null, found ",
+                                                       it->dump().substr(0, 100), ")"));
       }
     }
     auto model = j.find("model");
@@ -224,8 +226,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
     for (const std::vector<int32_t>* list : {&pp.prefix, &pp.suffix}) {
       for (int32_t id : *list) {
         if (t->DecoderInput(id) == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "post_processor: special token id ", id, " is not in the vocabulary"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("post_processor: special token id ", id, " is not in the vocabulary"));
         }
       }
     }
@@ -284,7 +286,8 @@ absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool at_origin,
   std::vector<internal::PreToken> pieces;
   pieces.push_back(internal::PreToken{std::string(text), at_origin});
   DI_RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(&pieces));
-  for (const internal::PreToken& piece : pieces) DI_RETURN_IF_ERROR(model_->Tokenize(piece.text, ids));
+  for (const internal::PreToken& piece : pieces)
+    DI_RETURN_IF_ERROR(model_->Tokenize(piece.text, ids));
   return absl::OkStatus();
 }
 
@@ -311,8 +314,9 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
         ids.push_back(sub.id);
         continue;
       }
-      DI_RETURN_IF_ERROR(EncodeSegment(absl::string_view(buffer).substr(sub.begin, sub.end - sub.begin),
-                                       seg.begin == 0 && sub.begin == 0, &ids));
+      DI_RETURN_IF_ERROR(
+          EncodeSegment(absl::string_view(buffer).substr(sub.begin, sub.end - sub.begin),
+                        seg.begin == 0 && sub.begin == 0, &ids));
     }
   }
   if (add_special_tokens) ids.insert(ids.end(), post_suffix_.begin(), post_suffix_.end());
@@ -331,8 +335,8 @@ absl::StatusOr<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids,
   for (int32_t id : ids) {
     const std::string* token = DecoderInput(id);
     if (token == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "expected token ids in the vocabulary (below ", vocab_size_, "), found id ", id));
+      return absl::InvalidArgumentError(absl::StrCat("expected token ids in the vocabulary (below ",
+                                                     vocab_size_, "), found id ", id));
     }
     if (skip_special_tokens && added_->IsSpecialContent(*token)) continue;
     DI_RETURN_IF_ERROR(stream.PushToken(*token, &out));

@@ -1,7 +1,7 @@
 // Encode / decode throughput of the tokenizer on source code (this package's own C++ files,
 // repeated to a few MB), printed as MB/s and tokens/s. Not a test.
 //
-//   bazel run -c opt //engine/tokenizer:tokenizer_bench -- \
+//   bazel run -c opt //engine/tokenizer:tokenizer_bench --
 //       [--tokenizer_dir=engine/testdata/tokenizers/llama3] [--mb=4] [--threads=2]
 //
 // "cold" is the first pass over the text (empty word cache), "warm" the best of the next passes.

@@ -73,15 +73,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     auto with_special = s.tokenizer->Encode(input, /*add_special_tokens=*/true);
-    Check(with_special.ok() && with_special->size() >= ids->size(), "encode with specials",
-          input);
+    Check(with_special.ok() && with_special->size() >= ids->size(), "encode with specials", input);
     auto decoded = s.tokenizer->Decode(*ids, /*skip_special_tokens=*/false);
     Check(decoded.ok(), "decode of encoded ids", input);
     if (s.round_trip == Subject::RoundTrip::kExact) {
       Check(*decoded == input, "decode(encode(x)) == x", input);
     } else if (s.round_trip == Subject::RoundTrip::kNfc) {
-      Check(*decoded == deepinfer::tokenizer::internal::ToNfc(input),
-            "decode(encode(x)) == NFC(x)", input);
+      Check(*decoded == deepinfer::tokenizer::internal::ToNfc(input), "decode(encode(x)) == NFC(x)",
+            input);
     }
     IncrementalDetokenizer detok(*s.tokenizer, /*skip_special_tokens=*/false);
     std::string streamed;

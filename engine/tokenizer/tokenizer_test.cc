@@ -1,15 +1,15 @@
 #include "engine/tokenizer/tokenizer.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,8 +55,7 @@ TEST_P(FixtureTest, EncodeMatchesReference) {
     EXPECT_EQ(*ids, c["ids"].get<std::vector<int32_t>>()) << "text: " << text;
     auto with_special = tokenizer_->Encode(text, /*add_special_tokens=*/true);
     ASSERT_TRUE(with_special.ok()) << with_special.status();
-    EXPECT_EQ(*with_special, c["ids_with_special"].get<std::vector<int32_t>>())
-        << "text: " << text;
+    EXPECT_EQ(*with_special, c["ids_with_special"].get<std::vector<int32_t>>()) << "text: " << text;
   }
 }
 
@@ -144,8 +143,7 @@ TEST(TokenizerTest, SpecialTokensInTextAndConfig) {
 }
 
 TEST(TokenizerTest, LoadErrorsNameTheProblem) {
-  const std::string json =
-      ReadFileOrDie("engine/testdata/tokenizers/gpt2/tokenizer.json");
+  const std::string json = ReadFileOrDie("engine/testdata/tokenizers/gpt2/tokenizer.json");
   auto doc = nlohmann::json::parse(json);
 
   auto with = [&](const char* key, nlohmann::json value) {
@@ -186,8 +184,8 @@ TEST(TokenizerTest, LoadErrorsNameTheProblem) {
 }
 
 TEST(TokenizerTest, MergesInBothFormatsGiveTheSameTokenizer) {
-  auto doc = nlohmann::json::parse(
-      ReadFileOrDie("engine/testdata/tokenizers/llama3/tokenizer.json"));
+  auto doc =
+      nlohmann::json::parse(ReadFileOrDie("engine/testdata/tokenizers/llama3/tokenizer.json"));
   ASSERT_TRUE(doc["model"]["merges"][0].is_array());
   nlohmann::json legacy = doc;
   legacy["model"]["merges"] = nlohmann::json::array();
@@ -217,12 +215,21 @@ TEST(TokenizerTest, HandWrittenConfigsMatchTokenizers) {
       {"minimal.json", "Hello  world 12345", {7, 6, 3, 3, 2}, "<|endoftext|>Hellool", "Hellool"},
       {"minimal.json", "a a  aA<unk>é ", {7}, "<|endoftext|>", ""},
       {"minimal.json", "", {7}, "<|endoftext|>", ""},
-      {"minimal.json", "Hell<|endoftext|>oÅ", {7, 6, 7, 3}, "<|endoftext|>Hell<|endoftext|>o",
+      {"minimal.json",
+       "Hell<|endoftext|>oÅ",
+       {7, 6, 7, 3},
+       "<|endoftext|>Hell<|endoftext|>o",
        "Hello"},
       {"minimal.json", " <unk>a", {7}, "<|endoftext|>", ""},
-      {"metaspace.json", "Hello  world 12345", {1, 4, 0, 4, 4, 0, 4, 0, 2},
-       "<s> <unk>  <unk> <unk></s>", "<s>    </s>"},
-      {"metaspace.json", "a a  aA<unk>é ", {1, 6, 6, 4, 6, 3, 0, 2}, "<s> a a  aA<unk></s>",
+      {"metaspace.json",
+       "Hello  world 12345",
+       {1, 4, 0, 4, 4, 0, 4, 0, 2},
+       "<s> <unk>  <unk> <unk></s>",
+       "<s>    </s>"},
+      {"metaspace.json",
+       "a a  aA<unk>é ",
+       {1, 6, 6, 4, 6, 3, 0, 2},
+       "<s> a a  aA<unk></s>",
        "<s> a a  aA</s>"},
       {"metaspace.json", "", {1, 2}, "<s></s>", "<s></s>"},
       {"metaspace.json", "Hell<|endoftext|>oÅ", {1, 4, 0, 2}, "<s> <unk></s>", "<s> </s>"},

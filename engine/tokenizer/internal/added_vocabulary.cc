@@ -147,8 +147,7 @@ absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::Create(
     const AddedToken& token = v->by_id_[id];
     if (token.normalized) {
       auto it = v->normalized_forms_.find(id);
-      v->normalized_trie_.Insert(it == v->normalized_forms_.end() ? token.content : it->second,
-                                 id);
+      v->normalized_trie_.Insert(it == v->normalized_forms_.end() ? token.content : it->second, id);
     } else {
       v->raw_trie_.Insert(token.content, id);
     }

@@ -56,8 +56,7 @@ class AddedVocabulary {
   // Splits `text` (valid UTF-8) on matches of the non-normalized (normalized_set=false) or
   // normalized (true) tokens. Appends the segments covering `text` to `out`; empty text gives
   // no segment.
-  absl::Status Split(absl::string_view text, bool normalized_set,
-                     std::vector<Segment>* out) const;
+  absl::Status Split(absl::string_view text, bool normalized_set, std::vector<Segment>* out) const;
 
   std::optional<int32_t> TokenToId(absl::string_view content) const;
   // The added token with this id, or null.

@@ -1,10 +1,10 @@
 #include "engine/tokenizer/internal/added_vocabulary.h"
 
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -14,8 +14,8 @@ using ::testing::ElementsAre;
 class AddedVocabularyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto m = BpeModel::FromJson(Json::parse(
-        R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "<|end|>": 2}, "merges": []})"));
+    auto m = BpeModel::FromJson(
+        Json::parse(R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "<|end|>": 2}, "merges": []})"));
     ASSERT_TRUE(m.ok());
     model_ = std::move(*m);
   }
@@ -61,8 +61,7 @@ TEST_F(AddedVocabularyTest, LeftmostLongestMatching) {
   auto v = Make(R"([
     {"id": 3, "content": "<|x|>", "special": true, "normalized": false},
     {"id": 4, "content": "<|x|>y", "special": true, "normalized": false}])");
-  EXPECT_THAT(Split(*v, "a<|x|>y<|x|>b<|x"),
-              ElementsAre("a", "#4[<|x|>y]", "#3[<|x|>]", "b<|x"));
+  EXPECT_THAT(Split(*v, "a<|x|>y<|x|>b<|x"), ElementsAre("a", "#4[<|x|>y]", "#3[<|x|>]", "b<|x"));
   EXPECT_THAT(Split(*v, "plain"), ElementsAre("plain"));
   EXPECT_THAT(Split(*v, "plain", /*normalized=*/true), ElementsAre("plain"));
 }

@@ -45,9 +45,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   m->vocab_.reserve(vocab.size());
   for (auto& [token, id] : vocab) {
     if (id < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model \"BPE\": expected non-negative vocab ids, found ", id, " for \"",
-                       token, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model \"BPE\": expected non-negative vocab ids, found ", id, " for \"", token, "\""));
     }
     max_id = std::max(max_id, id);
     m->vocab_[token] = id;
@@ -65,22 +64,22 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
     const auto& [a, b] = merges[rank];
     auto ia = m->vocab_.find(a);
     if (ia == m->vocab_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("model \"BPE\": merge ", rank, " (\"", a,
-                                                     " ", b, "\") names token \"", a,
+      return absl::InvalidArgumentError(absl::StrCat("model \"BPE\": merge ", rank, " (\"", a, " ",
+                                                     b, "\") names token \"", a,
                                                      "\" which is not in the vocab"));
     }
     auto ib = m->vocab_.find(b);
     if (ib == m->vocab_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("model \"BPE\": merge ", rank, " (\"", a,
-                                                     " ", b, "\") names token \"", b,
+      return absl::InvalidArgumentError(absl::StrCat("model \"BPE\": merge ", rank, " (\"", a, " ",
+                                                     b, "\") names token \"", b,
                                                      "\" which is not in the vocab"));
     }
     const std::string merged =
         absl::StrCat(a, b.size() >= prefix_len ? absl::string_view(b).substr(prefix_len) : "");
     auto im = m->vocab_.find(merged);
     if (im == m->vocab_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("model \"BPE\": merge ", rank, " (\"", a,
-                                                     " ", b, "\") produces \"", merged,
+      return absl::InvalidArgumentError(absl::StrCat("model \"BPE\": merge ", rank, " (\"", a, " ",
+                                                     b, "\") produces \"", merged,
                                                      "\" which is not in the vocab"));
     }
     // Like tokenizers (a hash map built in rank order), a repeated pair keeps its last rank.
@@ -154,18 +153,17 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& j) {
       if (absl::StartsWith(line, "#version")) continue;
       std::vector<std::string> parts = absl::StrSplit(line, ' ');
       if (parts.size() != 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            kWhere, ": expected merge ", merges.size(), " to be \"a b\", found \"", line, "\""));
+        return absl::InvalidArgumentError(absl::StrCat(kWhere, ": expected merge ", merges.size(),
+                                                       " to be \"a b\", found \"", line, "\""));
       }
       merges.emplace_back(std::move(parts[0]), std::move(parts[1]));
-    } else if (!strings && m.is_array() && m.size() == 2 && m[0].is_string() &&
-               m[1].is_string()) {
+    } else if (!strings && m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kWhere, ": expected merge ", merges.size(), " to be ",
-                       strings ? "an \"a b\" string like merge 0" : "an [\"a\", \"b\"] pair like merge 0",
-                       ", found ", m.dump().substr(0, 100)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWhere, ": expected merge ", merges.size(), " to be ",
+          strings ? "an \"a b\" string like merge 0" : "an [\"a\", \"b\"] pair like merge 0",
+          ", found ", m.dump().substr(0, 100)));
     }
   }
   return Create(std::move(vocab), merges, std::move(options));
@@ -244,7 +242,8 @@ absl::Status BpeModel::MergeWord(absl::string_view w, std::vector<int32_t>* ids)
         scratch.append(*options_.continuing_subword_prefix);
       }
       scratch.append(s.data(), s.size());
-      if (pos == w.size() && options_.end_of_word_suffix) scratch.append(*options_.end_of_word_suffix);
+      if (pos == w.size() && options_.end_of_word_suffix)
+        scratch.append(*options_.end_of_word_suffix);
       s = scratch;
       auto it = vocab_.find(s);
       if (it != vocab_.end()) id = it->second;

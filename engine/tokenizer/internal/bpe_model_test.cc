@@ -1,11 +1,11 @@
 #include "engine/tokenizer/internal/bpe_model.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -73,15 +73,19 @@ TEST(BpeModelTest, SubwordPrefixAndSuffix) {
 }
 
 TEST(BpeModelTest, BadModelsAreRejected) {
-  auto missing = BpeModel::FromJson(Json::parse(
-      R"({"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]})"));
+  auto missing =
+      BpeModel::FromJson(Json::parse(R"({"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]})"));
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(missing.status().message(), HasSubstr("\"b\" which is not in the vocab"));
-  EXPECT_FALSE(BpeModel::FromJson(Json::parse(
-      R"({"type": "BPE", "vocab": {"a": 0}, "merges": ["a b c"]})")).ok());
-  EXPECT_FALSE(BpeModel::FromJson(Json::parse(R"({"type": "BPE", "vocab": {"a": -1}, "merges": []})")).ok());
-  EXPECT_FALSE(BpeModel::FromJson(Json::parse(
-      R"({"type": "BPE", "dropout": 0.1, "vocab": {"a": 0}, "merges": []})")).ok());
+  EXPECT_FALSE(
+      BpeModel::FromJson(Json::parse(R"({"type": "BPE", "vocab": {"a": 0}, "merges": ["a b c"]})"))
+          .ok());
+  EXPECT_FALSE(
+      BpeModel::FromJson(Json::parse(R"({"type": "BPE", "vocab": {"a": -1}, "merges": []})")).ok());
+  EXPECT_FALSE(
+      BpeModel::FromJson(
+          Json::parse(R"({"type": "BPE", "dropout": 0.1, "vocab": {"a": 0}, "merges": []})"))
+          .ok());
   EXPECT_FALSE(BpeModel::FromJson(Json::parse(R"({"type": "BPE", "vocab": {}})")).ok());
 }
 

@@ -115,9 +115,7 @@ class FuseStage : public DecoderStage {
 
 class FuseDecoder : public Decoder {
  public:
-  std::unique_ptr<DecoderStage> NewStage() const override {
-    return std::make_unique<FuseStage>();
-  }
+  std::unique_ptr<DecoderStage> NewStage() const override { return std::make_unique<FuseStage>(); }
 };
 
 // ---- ByteFallback: runs of "<0xXX>" tokens become the UTF-8 they spell, or one U+FFFD per
@@ -178,8 +176,7 @@ class ByteFallbackDecoder : public Decoder {
 // ---- Replace: pattern -> content inside each token. ----
 class ReplaceStage : public WholeTokenStage {
  public:
-  ReplaceStage(const Regex* regex, const std::string* content)
-      : regex_(regex), content_(content) {}
+  ReplaceStage(const Regex* regex, const std::string* content) : regex_(regex), content_(content) {}
 
  protected:
   absl::Status OnToken(std::string token, std::vector<DecodePiece>* out) override {
@@ -415,8 +412,8 @@ absl::StatusOr<char32_t> SingleChar(const Json& j, const char* key, absl::string
   DI_RETURN_IF_ERROR(ValidateUtf8(s));
   size_t pos = 0;
   if (s.empty() || (NextCodePoint(s, pos), pos != s.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": expected \"", key,
-                                                   "\" to be one character, found \"", s, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected \"", key, "\" to be one character, found \"", s, "\""));
   }
   pos = 0;
   return NextCodePoint(s, pos);

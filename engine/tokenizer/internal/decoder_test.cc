@@ -1,10 +1,10 @@
 #include "engine/tokenizer/internal/decoder.h"
 
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace deepinfer::tokenizer::internal {
 namespace {

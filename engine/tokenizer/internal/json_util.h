@@ -6,10 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -84,8 +83,8 @@ inline absl::StatusOr<int64_t> GetInt(const Json& j, const char* key, int64_t de
                         ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), INT64_MAX))
                         : it->get<int64_t>();
   if (v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": expected field \"", key,
-                                                   "\" in [", lo, ", ", hi, "], found ", v));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected field \"", key, "\" in [", lo, ", ", hi, "], found ", v));
   }
   return v;
 }
@@ -108,8 +107,8 @@ inline absl::StatusOr<PatternSpec> GetPattern(const Json& j, const char* key,
     if (r != p.end() && r->is_string()) return PatternSpec{true, r->get<std::string>()};
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      where, ": expected field \"", key,
-      "\" to be {\"String\": ...} or {\"Regex\": ...}, found ", p.dump().substr(0, 200)));
+      where, ": expected field \"", key, "\" to be {\"String\": ...} or {\"Regex\": ...}, found ",
+      p.dump().substr(0, 200)));
 }
 
 }  // namespace deepinfer::tokenizer::internal

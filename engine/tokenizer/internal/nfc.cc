@@ -132,7 +132,8 @@ std::string ToNfc(absl::string_view s) {
     const Info* i = cp < 0xC0 ? nullptr : t.Find(cp);
     if (i != nullptr && i->decomposition >= 0) {
       const DecompositionEntry& e = kDecompositions[i->decomposition];
-      buf.insert(buf.end(), kDecompositionData + e.offset, kDecompositionData + e.offset + e.length);
+      buf.insert(buf.end(), kDecompositionData + e.offset,
+                 kDecompositionData + e.offset + e.length);
     } else {
       buf.push_back(cp);
     }

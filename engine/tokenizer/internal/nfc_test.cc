@@ -1,8 +1,8 @@
 #include "engine/tokenizer/internal/nfc.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -28,14 +28,14 @@ TEST(NfcTest, MatchesPythonOnGeneratedCases) {
 }
 
 TEST(NfcTest, KnownExamples) {
-  EXPECT_EQ(ToNfc("e\u0301"), "\u00E9");                    // composition
-  EXPECT_EQ(ToNfc("\u212B"), "\u00C5");                     // Angstrom sign singleton
-  EXPECT_EQ(ToNfc("\u1100\u1161\u11A8"), "\uAC01");         // Hangul LVT
-  EXPECT_EQ(ToNfc("a\u0307\u0323"), "\u1EA1\u0307");        // reordering then composition
-  EXPECT_EQ(ToNfc("\u0958"), "\u0915\u093C");               // composition exclusion
+  EXPECT_EQ(ToNfc("e\u0301"), "\u00E9");              // composition
+  EXPECT_EQ(ToNfc("\u212B"), "\u00C5");               // Angstrom sign singleton
+  EXPECT_EQ(ToNfc("\u1100\u1161\u11A8"), "\uAC01");   // Hangul LVT
+  EXPECT_EQ(ToNfc("a\u0307\u0323"), "\u1EA1\u0307");  // reordering then composition
+  EXPECT_EQ(ToNfc("\u0958"), "\u0915\u093C");         // composition exclusion
   EXPECT_EQ(ToNfc("plain ascii"), "plain ascii");
   EXPECT_EQ(ToNfc(""), "");
-  EXPECT_EQ(ToNfc("\u0301a"), "\u0301a");                   // leading combining mark stays
+  EXPECT_EQ(ToNfc("\u0301a"), "\u0301a");  // leading combining mark stays
 }
 
 TEST(NfcTest, QuickCheck) {

@@ -1,9 +1,9 @@
 #include "engine/tokenizer/internal/normalizer.h"
 
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -27,13 +27,13 @@ TEST(NormalizerTest, MistralLegacySequence) {
 TEST(NormalizerTest, NfcStripByteLevelAndRegexReplace) {
   EXPECT_EQ(Normalized(R"({"type": "NFC"})", "cafe\u0301"), "caf\u00e9");
   EXPECT_EQ(Normalized(R"({"type": "Strip", "strip_left": true, "strip_right": true})",
-                "\u3000 x y \t\n"),
+                       "\u3000 x y \t\n"),
             "x y");
   EXPECT_EQ(Normalized(R"({"type": "Strip", "strip_left": false, "strip_right": true})", "  x  "),
             "  x");
   EXPECT_EQ(Normalized(R"({"type": "ByteLevel"})", "a b"), "a\u0120b");
   EXPECT_EQ(Normalized(R"({"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "})",
-                "a \t\n b"),
+                       "a \t\n b"),
             "a b");
 }
 

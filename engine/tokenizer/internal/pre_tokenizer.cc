@@ -111,8 +111,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
         }
       }
       const bool starts_with_replacement = text.compare(0, replacement_.size(), replacement_) == 0;
-      if (!starts_with_replacement &&
-          (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && piece.at_origin))) {
+      if (!starts_with_replacement && (scheme_ == PrependScheme::kAlways ||
+                                       (scheme_ == PrependScheme::kFirst && piece.at_origin))) {
         text.insert(0, replacement_);
       }
       PreToken replaced{std::move(text), piece.at_origin};
@@ -165,11 +165,11 @@ absl::StatusOr<SplitBehavior> ParseBehavior(const Json& j, absl::string_view whe
   if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
   if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (b == "Contiguous") return SplitBehavior::kContiguous;
-  return absl::InvalidArgumentError(absl::StrCat(
-      where,
-      ": expected behavior Removed, Isolated, MergedWithPrevious, MergedWithNext or "
-      "Contiguous, found \"",
-      b, "\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat(where,
+                   ": expected behavior Removed, Isolated, MergedWithPrevious, MergedWithNext or "
+                   "Contiguous, found \"",
+                   b, "\""));
 }
 
 }  // namespace
@@ -238,7 +238,8 @@ void SplitPiece(const PreToken& piece, const std::vector<std::pair<size_t, size_
   }
   for (const Span& sp : result) {
     if (sp.flag || sp.begin == sp.end) continue;
-    out->push_back(PreToken{s.substr(sp.begin, sp.end - sp.begin), piece.at_origin && sp.begin == 0});
+    out->push_back(
+        PreToken{s.substr(sp.begin, sp.end - sp.begin), piece.at_origin && sp.begin == 0});
   }
 }
 
@@ -307,9 +308,9 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const Json& j, i
       } else if (*scheme_name == "always") {
         scheme = PrependScheme::kAlways;
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": expected prepend_scheme first, never or always, found \"", *scheme_name,
-            "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": expected prepend_scheme first, never or always, found \"",
+                         *scheme_name, "\""));
       }
     }
     auto aps = j.find("add_prefix_space");

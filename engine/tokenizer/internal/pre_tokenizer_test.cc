@@ -1,10 +1,10 @@
 #include "engine/tokenizer/internal/pre_tokenizer.h"
 
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 using ::testing::ElementsAre;
 
 std::vector<std::string> Pieces(const std::string& json, const std::string& text,
-                             bool at_origin = true) {
+                                bool at_origin = true) {
   auto p = ParsePreTokenizer(Json::parse(json));
   EXPECT_TRUE(p.ok()) << p.status();
   if (!p.ok()) return {};
@@ -45,14 +45,14 @@ TEST(PreTokenizerTest, SplitBehaviorsMatchTokenizers) {
 
 TEST(PreTokenizerTest, ByteLevelWithAndWithoutRegex) {
   EXPECT_THAT(Pieces(R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})",
-                  "Hello world's  end\n"),
+                     "Hello world's  end\n"),
               ElementsAre("Hello", "\u0120world", "'s", "\u0120", "\u0120end", "\u010a"));
-  EXPECT_THAT(Pieces(R"({"type": "ByteLevel", "add_prefix_space": true, "use_regex": false})",
-                  "a b"),
-              ElementsAre("\u0120a\u0120b"));
-  EXPECT_THAT(Pieces(R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false})",
-                  "\u00e9"),
-              ElementsAre("\u00c3\u00a9"));
+  EXPECT_THAT(
+      Pieces(R"({"type": "ByteLevel", "add_prefix_space": true, "use_regex": false})", "a b"),
+      ElementsAre("\u0120a\u0120b"));
+  EXPECT_THAT(
+      Pieces(R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false})", "\u00e9"),
+      ElementsAre("\u00c3\u00a9"));
 }
 
 TEST(PreTokenizerTest, DigitsAndSequence) {
@@ -63,7 +63,7 @@ TEST(PreTokenizerTest, DigitsAndSequence) {
   EXPECT_THAT(Pieces(R"({"type": "Sequence", "pretokenizers": [
                         {"type": "WhitespaceSplit"},
                         {"type": "Digits", "individual_digits": true}]})",
-                  " x12  y "),
+                     " x12  y "),
               ElementsAre("x", "1", "2", "y"));
 }
 
@@ -74,7 +74,7 @@ TEST(PreTokenizerTest, MetaspacePrependSchemes) {
   EXPECT_THAT(Pieces(first, "Hey friend", /*at_origin=*/false), ElementsAre("Hey", "▁friend"));
   EXPECT_THAT(Pieces(R"({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never",
                       "split": false})",
-                  "a b"),
+                     "a b"),
               ElementsAre("a▁b"));
 }
 

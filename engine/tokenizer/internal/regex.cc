@@ -45,9 +45,8 @@ std::string ErrorText(int code) {
 absl::StatusOr<std::unique_ptr<Regex>> Regex::Create(absl::string_view pattern) {
   int error = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (code == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "expected a valid regular expression, found \"%s\" (error at offset %d: %s)",
@@ -106,9 +105,9 @@ absl::Status Regex::FindAll(absl::string_view text,
 
 absl::StatusOr<bool> Regex::Search(absl::string_view text) const {
   ThreadMatchState& state = MatchState();
-  const int rc = pcre2_match(static_cast<pcre2_code*>(code_),
-                             reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0,
-                             PCRE2_NO_UTF_CHECK, state.match_data, state.context);
+  const int rc =
+      pcre2_match(static_cast<pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(text.data()),
+                  text.size(), 0, PCRE2_NO_UTF_CHECK, state.match_data, state.context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(

@@ -1,12 +1,12 @@
 #include "engine/tokenizer/internal/regex.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -29,9 +29,9 @@ constexpr char kLlama3[] =
 TEST(RegexTest, Llama3PatternWithLookAheadAndUnicodeClasses) {
   auto re = Regex::Create(kLlama3);
   ASSERT_TRUE(re.ok()) << re.status();
-  EXPECT_THAT(Matches(**re, "I'M here  12345 caf\u00e9!\n\n  x"),
-              ElementsAre("I", "'M", " here", " ", " ", "123", "45", " caf\u00e9", "!\n\n", " ",
-                          " x"));
+  EXPECT_THAT(
+      Matches(**re, "I'M here  12345 caf\u00e9!\n\n  x"),
+      ElementsAre("I", "'M", " here", " ", " ", "123", "45", " caf\u00e9", "!\n\n", " ", " x"));
   EXPECT_THAT(Matches(**re, "\u4f60\u597d\uff0c\u4e16\u754c"),
               ElementsAre("\u4f60\u597d", "\uff0c\u4e16\u754c"));
 }

@@ -102,10 +102,10 @@ absl::Status ValidateUtf8(absl::string_view s) {
     bool incomplete;
     const size_t len = ValidSequenceLength(s.substr(i), &subpart, &incomplete);
     if (len == 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "expected valid UTF-8 text, found %s at byte offset %d (byte 0x%02X)",
-          incomplete ? "a truncated sequence" : "an invalid sequence", i,
-          static_cast<unsigned char>(s[i])));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("expected valid UTF-8 text, found %s at byte offset %d (byte 0x%02X)",
+                          incomplete ? "a truncated sequence" : "an invalid sequence", i,
+                          static_cast<unsigned char>(s[i])));
     }
     i += len;
   }

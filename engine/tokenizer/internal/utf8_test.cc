@@ -1,9 +1,9 @@
 #include "engine/tokenizer/internal/utf8.h"
 
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace deepinfer::tokenizer::internal {
 namespace {
@@ -34,7 +34,10 @@ TEST(Utf8Test, ValidateReportsOffsetOfFirstBadSequence) {
 
 TEST(Utf8Test, LossyMatchesRustFromUtf8Lossy) {
   // Expected values are what Rust's String::from_utf8_lossy returns (maximal subparts).
-  EXPECT_EQ(Utf8Lossy("a\xE4\xBD" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(Utf8Lossy("a\xE4\xBD"
+                      "b"),
+            "a\xEF\xBF\xBD"
+            "b");
   EXPECT_EQ(Utf8Lossy("\xE4\xBD"), "\xEF\xBF\xBD");
   EXPECT_EQ(Utf8Lossy("\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(Utf8Lossy("\xF0\x9F\x98"), "\xEF\xBF\xBD");
