@@ -181,6 +181,16 @@ class Renderer {
         return ExecBody(n.body, &inner, out);
       }
       case Node::Kind::kScope: return ExecBody(n.body, scope, out);
+      case Node::Kind::kFilterBlock: {
+        Scope inner;
+        inner.parent = scope;
+        std::string captured;
+        ASSIGN_OR_RETURN(flow, ExecBody(n.body, scope, &captured));
+        inner.Set(jinja::kFilterInput, Value::String(std::move(captured)));
+        ASSIGN_OR_RETURN(v, Eval(*n.expr, &inner));
+        RETURN_IF_ERROR(Append(out, v.Str()));
+        return flow;
+      }
       case Node::Kind::kBreak: return Flow::kBreak;
       case Node::Kind::kContinue: return Flow::kContinue;
     }

@@ -52,6 +52,57 @@ TEST(ChatTemplateTest, MatchesJinja2) {
   }
 }
 
+// The context transformers' apply_chat_template gives a template: the tokenizer's special
+// tokens that are set, the conversation, tools, documents, add_generation_prompt, then kwargs.
+json HfContext(const json& config, const json& c) {
+  json ctx = json::object();
+  for (auto it = config.begin(); it != config.end(); ++it) {
+    const std::string& key = it.key();
+    if (key.size() < 6 || key.compare(key.size() - 6, 6, "_token") != 0) continue;
+    if (it.value().is_string()) ctx[key] = it.value();
+    if (it.value().is_object() && it.value().contains("content")) {
+      ctx[key] = it.value()["content"];
+    }
+  }
+  ctx["messages"] = c["messages"];
+  ctx["tools"] = c["tools"];
+  ctx["documents"] = nullptr;
+  ctx["add_generation_prompt"] = c["add_generation_prompt"];
+  for (auto it = c["extra"].begin(); it != c["extra"].end(); ++it) ctx[it.key()] = it.value();
+  return ctx;
+}
+
+// Fixtures rendered by transformers itself (engine/testdata/templates, branch `fixtures`).
+TEST(ChatTemplateTest, MatchesTransformersFixtures) {
+  int checked = 0;
+  for (const char* family : {"llama3", "qwen2", "mistral", "qwen3"}) {
+    SCOPED_TRACE(family);
+    const std::string dir = std::string("engine/testdata/templates/") + family;
+    const json config = LoadJson(dir + "/tokenizer_config.json");
+    const json cases = LoadJson(dir + "/cases.json");
+    for (const bool has_tools : {false, true}) {
+      auto t = LoadChatTemplate(config, has_tools);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (size_t i = 0; i < cases["cases"].size(); ++i) {
+        const json& c = cases["cases"][i];
+        if (c["tools"].is_null() == has_tools) continue;
+        SCOPED_TRACE(i);
+        auto out = (*t)->Render(HfContext(config, c));
+        if (c.contains("error")) {
+          ASSERT_FALSE(out.ok()) << *out;
+          EXPECT_TRUE(absl::StrContains(out.status().message(), c["error"].get<std::string>()))
+              << out.status();
+        } else {
+          ASSERT_TRUE(out.ok()) << out.status();
+          EXPECT_EQ(*out, c["rendered"].get<std::string>());
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 40);
+}
+
 TEST(ChatTemplateTest, RejectsUnsupportedConstructsAtLoad) {
   struct Case {
     const char* src;

@@ -65,6 +65,7 @@ struct Node {
     kMacro,     // macro name(params = defaults): body
     kWith,      // with targets[i] = values[i]: body
     kScope,     // body rendered in place ({% generation %})
+    kFilterBlock,  // filter %}body{% endfilter: expr applies filters to Name kFilterInput
     kBreak,
     kContinue,
   };
@@ -85,6 +86,9 @@ struct Node {
   std::vector<std::string> params;
   std::vector<ExprPtr> values;  // Macro defaults (nullptr when none) or with values.
 };
+
+// The variable a {% filter %} block's filter chain reads its rendered body from.
+inline constexpr const char* kFilterInput = "\x01filter_input";
 
 struct Template {
   Body body;

@@ -113,6 +113,16 @@ absl::StatusOr<std::string> StringArg(const Value& v, absl::string_view what) {
 
 absl::StatusOr<Value> ListOf(std::vector<Value> items) { return Value::MakeList(std::move(items)); }
 
+// What Jinja's generator filters (map, select, unique, items, ...) return.
+absl::StatusOr<Value> GeneratorOf(std::vector<Value> items) {
+  return Value::MakeLazy(std::move(items), ListKind::kGenerator);
+}
+
+// Filters that return a string derived from a Markup input keep it Markup.
+Value SameSafety(const Value& input, std::string s) {
+  return input.is_safe_string() ? Value::SafeString(std::move(s)) : Value::String(std::move(s));
+}
+
 absl::StatusOr<Value> StringList(const std::vector<std::string>& parts) {
   std::vector<Value> items;
   items.reserve(parts.size());
@@ -163,22 +173,6 @@ absl::Status SortValues(std::vector<Value>* keys, std::vector<Value>* values, bo
   for (size_t i : order) sorted.push_back((*values)[i]);
   *values = std::move(sorted);
   return absl::OkStatus();
-}
-
-std::string HtmlEscape(absl::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
-    }
-  }
-  return out;
 }
 
 std::vector<std::string> SplitLines(absl::string_view s, bool keepends) {
@@ -332,6 +326,7 @@ absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& a, bool by_at
     test_args.args.assign(a.args.begin() + next, a.args.end());
     test_args.kwargs = a.kwargs;
   }
+  if (!v.Truthy()) return GeneratorOf({});  // Jinja: `if seq: for item in seq`.
   auto items = Iterate(v);
   if (!items.ok()) return items.status();
   std::vector<Value> out;
@@ -352,10 +347,11 @@ absl::StatusOr<Value> SelectFilter(const Value& v, const CallArgs& a, bool by_at
     }
     if (pass == keep) out.push_back(item);
   }
-  return ListOf(std::move(out));
+  return GeneratorOf(std::move(out));
 }
 
 absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& a) {
+  if (!v.Truthy()) return GeneratorOf({});  // Jinja: `if value: for item in value`.
   auto items = Iterate(v);
   if (!items.ok()) return items.status();
   std::vector<Value> out;
@@ -378,7 +374,7 @@ absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& a) {
       if (!got.ok()) return got.status();
       out.push_back(got->is_undefined() && Given(dflt) ? dflt : *std::move(got));
     }
-    return ListOf(std::move(out));
+    return GeneratorOf(std::move(out));
   }
   auto name = StringArg(a.args[0], "map filter name");
   if (!name.ok()) return name.status();
@@ -394,7 +390,7 @@ absl::StatusOr<Value> MapFilter(const Value& v, const CallArgs& a) {
     if (!r.ok()) return r.status();
     out.push_back(*std::move(r));
   }
-  return ListOf(std::move(out));
+  return GeneratorOf(std::move(out));
 }
 
 absl::StatusOr<Value> SortFilter(const Value& v, const CallArgs& a) {
@@ -537,8 +533,8 @@ absl::StatusOr<Value> DictsortFilter(const Value& v, const CallArgs& a) {
   return ListOf(std::move(pairs));
 }
 
-absl::StatusOr<Value> ItemsOf(const Value& v) {
-  if (v.is_undefined()) return ListOf({});
+absl::StatusOr<Value> ItemsOf(const Value& v, ListKind kind) {
+  if (v.is_undefined()) return Value::MakeLazy({}, kind);
   if (!v.is_dict()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Can only get item pairs from a mapping, not ", v.TypeName()));
@@ -550,7 +546,7 @@ absl::StatusOr<Value> ItemsOf(const Value& v) {
     if (!pair.ok()) return pair.status();
     pairs.push_back(*std::move(pair));
   }
-  return ListOf(std::move(pairs));
+  return Value::MakeLazy(std::move(pairs), kind);
 }
 
 absl::StatusOr<Value> DictMethod(const Value& d, absl::string_view name, const CallArgs& a) {
@@ -563,10 +559,11 @@ absl::StatusOr<Value> DictMethod(const Value& d, absl::string_view name, const C
   if (!a.args.empty() || !a.kwargs.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("dict.", name, "() takes no arguments"));
   }
-  if (name == "items") return ItemsOf(d);
+  if (name == "items") return ItemsOf(d, ListKind::kDictItems);
   std::vector<Value> out;
   for (const auto& [k, v] : d.as_dict().items) out.push_back(name == "keys" ? k : v);
-  return ListOf(std::move(out));
+  return Value::MakeLazy(std::move(out), name == "keys" ? ListKind::kDictKeys
+                                                         : ListKind::kDictValues);
 }
 
 bool AllChars(const std::string& s, int (*pred)(int)) {
@@ -763,7 +760,7 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
     }
     case kCapitalize:
       if (auto st = no_args("capitalize"); !st.ok()) return st;
-      return Value::String(PyCapitalize(v.Str()));
+      return SameSafety(v, PyCapitalize(v.Str()));
     case kCount:
     case kLength: {
       if (auto st = no_args("length"); !st.ok()) return st;
@@ -781,7 +778,8 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
     case kDictsort: return DictsortFilter(v, a);
     case kEscape:
       if (auto st = no_args("escape"); !st.ok()) return st;
-      return Value::String(HtmlEscape(v.Str()));
+      if (v.is_safe_string()) return v;
+      return Value::SafeString(HtmlEscape(v.Str()));
     case kFirst: {
       if (auto st = no_args("first"); !st.ok()) return st;
       auto items = Iterate(v);
@@ -816,7 +814,7 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
     case kInt: return IntFilter(v, a);
     case kItems:
       if (auto st = no_args("items"); !st.ok()) return st;
-      return ItemsOf(v);
+      return ItemsOf(v, ListKind::kGenerator);
     case kJoin: {
       auto p = Bind("join", a, {{"d", Value::String("")}, {"attribute", Value::None()}});
       if (!p.ok()) return p.status();
@@ -847,10 +845,10 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
     }
     case kLower:
       if (auto st = no_args("lower"); !st.ok()) return st;
-      return Value::String(AsciiLower(v.Str()));
+      return SameSafety(v, AsciiLower(v.Str()));
     case kUpper:
       if (auto st = no_args("upper"); !st.ok()) return st;
-      return Value::String(AsciiUpper(v.Str()));
+      return SameSafety(v, AsciiUpper(v.Str()));
     case kMap: return MapFilter(v, a);
     case kMax: return MinMaxFilter(v, a, true);
     case kMin: return MinMaxFilter(v, a, false);
@@ -883,14 +881,14 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
       if (v.is_string()) {
         std::string out;
         for (const Value& c : *items) out += c.as_string();
-        return Value::String(std::move(out));
+        return SameSafety(v, std::move(out));
       }
-      return ListOf(*std::move(items));
+      return GeneratorOf(*std::move(items));  // reversed(): an iterator.
     }
     case kRound: return RoundFilter(v, a);
     case kSafe:
       if (auto st = no_args("safe"); !st.ok()) return st;
-      return v;
+      return Value::SafeString(v.Str());
     case kSort: return SortFilter(v, a);
     case kString:
       if (auto st = no_args("string"); !st.ok()) return st;
@@ -938,7 +936,7 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
     case kTrim: {
       auto p = Bind("trim", a, {{"chars", Value::None()}});
       if (!p.ok()) return p.status();
-      return Value::String(PyStrip(v.Str(), (*p)[0], true, true));
+      return SameSafety(v, PyStrip(v.Str(), (*p)[0], true, true));
     }
     case kUnique: {
       auto p = Bind("unique", a,
@@ -961,7 +959,7 @@ absl::StatusOr<Value> ApplyFilter(int filter, const Value& v, const CallArgs& a)
         seen.push_back(key);
         out.push_back(item);
       }
-      return ListOf(std::move(out));
+      return GeneratorOf(std::move(out));
     }
     case kWordcount: {
       if (auto st = no_args("wordcount"); !st.ok()) return st;
@@ -1000,8 +998,10 @@ absl::StatusOr<bool> ApplyTest(int test, const Value& v, const CallArgs& a) {
     case kTString: return v.is_string();
     case kTMapping: return v.is_dict();
     case kTIterable:
-    case kTSequence:
       return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+    case kTSequence:
+      return v.is_string() || (v.is_list() && !v.as_list().lazy()) || v.is_dict() ||
+             v.is_undefined();
     case kTCallable: return v.is_callable();
     case kTSameas: {
       auto other = arg();
@@ -1068,7 +1068,13 @@ absl::StatusOr<Value> CallMethod(const Value& receiver, absl::string_view name,
                                                    receiver.TypeName(),
                                                    "' object is unsafe."));
   }
-  if (receiver.is_string()) return StringMethod(receiver.as_string(), name, a);
+  if (receiver.is_string()) {
+    auto r = StringMethod(receiver.as_string(), name, a);
+    if (r.ok() && receiver.is_safe_string() && r->is_string()) {
+      return Value::SafeString(r->as_string());
+    }
+    return r;
+  }
   if (receiver.is_dict()) return DictMethod(receiver, name, a);
   if (receiver.is_list()) {
     auto p = Bind(name, a, {{"value", Value()}});

@@ -9,6 +9,13 @@ Value S(const char* s) { return Value::String(s); }
 Value I(int64_t i) { return Value::Int(i); }
 Value L(std::vector<Value> v) { return *Value::MakeList(std::move(v)); }
 
+// Generators and views printed as the list they would produce.
+std::string AsList(const absl::StatusOr<Value>& v) {
+  EXPECT_TRUE(v.ok()) << v.status();
+  if (!v.ok()) return "";
+  return Value::MakeList(v->as_list().items)->Str();
+}
+
 absl::StatusOr<Value> F(const char* name, const Value& v, CallArgs a = {}) {
   const int id = FindFilter(name);
   EXPECT_GE(id, 0) << name;
@@ -47,7 +54,13 @@ TEST(BuiltinsTest, Filters) {
   EXPECT_EQ(F("string", Value::None())->as_string(), "None");
   EXPECT_EQ(F("sort", L({I(3), I(1), I(2)}))->Str(), "[1, 2, 3]");
   EXPECT_EQ(F("sort", L({S("b"), S("A")}))->Str(), "['A', 'b']");
-  EXPECT_EQ(F("unique", L({S("a"), S("A"), S("b")}))->Str(), "['a', 'b']");
+  EXPECT_EQ(AsList(F("unique", L({S("a"), S("A"), S("b")}))), "['a', 'b']");
+  EXPECT_EQ(F("unique", L({}))->Str(), "<generator object>");
+  EXPECT_TRUE(F("unique", L({}))->Truthy());  // Generators are always true.
+  EXPECT_FALSE(F("length", *F("unique", L({}))).ok());
+  EXPECT_EQ(F("safe", S("<b>"))->is_safe_string(), true);
+  EXPECT_EQ(F("escape", S("<b>"))->as_string(), "&lt;b&gt;");
+  EXPECT_EQ(F("escape", *F("safe", S("<b>")))->as_string(), "<b>");
   EXPECT_EQ(F("indent", S("a\nb\n\nc"), {{I(2)}, {}})->as_string(), "a\n  b\n\n  c");
   EXPECT_EQ(F("round", Value::Float(2.5))->Str(), "2.0");
   EXPECT_EQ(F("round", Value::Float(2.675), {{I(2)}, {}})->Str(), "2.67");
@@ -73,12 +86,14 @@ TEST(BuiltinsTest, SelectAndMap) {
                   *Value::MakeDict({{S("name"), S("b")}})});
   CallArgs attr;
   attr.kwargs.emplace_back("attribute", S("name"));
-  EXPECT_EQ(F("map", users, attr)->Str(), "['a', 'b']");
+  EXPECT_EQ(AsList(F("map", users, attr)), "['a', 'b']");
+  EXPECT_EQ(AsList(F("map", Value::None(), attr)), "[]");  // Jinja maps nothing over falsy input.
   EXPECT_EQ(F("selectattr", users, {{S("admin")}, {}})->as_list().items.size(), 1u);
   EXPECT_EQ(F("rejectattr", users, {{S("admin")}, {}})->as_list().items.size(), 1u);
-  EXPECT_EQ(F("selectattr", users, {{S("name"), S("equalto"), S("b")}, {}})->Str(),
+  EXPECT_EQ(AsList(F("selectattr", users, {{S("name"), S("equalto"), S("b")}, {}})),
             "[{'name': 'b'}]");
-  EXPECT_EQ(F("select", L({I(1), I(2), I(3)}), {{S("odd")}, {}})->Str(), "[1, 3]");
+  EXPECT_EQ(AsList(F("select", L({I(1), I(2), I(3)}), {{S("odd")}, {}})), "[1, 3]");
+  EXPECT_EQ(AsList(F("select", Value::None())), "[]");
   EXPECT_FALSE(F("select", L({I(1)}), {{S("nosuchtest")}, {}}).ok());
 }
 
@@ -108,7 +123,8 @@ TEST(BuiltinsTest, Methods) {
   CallArgs key;
   key.args = {S("missing"), S("dflt")};
   EXPECT_EQ(CallMethod(d, "get", key)->as_string(), "dflt");
-  EXPECT_EQ(CallMethod(d, "items", {})->Str(), "[('k', 1)]");
+  EXPECT_EQ(CallMethod(d, "items", {})->Str(), "dict_items([('k', 1)])");
+  EXPECT_EQ(CallMethod(d, "keys", {})->Str(), "dict_keys(['k'])");
   CallArgs one;
   one.args = {I(2)};
   auto st = CallMethod(L({}), "append", one);

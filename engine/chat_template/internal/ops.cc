@@ -48,7 +48,7 @@ absl::StatusOr<Value> Repeat(const Value& seq, int64_t n) {
     std::string out;
     out.reserve(s.size() * n);
     for (int64_t i = 0; i < n; ++i) out += s;
-    return Value::String(std::move(out));
+    return seq.is_safe_string() ? Value::SafeString(std::move(out)) : Value::String(std::move(out));
   }
   const auto& items = seq.as_list().items;
   if (!items.empty() && static_cast<uint64_t>(n) > kMaxListItems / items.size()) {
@@ -96,6 +96,7 @@ bool HasMethod(const Value& receiver, absl::string_view name) {
     case Value::Type::kString: return In(kStringMethods, name);
     case Value::Type::kDict: return In(kDictMethods, name) || In(kMutatingDictMethods, name);
     case Value::Type::kList:
+      if (receiver.as_list().lazy()) return false;
       return In(kListMethods, name) ||
              (!receiver.as_list().is_tuple && In(kMutatingListMethods, name));
     default: return false;
@@ -124,10 +125,19 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
     }
     if (nums) return Value::Float(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
-      if (a.as_string().size() + b.as_string().size() > kMaxStringBytes) return TooLarge();
+      if (a.as_string().size() + b.as_string().size() > kMaxStringBytes / 6) {
+        if (a.as_string().size() + b.as_string().size() > kMaxStringBytes) return TooLarge();
+      }
+      if (a.is_safe_string() || b.is_safe_string()) {  // Markup escapes the plain operand.
+        const std::string x = a.is_safe_string() ? a.as_string() : HtmlEscape(a.as_string());
+        const std::string y = b.is_safe_string() ? b.as_string() : HtmlEscape(b.as_string());
+        if (x.size() + y.size() > kMaxStringBytes) return TooLarge();
+        return Value::SafeString(x + y);
+      }
       return Value::String(a.as_string() + b.as_string());
     }
-    if (a.is_list() && b.is_list() && a.as_list().is_tuple == b.as_list().is_tuple) {
+    if (a.is_list() && b.is_list() && !a.as_list().lazy() && !b.as_list().lazy() &&
+        a.as_list().is_tuple == b.as_list().is_tuple) {
       if (a.as_list().items.size() + b.as_list().items.size() > kMaxListItems) {
         return absl::InvalidArgumentError("list larger than the item limit");
       }
@@ -153,8 +163,11 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
       return Value::Int(r);
     }
     if (nums) return Value::Float(a.as_double() * b.as_double());
-    if ((a.is_string() || a.is_list()) && IsIntLike(b)) return Repeat(a, b.as_int());
-    if ((b.is_string() || b.is_list()) && IsIntLike(a)) return Repeat(b, a.as_int());
+    auto repeatable = [](const Value& v) {
+      return v.is_string() || (v.is_list() && !v.as_list().lazy());
+    };
+    if (repeatable(a) && IsIntLike(b)) return Repeat(a, b.as_int());
+    if (repeatable(b) && IsIntLike(a)) return Repeat(b, a.as_int());
     return OperandError(op, a, b);
   }
   if (op == "/") {
@@ -176,6 +189,24 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
     return Value::Float(std::floor(a.as_double() / b.as_double()));
   }
   if (op == "%") {
+    if (a.is_safe_string()) {  // Markup % args escapes the arguments.
+      Value escaped = b;
+      if (b.is_string() && !b.is_safe_string()) {
+        escaped = Value::String(HtmlEscape(b.as_string()));
+      } else if (b.is_list() && b.as_list().is_tuple) {
+        std::vector<Value> items;
+        for (const Value& x : b.as_list().items) {
+          items.push_back(x.is_string() && !x.is_safe_string()
+                              ? Value::String(HtmlEscape(x.as_string())) : x);
+        }
+        auto t = Value::MakeList(std::move(items), true);
+        if (!t.ok()) return t.status();
+        escaped = *std::move(t);
+      }
+      auto r = PercentFormat(a.as_string(), escaped);
+      if (!r.ok()) return r.status();
+      return Value::SafeString(r->as_string());
+    }
     if (a.is_string()) return PercentFormat(a.as_string(), b);
     if (!nums) return OperandError(op, a, b);
     if (ints) {
@@ -233,7 +264,8 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b, absl::string_view op
     const int c = a.as_string().compare(b.as_string());
     return c < 0 ? -1 : (c > 0 ? 1 : 0);
   }
-  if (a.is_list() && b.is_list() && a.as_list().is_tuple == b.as_list().is_tuple) {
+  if (a.is_list() && b.is_list() && !a.as_list().lazy() && !b.as_list().lazy() &&
+      a.as_list().is_tuple == b.as_list().is_tuple) {
     const auto& x = a.as_list().items;
     const auto& y = b.as_list().items;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -289,7 +321,7 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
   if (obj.is_undefined()) return UndefinedError(obj);
   if (obj.is_dict()) {
     if (const Value* v = obj.as_dict().Find(key)) return *v;
-  } else if (obj.is_list() && IsIntLike(key)) {
+  } else if (obj.is_list() && IsIntLike(key) && !obj.as_list().lazy()) {
     const auto& items = obj.as_list().items;
     int64_t i = key.as_int();
     if (i < 0) i += static_cast<int64_t>(items.size());
@@ -335,7 +367,7 @@ absl::StatusOr<Value> GetSlice(const Value& obj, const Value& start, const Value
   if (obj.is_string()) {
     offsets = CodePointOffsets(obj.as_string());
     n = static_cast<int64_t>(offsets.size());
-  } else if (obj.is_list()) {
+  } else if (obj.is_list() && !obj.as_list().lazy()) {
     n = static_cast<int64_t>(obj.as_list().items.size());
   } else {
     return TypeError(absl::StrCat("'", obj.TypeName(), "' object is not subscriptable"));
@@ -400,7 +432,11 @@ absl::StatusOr<std::vector<Value>> Iterate(const Value& v) {
 absl::StatusOr<int64_t> Length(const Value& v) {
   switch (v.type()) {
     case Value::Type::kString: return static_cast<int64_t>(CodePointCount(v.as_string()));
-    case Value::Type::kList: return static_cast<int64_t>(v.as_list().items.size());
+    case Value::Type::kList:
+      if (v.as_list().kind == ListKind::kGenerator) {
+        return TypeError("object of type 'generator' has no len()");
+      }
+      return static_cast<int64_t>(v.as_list().items.size());
     case Value::Type::kDict: return static_cast<int64_t>(v.as_dict().items.size());
     case Value::Type::kUndefined: return 0;
     default: return TypeError(absl::StrCat("object of type '", v.TypeName(), "' has no len()"));
@@ -531,6 +567,22 @@ absl::StatusOr<Value> PercentFormat(const std::string& fmt, const Value& args) {
     return absl::InvalidArgumentError("not all arguments converted during string formatting");
   }
   return Value::String(std::move(out));
+}
+
+std::string HtmlEscape(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
 }
 
 bool IsPySpace(char c) {

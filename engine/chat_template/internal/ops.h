@@ -74,6 +74,9 @@ absl::StatusOr<int64_t> ToInt(const Value& v, absl::string_view what);
 // Python `fmt % args` ("%s", "%d", "%r", "%f", "%(name)s", ...).
 absl::StatusOr<Value> PercentFormat(const std::string& fmt, const Value& args);
 
+// markupsafe.escape: & < > " ' as HTML entities.
+std::string HtmlEscape(absl::string_view s);
+
 // String helpers with Python's ASCII behaviour.
 bool IsPySpace(char c);
 std::string PyStrip(absl::string_view s, const Value& chars, bool left, bool right);

@@ -303,14 +303,29 @@ class Parser {
       PARSE_RETURN_IF_ERROR(ExpectBlockEnd());
       return node;
     }
+    if (name == "filter") {
+      node->kind = Node::Kind::kFilterBlock;
+      auto input = Make(Expr::Kind::kName, line);
+      input->name = kFilterInput;
+      if (Cur().type != TokenType::kName) return Unexpected("a filter name");
+      // Same grammar as `x | f | g(args)` with the leading `|` implied.
+      PARSE_ASSIGN_OR_RETURN(chain, ParseFilterChain(std::move(input)));
+      node->expr = std::move(chain);
+      PARSE_RETURN_IF_ERROR(ExpectBlockEnd());
+      std::string end;
+      PARSE_RETURN_IF_ERROR(ParseBody({"endfilter"}, &node->body, &end));
+      PARSE_RETURN_IF_ERROR(ExpectBlockEnd());
+      return node;
+    }
     if (name == "break" || name == "continue") {
       if (loop_depth_ == 0) return Error(absl::StrCat("'", name, "' outside of a loop"), line);
       node->kind = name == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
       PARSE_RETURN_IF_ERROR(ExpectBlockEnd());
       return node;
     }
-    static const std::set<std::string> kEndTags = {"endif", "endfor", "endset", "endmacro",
-                                                   "endwith", "endgeneration", "elif", "else"};
+    static const std::set<std::string> kEndTags = {"endif",   "endfor",        "endset",
+                                                   "endmacro", "endwith",      "endgeneration",
+                                                   "endfilter", "elif",        "else"};
     if (kEndTags.count(name) > 0) {
       return Error(absl::StrCat("unexpected tag \"", name, "\" without a matching opening tag"),
                    line);
@@ -767,25 +782,41 @@ class Parser {
     return e;
   }
 
+  // `f(args) | g ...` applied to `node` (the `{% filter %}` tag's chain).
+  absl::StatusOr<ExprPtr> ParseFilterChain(ExprPtr node) {
+    while (true) {
+      PARSE_ASSIGN_OR_RETURN(filtered, ParseOneFilter(std::move(node)));
+      node = std::move(filtered);
+      if (!SkipOp("|")) return node;
+    }
+  }
+
+  // One `name(args)` after a `|`.
+  absl::StatusOr<ExprPtr> ParseOneFilter(ExprPtr node) {
+    const int line = Cur().line;
+    PARSE_ASSIGN_OR_RETURN(name, ExpectName());
+    while (IsOp(".")) {
+      Next();
+      PARSE_ASSIGN_OR_RETURN(part, ExpectName());
+      name += "." + part;
+    }
+    const int id = FindFilter(name);
+    if (id < 0) return Error(absl::StrCat("filter \"", name, "\" is not supported"), line);
+    auto e = Make(Expr::Kind::kFilter, line);
+    e->name = name;
+    e->id = id;
+    e->args.push_back(std::move(node));
+    if (IsOp("(")) PARSE_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+    return e;
+  }
+
   absl::StatusOr<ExprPtr> ParseFilterExpr(ExprPtr node) {
     while (true) {
       const int line = Cur().line;
       if (IsOp("|")) {
         Next();
-        PARSE_ASSIGN_OR_RETURN(name, ExpectName());
-        while (IsOp(".")) {
-          Next();
-          PARSE_ASSIGN_OR_RETURN(part, ExpectName());
-          name += "." + part;
-        }
-        const int id = FindFilter(name);
-        if (id < 0) return Error(absl::StrCat("filter \"", name, "\" is not supported"), line);
-        auto e = Make(Expr::Kind::kFilter, line);
-        e->name = name;
-        e->id = id;
-        e->args.push_back(std::move(node));
-        if (IsOp("(")) PARSE_RETURN_IF_ERROR(ParseCallArgs(e.get()));
-        node = std::move(e);
+        PARSE_ASSIGN_OR_RETURN(filtered, ParseOneFilter(std::move(node)));
+        node = std::move(filtered);
       } else if (IsName("is")) {
         Next();
         bool negated = false;

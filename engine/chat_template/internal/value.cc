@@ -171,6 +171,10 @@ absl::Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, 
     case Value::Type::kString: AppendJsonString(out, v.as_string(), o.ensure_ascii);
       return absl::OkStatus();
     case Value::Type::kList: {
+      if (v.as_list().lazy()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tojson: Object of type ", v.TypeName(), " is not JSON serializable"));
+      }
       const auto& items = v.as_list().items;
       if (items.empty()) {
         *out += "[]";
@@ -247,13 +251,18 @@ const Value* Dict::FindStr(absl::string_view key) const {
 }
 
 absl::StatusOr<Value> Value::MakeList(std::vector<Value> items, bool is_tuple) {
+  return MakeLazy(std::move(items), is_tuple ? ListKind::kTuple : ListKind::kList);
+}
+
+absl::StatusOr<Value> Value::MakeLazy(std::vector<Value> items, ListKind kind) {
   auto list = std::make_shared<List>();
   int depth = 0;
   for (const Value& v : items) depth = std::max(depth, ChildDepth(v));
   if (depth + 1 > kMaxValueDepth) return DepthError();
   list->depth = depth + 1;
   list->items = std::move(items);
-  list->is_tuple = is_tuple;
+  list->is_tuple = kind == ListKind::kTuple;
+  list->kind = kind;
   Value v(Type::kList);
   v.ptr_ = std::move(list);
   return v;
@@ -351,7 +360,8 @@ bool Value::Truthy() const {
     case Type::kInt: return num_.i != 0;
     case Type::kFloat: return num_.d != 0;
     case Type::kString: return !as_string().empty();
-    case Type::kList: return !as_list().items.empty();
+    case Type::kList:
+      return as_list().kind == ListKind::kGenerator || !as_list().items.empty();
     case Type::kDict: return !as_dict().items.empty();
     default: return true;
   }
@@ -370,6 +380,7 @@ bool Value::Equals(const Value& other) const {
     case Type::kList: {
       const auto& a = as_list().items;
       const auto& b = other.as_list().items;
+      if (as_list().lazy() || other.as_list().lazy()) return ptr_ == other.ptr_;
       if (as_list().is_tuple != other.as_list().is_tuple || a.size() != b.size()) return false;
       for (size_t i = 0; i < a.size(); ++i) {
         if (!a[i].Equals(b[i])) return false;
@@ -407,7 +418,16 @@ std::string Value::Repr() const {
     case Type::kFloat: return FormatPythonFloat(num_.d);
     case Type::kString: return ReprString(as_string());
     case Type::kList: {
-      std::string out = as_list().is_tuple ? "(" : "[";
+      if (as_list().kind == ListKind::kGenerator) return "<generator object>";
+      std::string out = as_list().lazy() ? absl::StrCat(TypeName(), "([") : "";
+      if (as_list().lazy()) {
+        for (size_t i = 0; i < as_list().items.size(); ++i) {
+          if (i > 0) out += ", ";
+          out += as_list().items[i].Repr();
+        }
+        return out + "])";
+      }
+      out = as_list().is_tuple ? "(" : "[";
       for (size_t i = 0; i < as_list().items.size(); ++i) {
         if (i > 0) out += ", ";
         out += as_list().items[i].Repr();
@@ -446,7 +466,16 @@ const char* Value::TypeName() const {
     case Type::kInt: return "int";
     case Type::kFloat: return "float";
     case Type::kString: return "str";
-    case Type::kList: return as_list().is_tuple ? "tuple" : "list";
+    case Type::kList:
+      switch (as_list().kind) {
+        case ListKind::kList: return "list";
+        case ListKind::kTuple: return "tuple";
+        case ListKind::kGenerator: return "generator";
+        case ListKind::kDictItems: return "dict_items";
+        case ListKind::kDictKeys: return "dict_keys";
+        case ListKind::kDictValues: return "dict_values";
+      }
+      return "list";
     case Type::kDict: return "dict";
     case Type::kNamespace: return "Namespace";
     case Type::kCallable: return "function";

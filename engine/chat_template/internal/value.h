@@ -28,10 +28,18 @@ class Value;
 // from hostile input and would make printing and destruction recurse without bound).
 inline constexpr int kMaxValueDepth = 256;
 
+// What Python object a List stands for. Jinja's filters return lazy generators and dict
+// methods return views; they iterate like lists but are always truthy (generators), have no
+// len() (generators), cannot be indexed, and json.dumps refuses them.
+enum class ListKind : uint8_t { kList, kTuple, kGenerator, kDictItems, kDictKeys, kDictValues };
+
 struct List {
   std::vector<Value> items;
   bool is_tuple = false;
+  ListKind kind = ListKind::kList;
   int depth = 1;  // 1 + the deepest child container's depth.
+  // A generator or dict view rather than a real list or tuple.
+  bool lazy() const { return kind != ListKind::kList && kind != ListKind::kTuple; }
 };
 
 struct Dict {
@@ -88,8 +96,17 @@ class Value {
     v.ptr_ = std::make_shared<const std::string>(std::move(s));
     return v;
   }
+  // A markupsafe.Markup string (from the `safe`/`escape` filters): `+` and `%` with it
+  // HTML-escape the plain operand, as in Jinja without autoescaping.
+  static Value SafeString(std::string s) {
+    Value v = String(std::move(s));
+    v.num_.i = 1;
+    return v;
+  }
   // Fails if a child is nested deeper than kMaxValueDepth.
   static absl::StatusOr<Value> MakeList(std::vector<Value> items, bool is_tuple = false);
+  // Any kind of list (see ListKind).
+  static absl::StatusOr<Value> MakeLazy(std::vector<Value> items, ListKind kind);
   // `keys_unique` skips the duplicate-key check when the caller guarantees it.
   static absl::StatusOr<Value> MakeDict(std::vector<std::pair<Value, Value>> items,
                                         bool keys_unique = false);
@@ -121,6 +138,7 @@ class Value {
   bool is_dict() const { return type_ == Type::kDict; }
   bool is_namespace() const { return type_ == Type::kNamespace; }
   bool is_callable() const { return type_ == Type::kCallable; }
+  bool is_safe_string() const { return type_ == Type::kString && num_.i != 0; }
 
   bool as_bool() const { return num_.i != 0; }
   int64_t as_int() const { return num_.i; }  // Valid for bool and int.

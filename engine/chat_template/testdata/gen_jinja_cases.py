@@ -165,6 +165,13 @@ CASES = [
     ("qwen_like", "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- messages[0]['content'] }}\n    {%- endif %}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n{%- endif %}\n{%- for message in messages %}\n    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n", {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "add_generation_prompt": True}),
     ("reverse_loop_ns", "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n    {%- if ns.multi_step_tool and message.role == \"user\" %}\n        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{{ ns.last_query_index }}", {"messages": MSGS}),
     ("think_split", "{%- set content = m.content %}{%- if '</think>' in content %}{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}[{{ reasoning_content }}][{{ content }}]", {"m": {"content": "<think>\nhmm\n</think>\n\nanswer"}}),
+    ("filter_block", "{% set x %}{% filter trim %}\n  padded  \n{% endfilter %}{% endset %}[{{ x }}]{% filter upper | replace('A', '4') %}abc{% endfilter %}", {}),
+    ("markup_plus_escapes", "{{ 'a<'|safe + '<b>' }}|{{ '<i>' + 'x'|safe }}|{{ ('%s'|safe) % '<' }}|{{ 'a<'|safe ~ '<' }}|{{ '<'|e }}|{{ '<'|e|e }}|{{ ('x'|safe).upper() + '&' }}", {}),
+    ("generators", "{{ [1, 2]|select('odd')|list }} {{ ([]|select) is true }} {% if []|select %}truthy{% endif %} {{ [3, 1]|reverse|list }} {{ {'a': 1}.items()|list }} {{ ({'a': 1}|items|list)[0] }} {{ none|select|list }} {{ none|map('upper')|list }}", {}),
+    ("generator_tojson_error", "{{ tools|map(attribute='function')|tojson }}", {"tools": [{"function": {"name": "f"}}]}),
+    ("generator_length_error", "{{ [1, 2]|select('odd')|length }}", {}),
+    ("dict_view_repr", "{{ d.items() }} {{ d.keys() }} {{ d.values() }} {{ d.items()|length }}", {"d": {"a": 1}}),
+    ("dict_view_tojson_error", "{{ d.keys()|tojson }}", {"d": {"a": 1}}),
     ("strftime_literal", "{{ strftime_now('%%') }}", {}),
 ]
 
