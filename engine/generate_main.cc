@@ -66,6 +66,8 @@ namespace {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
+using tokenizer::IncrementalDetokenizer;
+using tokenizer::Tokenizer;
 
 absl::StatusOr<ojson> ReadJson(const std::string& path) {
   std::ifstream in(path);
