@@ -28,7 +28,7 @@
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
 #include "engine/model.h"
-#include "engine/tokenizer/incremental_detokenizer.h"
+#include "engine/text_stream.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -66,7 +66,6 @@ namespace {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
-using tokenizer::IncrementalDetokenizer;
 using tokenizer::Tokenizer;
 
 absl::StatusOr<ojson> ReadJson(const std::string& path) {
@@ -157,61 +156,6 @@ SamplingParams FlagsToSampling() {
   return p;
 }
 
-// Streams text for one sequence, watching for stop strings.
-class TextStream {
- public:
-  TextStream(const Tokenizer& tok, const std::vector<std::string>& stop, bool echo)
-      : detok_(tok, /*skip_special_tokens=*/true), stop_(stop), echo_(echo) {}
-
-  // Adds a token; returns false once a stop string has matched (text is cut before it).
-  bool Push(int32_t token) {
-    auto piece = detok_.Push(token);
-    if (piece.ok()) Append(*piece);
-    return !stopped_;
-  }
-  void Finish() {
-    if (stopped_) return;
-    auto rest = detok_.Flush();
-    if (rest.ok()) Append(*rest);
-    Emit(text_.size());
-  }
-  const std::string& text() const { return text_; }
-  bool stopped() const { return stopped_; }
-
- private:
-  void Append(const std::string& piece) {
-    if (stopped_) return;
-    text_ += piece;
-    size_t hold = 0;
-    for (const std::string& s : stop_) {
-      const size_t at = text_.find(s);
-      if (at != std::string::npos) {
-        text_.resize(at);
-        stopped_ = true;
-        Emit(text_.size());
-        return;
-      }
-      hold = std::max(hold, s.size() - 1);
-    }
-    // Hold back a tail that could still become a stop string.
-    Emit(text_.size() > hold ? text_.size() - hold : 0);
-  }
-  void Emit(size_t upto) {
-    if (echo_ && upto > emitted_) {
-      std::fwrite(text_.data() + emitted_, 1, upto - emitted_, stdout);
-      std::fflush(stdout);
-    }
-    emitted_ = std::max(emitted_, upto);
-  }
-
-  IncrementalDetokenizer detok_;
-  std::vector<std::string> stop_;
-  bool echo_;
-  std::string text_;
-  size_t emitted_ = 0;
-  bool stopped_ = false;
-};
-
 ojson StepsJson(const Tokenizer& tok, const std::vector<StepOutput>& steps) {
   ojson out = ojson::array();
   for (const StepOutput& s : steps) {
@@ -246,7 +190,13 @@ int RunOne(Model& model, const Session& s) {
   }
   const SamplingParams sampling = FlagsToSampling();
   const bool as_json = absl::GetFlag(FLAGS_json);
-  TextStream stream(*s.tokenizer, sampling.stop, /*echo=*/!as_json);
+  TextStream stream(*s.tokenizer, sampling.stop);
+  auto echo = [&](const std::string& delta) {
+    if (!as_json && !delta.empty()) {
+      std::fwrite(delta.data(), 1, delta.size(), stdout);
+      std::fflush(stdout);
+    }
+  };
   GenerateOptions options;
   options.block_size = absl::GetFlag(FLAGS_block_size);
   options.eos_token_ids = EosIds(model, *s.tokenizer);
@@ -258,13 +208,15 @@ int RunOne(Model& model, const Session& s) {
       first = std::chrono::steady_clock::now();
       have_first = true;
     }
-    return stream.Push(step.token);
+    auto delta = stream.Push(step.token);
+    if (delta.ok()) echo(*delta);
+    return !stream.stopped();
   });
   if (!result.ok()) {
     std::fprintf(stderr, "error: %s\n", result.status().ToString().c_str());
     return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  stream.Finish();
+  echo(stream.Finish());
   const auto end = std::chrono::steady_clock::now();
   const double ttft = std::chrono::duration<double>(first - start).count();
   const double total = std::chrono::duration<double>(end - start).count();
@@ -353,9 +305,10 @@ int RunFile(Model& model, const Session& s) {
   int64_t generated = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string id = std::to_string(i);
-    TextStream stream(*s.tokenizer, FlagsToSampling().stop, false);
+    TextStream stream(*s.tokenizer, FlagsToSampling().stop);
     for (const StepOutput& st : steps[id]) {
-      if (!stream.Push(st.token)) break;
+      (void)stream.Push(st.token);
+      if (stream.stopped()) break;
     }
     stream.Finish();
     generated += steps[id].size();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/block_hash.h"
+#include "engine/chat_template/chat_template.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -46,6 +47,9 @@ struct LlmEngine::Sequence {
   uint64_t epoch = 0;  // bumped by each preemption: plans made before it are void
 
   RequestUsage usage;
+  std::unique_ptr<TextStream> text;
+  Clock::time_point last_token_at;
+  int64_t itl_sum_us = 0;
   bool counted_cache = false;
   Clock::time_point arrived;
   bool scheduled_once = false;
@@ -128,6 +132,30 @@ absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) 
   if (request.request_id.empty()) {
     return absl::InvalidArgumentError("request_id: expected a non-empty id");
   }
+  if (!request.messages.is_null()) {
+    if (options_.tokenizer == nullptr || options_.chat_template == nullptr) {
+      return absl::FailedPreconditionError(
+          "messages: this engine has no tokenizer and chat template; send token ids");
+    }
+    if (!request.messages.is_array() || request.messages.empty()) {
+      return absl::InvalidArgumentError("messages: expected a non-empty list of messages");
+    }
+    nlohmann::ordered_json context = options_.template_context;
+    context["messages"] = request.messages;
+    context["add_generation_prompt"] = request.add_generation_prompt;
+    absl::StatusOr<std::string> text = options_.chat_template->Render(context);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("messages: ", text.status().message()));
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        options_.tokenizer->Encode(*text, /*add_special_tokens=*/false);
+    if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", ids.status().message()));
+    request.prompt = std::move(*ids);
+  }
+  if (!request.sampling.stop.empty() && options_.tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "sampling.stop: stop strings need the engine's tokenizer; use stop_token_ids");
+  }
   if (request.prompt.empty()) {
     return absl::InvalidArgumentError("prompt_token_ids: expected at least one token, got 0");
   }
@@ -159,6 +187,9 @@ absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) 
   seq->sampler = std::make_unique<Sampler>(request.sampling);
   seq->sampler->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
   seq->on_output = std::move(on_output);
+  if (options_.tokenizer != nullptr) {
+    seq->text = std::make_unique<TextStream>(*options_.tokenizer, request.sampling.stop);
+  }
   seq->priority = request.priority;
   seq->root_hash = RootBlockHash(options_.hash_seed, request.cache_salt);
   seq->arrived = Clock::now();
@@ -203,6 +234,9 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   const auto now = Clock::now();
   seq->usage.completion_tokens = seq->generated();
   seq->usage.total_us = Micros(seq->arrived, now);
+  if (seq->generated() > 1) {
+    seq->usage.mean_itl_us = static_cast<double>(seq->itl_sum_us) / (seq->generated() - 1);
+  }
   {
     // Before the callback: a client may reuse the id as soon as it sees the final output.
     std::lock_guard<std::mutex> lock(mu_);
@@ -211,6 +245,7 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   }
   EngineOutput out;
   out.request_id = seq->request_id;
+  if (seq->text != nullptr && reason != FinishReason::kAborted) out.text_delta = seq->text->Finish();
   out.finished = true;
   out.finish_reason = reason;
   out.status = std::move(status);
@@ -473,8 +508,28 @@ void LlmEngine::Process(Step& step) {
     if (!seq->first_token_seen) {
       seq->first_token_seen = true;
       seq->usage.first_token_us = Micros(seq->arrived, now);
+    } else {
+      const int64_t gap = Micros(seq->last_token_at, now);
+      seq->itl_sum_us += gap;
+      seq->usage.max_itl_us = std::max(seq->usage.max_itl_us, gap);
     }
+    seq->last_token_at = now;
     StepOutput out{token, p.result.logprob, std::move(p.result.top)};
+    std::string delta;
+    if (seq->text != nullptr) {
+      absl::StatusOr<std::string> d = seq->text->Push(token);
+      if (d.ok()) delta = std::move(*d);
+      if (seq->text->stopped()) {
+        EngineOutput last;
+        last.request_id = seq->request_id;
+        last.new_tokens.push_back(std::move(out));
+        last.text_delta = std::move(delta);
+        last.matched_stop = seq->text->matched_stop();
+        seq->on_output(last);
+        Finish(seq, FinishReason::kStopString, absl::OkStatus());
+        continue;
+      }
+    }
     const auto& eos = options_.eos_token_ids;
     const bool is_eos =
         !seq->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
@@ -487,6 +542,7 @@ void LlmEngine::Process(Step& step) {
       EngineOutput last;
       last.request_id = seq->request_id;
       last.new_tokens.push_back(std::move(out));
+      last.text_delta = std::move(delta);
       seq->on_output(last);
       Finish(seq, is_eos || is_stop ? FinishReason::kStop : FinishReason::kLength, absl::OkStatus());
       continue;
@@ -494,11 +550,15 @@ void LlmEngine::Process(Step& step) {
     EngineOutput o;
     o.request_id = seq->request_id;
     o.new_tokens.push_back(std::move(out));
+    o.text_delta = std::move(delta);
     seq->on_output(o);
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
   stats_.step_tokens += tokens;
+  stats_.step_sequences += static_cast<int64_t>(step.items.size());
+  stats_.last_step_tokens = tokens;
+  stats_.last_step_sequences = static_cast<int64_t>(step.items.size());
   stats_.forward_seconds += step.forward_seconds;
 }
 

@@ -45,6 +45,12 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/text_stream.h"
+#include "nlohmann/json.hpp"
+
+namespace deepinfer::engine {
+class ChatTemplate;
+}  // namespace deepinfer::engine
 
 namespace deepinfer::engine {
 
@@ -59,11 +65,22 @@ struct EngineOptions {
   bool overlap = true;
   uint64_t hash_seed = 0;
   std::vector<int32_t> eos_token_ids;
+  // Optional text support (not owned, must outlive the engine). With a tokenizer, outputs carry
+  // text deltas and sampling.stop strings end requests; with a chat template as well, requests
+  // may carry chat messages instead of token ids. `template_context` (bos_token, eos_token, ...)
+  // is merged into every render.
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;
+  nlohmann::ordered_json template_context = nlohmann::ordered_json::object();
 };
 
 struct EngineRequest {
   std::string request_id;  // unique among live requests
   std::vector<int32_t> prompt;
+  // Chat messages (a JSON array) rendered with the chat template and tokenized, used instead of
+  // `prompt` when not null. Needs EngineOptions::tokenizer and chat_template.
+  nlohmann::ordered_json messages;
+  bool add_generation_prompt = true;
   SamplingParams sampling;
   std::string cache_salt;
   int priority = 0;  // higher first
@@ -76,12 +93,16 @@ struct RequestUsage {
   int64_t queue_us = 0;        // arrival -> first scheduled
   int64_t first_token_us = 0;  // arrival -> first token (TTFT)
   int64_t total_us = 0;        // arrival -> finish
+  double mean_itl_us = 0.0;    // mean gap between consecutive tokens
+  int64_t max_itl_us = 0;
   int64_t preemptions = 0;
 };
 
 struct EngineOutput {
   std::string request_id;
   std::vector<StepOutput> new_tokens;  // tokens since the previous output
+  std::string text_delta;              // with a tokenizer: their final text (UTF-8 safe)
+  std::string matched_stop;            // the stop string that ended the request, if any
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;
   absl::Status status;  // non-OK when the request failed (finished is then true)
@@ -96,6 +117,9 @@ struct EngineStats {
   BlockManagerStats blocks;
   int64_t steps = 0;
   int64_t step_tokens = 0;          // tokens computed over all steps
+  int64_t step_sequences = 0;       // sequences over all steps (mean batch = this / steps)
+  int64_t last_step_tokens = 0;
+  int64_t last_step_sequences = 0;
   double forward_seconds = 0.0;     // executor time in forward + sampling
   double schedule_seconds = 0.0;    // scheduler time preparing steps
   double exposed_schedule_seconds = 0.0;  // of which not hidden behind a running step

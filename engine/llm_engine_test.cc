@@ -5,6 +5,7 @@
 #include "engine/llm_engine.h"
 
 #include <atomic>
+#include <fstream>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -13,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/chat_template/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace deepinfer::engine {
@@ -28,6 +31,8 @@ class Collector {
       std::lock_guard<std::mutex> lock(mu_);
       Result& r = results_[out.request_id];
       for (const StepOutput& s : out.new_tokens) r.tokens.push_back(s.token);
+      r.text += out.text_delta;
+      if (!out.matched_stop.empty()) r.matched_stop = out.matched_stop;
       if (out.finished) {
         ++r.final_outputs;
         r.finish = out.finish_reason;
@@ -44,6 +49,8 @@ class Collector {
   }
   struct Result {
     std::vector<int32_t> tokens;
+    std::string text;
+    std::string matched_stop;
     int final_outputs = 0;
     FinishReason finish = FinishReason::kLength;
     absl::Status status;
@@ -286,6 +293,66 @@ TEST_F(LlmEngineTest, RandomLoadWithAbortsLeaksNoBlocks) {
   EXPECT_EQ(s.running, 0);
   EXPECT_EQ(s.waiting, 0);
   EXPECT_GT(aborted, 0);
+}
+
+TEST_F(LlmEngineTest, ChatMessagesTextDeltasStopStringsAndItl) {
+  auto tok = tokenizer::Tokenizer::FromDirectory(kModelDir);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  std::ifstream in(std::string(kModelDir) + "/chat_template.jinja");
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto tmpl = ChatTemplate::Create(source);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  EngineOptions o;
+  o.num_blocks = 128;
+  o.block_size = 4;
+  o.tokenizer = tok->get();
+  o.chat_template = tmpl->get();
+  o.template_context = {{"bos_token", "<|begin_of_text|>"}};
+  auto engine = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  EngineRequest req;
+  req.request_id = "chat";
+  req.messages = nlohmann::ordered_json::parse(
+      R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Move the button."}])");
+  req.sampling = Greedy(12);
+  ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+  auto r = c.results()["chat"];
+  ASSERT_EQ(r.tokens.size(), 12u);
+  // The deltas concatenate to the decoded output.
+  EXPECT_EQ(r.text, tok->get()->Decode(r.tokens, /*skip_special_tokens=*/true).value());
+  // Same tokens as the reference path on the rendered prompt.
+  nlohmann::ordered_json ctx = o.template_context;
+  ctx["messages"] = req.messages;
+  ctx["add_generation_prompt"] = true;
+  const auto ids = tok->get()->Encode(tmpl->get()->Render(ctx).value(), false).value();
+  EXPECT_EQ(r.usage.prompt_tokens, static_cast<int64_t>(ids.size()));
+  auto ref = GenerateOne(*model_, ids, Greedy(12), GenerateOptions()).value();
+  std::vector<int32_t> want;
+  for (const StepOutput& s : ref.steps) want.push_back(s.token);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_GT(r.usage.mean_itl_us, 0.0);
+  EXPECT_GE(r.usage.max_itl_us, static_cast<int64_t>(r.usage.mean_itl_us));
+
+  // A stop string taken from the middle of that output ends the request there.
+  const std::string full = r.text;
+  ASSERT_GE(full.size(), 6u);
+  const std::string stop = full.substr(full.size() / 2, 3);
+  req.request_id = "stopped";
+  req.sampling.stop = {stop};
+  ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(2, std::chrono::seconds(60)));
+  auto st = c.results()["stopped"];
+  EXPECT_EQ(st.finish, FinishReason::kStopString);
+  EXPECT_EQ(st.matched_stop, stop);
+  EXPECT_EQ(st.text, full.substr(0, full.find(stop)));
+  EXPECT_LT(st.tokens.size(), 12u);
+
+  // Bad messages are named.
+  req.request_id = "bad";
+  req.messages = nlohmann::ordered_json::array();
+  EXPECT_NE(engine->Submit(req, c.Callback()).message().find("messages"), absl::string_view::npos);
 }
 
 }  // namespace
