@@ -115,6 +115,7 @@ absl::Status BlockManager::Commit(uint64_t seq_id, int64_t block_index, uint64_t
     return absl::OutOfRangeError(absl::StrCat("block_index ", block_index, " outside the table"));
   }
   const int32_t b = it->second[block_index];
+  if (b < 0) return absl::OkStatus();  // released (outside the window): nothing to publish
   Block& blk = blocks_[b];
   if (blk.hashed) return absl::OkStatus();  // shared from the cache, or committed before
   if (index_.count(hash) != 0) return absl::OkStatus();  // another copy already serves it
@@ -141,9 +142,26 @@ absl::Status BlockManager::Free(uint64_t seq_id) {
   if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq_id, " unknown"));
   // Release the tail first so that, among equally old blocks, prefix blocks (more reusable)
   // are evicted last.
-  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) Release(*b);
+  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) {
+    if (*b >= 0) Release(*b);
+  }
   tables_.erase(it);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> BlockManager::ReleasePrefix(uint64_t seq_id, int64_t end_index) {
+  auto it = tables_.find(seq_id);
+  if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq_id, " unknown"));
+  std::vector<int32_t>& table = it->second;
+  end_index = std::min<int64_t>(end_index, static_cast<int64_t>(table.size()));
+  int64_t released = 0;
+  for (int64_t i = end_index - 1; i >= 0; --i) {
+    if (table[i] < 0) break;  // everything before was released earlier
+    Release(table[i]);
+    table[i] = -1;
+    ++released;
+  }
+  return released;
 }
 
 const std::vector<int32_t>* BlockManager::Table(uint64_t seq_id) const {
@@ -173,6 +191,7 @@ absl::Status BlockManager::CheckInvariants() const {
   std::vector<int32_t> refs(num_blocks_, 0);
   for (const auto& [seq, table] : tables_) {
     for (int32_t b : table) {
+      if (b == -1) continue;  // released prefix
       if (b < 0 || b >= num_blocks_) return absl::InternalError(absl::StrCat("bad block ", b));
       ++refs[b];
     }

@@ -85,7 +85,14 @@ class BlockManager {
   // Releases every block of the sequence. kNotFound when unknown.
   absl::Status Free(uint64_t seq_id);
 
-  // The sequence's block table (nullptr when unknown). Valid until the next mutating call.
+  // Releases the sequence's blocks [0, end_index) that no future step will read (sliding-window
+  // models: keys older than the window). Their table entries become -1 (holes); committed ones
+  // stay cached for other sequences. Idempotent over already released entries. Returns the
+  // number of blocks released.
+  absl::StatusOr<int64_t> ReleasePrefix(uint64_t seq_id, int64_t end_index);
+
+  // The sequence's block table (nullptr when unknown); released entries are -1. Valid until the
+  // next mutating call.
   const std::vector<int32_t>* Table(uint64_t seq_id) const;
 
   // Moves pending KV events out, oldest first.

@@ -110,6 +110,26 @@ TEST(BlockManagerTest, ExhaustionChangesNothing) {
   EXPECT_TRUE(bm.CheckInvariants().ok());
 }
 
+TEST(BlockManagerTest, ReleasePrefixLeavesHolesAndKeepsCommittedBlocksCached) {
+  BlockManager bm(8, 2);
+  const uint64_t root = RootBlockHash(0, "");
+  const auto hashes = BlockHashes(root, Tokens(8), 2);
+  ASSERT_TRUE(bm.AllocateSequence(1, 8, hashes).ok());
+  CommitAll(bm, 1, std::vector<uint64_t>(hashes.begin(), hashes.begin() + 2));
+  EXPECT_EQ(bm.ReleasePrefix(1, 3).value(), 3);
+  EXPECT_EQ(*bm.Table(1), (std::vector<int32_t>{-1, -1, -1, (*bm.Table(1))[3]}));
+  EXPECT_EQ(bm.ReleasePrefix(1, 3).value(), 0);  // idempotent
+  EXPECT_EQ(bm.ReleasePrefix(1, 4).value(), 1);
+  const BlockManagerStats s = bm.stats();
+  EXPECT_EQ(s.cached_blocks, 2);  // the two committed blocks stay reusable
+  EXPECT_EQ(s.free_blocks, 6);
+  EXPECT_TRUE(bm.Commit(1, 0, 123, 0).ok());  // commit into a hole: no-op
+  EXPECT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+  ASSERT_TRUE(bm.Free(1).ok());
+  EXPECT_TRUE(bm.CheckInvariants().ok());
+  EXPECT_EQ(bm.stats().used_blocks, 0);
+}
+
 TEST(BlockManagerTest, RandomizedLoadLeavesEverythingFreeOrCached) {
   std::mt19937 rng(2024);
   const int block_size = 4;

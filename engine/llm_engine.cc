@@ -311,6 +311,19 @@ void LlmEngine::Preempt(Sequence* seq) {
   }
 }
 
+void LlmEngine::ReleaseOutOfWindow(Sequence* seq) {
+  if (!model_->all_layers_sliding()) return;
+  // The next query is at position `computed`; it reads keys from computed - window + 1 on.
+  const int64_t first_needed = seq->computed - model_->config().sliding_window + 1;
+  if (first_needed <= 0) return;
+  absl::StatusOr<int64_t> released =
+      blocks_.ReleasePrefix(seq->id, first_needed / options_.block_size);
+  if (released.ok() && *released > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.window_released_blocks += *released;
+  }
+}
+
 void LlmEngine::CommitBlocks(Sequence* seq) {
   if (!options_.enable_prefix_cache) return;
   const int bs = options_.block_size;
@@ -499,11 +512,13 @@ void LlmEngine::Process(Step& step) {
     seq->computed = std::max(seq->computed, p.start + p.count);
     if (!p.sample) {
       CommitBlocks(seq);
+      ReleaseOutOfWindow(seq);
       continue;
     }
     const int32_t token = p.result.token;
     seq->tokens.push_back(token);
     CommitBlocks(seq);
+    ReleaseOutOfWindow(seq);
     const auto now = Clock::now();
     if (!seq->first_token_seen) {
       seq->first_token_seen = true;

@@ -14,6 +14,9 @@
 //   (admission, block allocation, block tables); the only synchronisation is on step N's sampled
 //   tokens, which are filled into step N+1's inputs when it is submitted. With overlap off the
 //   two alternate on one thread. The executor is where a CUDA stream would be driven.
+// - Sliding-window models (every layer windowed) give back blocks older than the window as the
+//   sequence advances, so a long generation holds O(window) blocks. (Hybrid models keep all
+//   blocks: their full-attention layers read every key; their sliding layers share the table.)
 // - Abort at any point frees every block the request held (after the step that may be using
 //   them has finished).
 //
@@ -125,6 +128,7 @@ struct EngineStats {
   double exposed_schedule_seconds = 0.0;  // of which not hidden behind a running step
   int64_t preemptions = 0;
   int64_t finished = 0;
+  int64_t window_released_blocks = 0;  // blocks given back early by sliding-window models
 };
 
 class LlmEngine {
@@ -168,6 +172,8 @@ class LlmEngine {
   void HandleAborts();
   void Preempt(Sequence* seq);
   void CommitBlocks(Sequence* seq);
+  // Sliding-window models: gives back blocks no future step will read.
+  void ReleaseOutOfWindow(Sequence* seq);
   void ExecuteStep(Step& step);
 
   Model* const model_;

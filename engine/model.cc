@@ -178,6 +178,8 @@ absl::Status Model::Init() {
     }
   }
   inv_freq_ = RopeInvFreq(c);
+  all_sliding_ = c.sliding_window > 0;
+  for (AttentionKind k : c.layer_attention) all_sliding_ = all_sliding_ && k == AttentionKind::kSliding;
   return absl::OkStatus();
 }
 
@@ -326,7 +328,11 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
                                                      " blocks, positions up to ", end,
                                                      " need ", needed));
     }
-    for (int64_t b = 0; b < needed; ++b) {
+    // Models whose every layer uses a sliding window never read keys older than the window:
+    // those blocks may have been released (-1).
+    const int64_t first_needed =
+        all_sliding_ ? std::max<int64_t>(0, seq.start_position - c.sliding_window + 1) : 0;
+    for (int64_t b = first_needed / kv.block_size; b < needed; ++b) {
       if (seq.block_table[b] < 0 || seq.block_table[b] >= kv.num_blocks) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b, "] = ",
                                                        seq.block_table[b], " is outside [0, ",

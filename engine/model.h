@@ -59,6 +59,10 @@ class Model {
   // The activation dtype (bf16, f16 or f32) and the KV-cache dtype this model wants.
   kernels::DType activation_dtype() const { return act_dtype_; }
 
+  // True when every layer attends through a sliding window: KV older than the window is never
+  // read again, so its blocks can be released (block tables may then hold -1 before the window).
+  bool all_layers_sliding() const { return all_sliding_; }
+
   // A cache geometry for this model.
   KvCacheConfig MakeKvCacheConfig(int num_blocks, int block_size) const;
 
@@ -113,6 +117,7 @@ class Model {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;  // RoPE, head_dim / 2
+  bool all_sliding_ = false;
 };
 
 }  // namespace deepinfer::engine
