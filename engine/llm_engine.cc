@@ -222,6 +222,13 @@ bool LlmEngine::Abort(const std::string& request_id) {
   return true;
 }
 
+std::vector<KvEvent> LlmEngine::DrainKvEvents() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<KvEvent> out(kv_events_.begin(), kv_events_.end());
+  kv_events_.clear();
+  return out;
+}
+
 EngineStats LlmEngine::GetStats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -656,6 +663,13 @@ void LlmEngine::SchedulerLoop() {
       stats_.running = static_cast<int64_t>(running_.size());
       stats_.waiting = static_cast<int64_t>(waiting_.size());
       stats_.blocks = blocks_.stats();
+      for (const KvEvent& e : blocks_.DrainEvents()) {
+        if (kv_events_.size() >= kMaxPendingKvEvents) {
+          kv_events_.pop_front();
+          ++stats_.kv_events_dropped;
+        }
+        kv_events_.push_back(e);
+      }
     }
     if (stopping && !in_flight && finished_pending_free_.empty()) return;
     if (!had_work && !in_flight) {

@@ -129,6 +129,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t finished = 0;
   int64_t window_released_blocks = 0;  // blocks given back early by sliding-window models
+  int64_t kv_events_dropped = 0;
 };
 
 class LlmEngine {
@@ -153,6 +154,13 @@ class LlmEngine {
   bool Abort(const std::string& request_id);
 
   EngineStats GetStats() const;
+
+  // KV events (blocks stored in / removed from the prefix index) since the last call, oldest
+  // first, for the worker's publisher and the router's global prefix index. Events are kept until
+  // drained, up to `kMaxPendingKvEvents`; beyond that the oldest are dropped and
+  // `kv_events_dropped` tells the subscriber to resynchronise from a snapshot.
+  static constexpr size_t kMaxPendingKvEvents = 1 << 20;
+  std::vector<KvEvent> DrainKvEvents();
 
  private:
   struct Sequence;
@@ -186,6 +194,7 @@ class LlmEngine {
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Sequence>> incoming_;
   std::vector<std::string> abort_requests_;
+  std::deque<KvEvent> kv_events_;
   std::unordered_map<std::string, Sequence*> live_;  // all requests not yet finished
   bool started_ = false;
   bool stopping_ = false;

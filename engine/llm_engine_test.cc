@@ -204,6 +204,13 @@ TEST_F(LlmEngineTest, PrefixCacheServesTheSecondTurn) {
   // Every full block except the one holding the last prompt token.
   EXPECT_EQ(results["turn2"].usage.cached_prompt_tokens, (prompts_[5].size() - 1) / 4 * 4);
   EXPECT_EQ(results["turn1"].tokens, results["turn2"].tokens);
+  // Turn 1 published its full blocks; the chain links each to its parent.
+  const std::vector<KvEvent> events = engine->DrainKvEvents();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].kind, KvEvent::Kind::kStored);
+  EXPECT_EQ(events[0].parent_hash, 0u);
+  if (events.size() > 1) EXPECT_EQ(events[1].parent_hash, events[0].block_hash);
+  EXPECT_TRUE(engine->DrainKvEvents().empty());
   // A different salt shares nothing.
   req.request_id = "other-tenant";
   req.cache_salt = "tenant-b";
@@ -241,6 +248,42 @@ TEST_F(LlmEngineTest, RejectsBadRequestsWithNamedFields) {
   bad.request_id = "";
   EXPECT_NE(engine->Submit(bad, c.Callback()).message().find("request_id"), absl::string_view::npos);
   EXPECT_FALSE(engine->Abort("never-submitted"));
+}
+
+TEST_F(LlmEngineTest, FullQueueIsResourceExhaustedAndAcceptedRequestsFinish) {
+  EngineOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.max_running = 1;
+  o.max_waiting = 2;
+  auto engine = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  int accepted = 0, rejected = 0;
+  for (int i = 0; i < 30 && rejected == 0; ++i) {
+    EngineRequest req;
+    req.request_id = "f" + std::to_string(i);
+    req.prompt = prompts_[0];
+    req.sampling = Greedy(24);
+    absl::Status s = engine->Submit(req, c.Callback());
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      ++rejected;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(rejected, 1);
+  ASSERT_TRUE(c.WaitFor(accepted, std::chrono::seconds(120)));
+  auto results = c.results();
+  EXPECT_EQ(static_cast<int>(results.size()), accepted);
+  for (const auto& [id, r] : results) {
+    EXPECT_TRUE(r.status.ok()) << id;
+    EXPECT_EQ(r.tokens.size(), 24u) << id;
+    // Greedy and the same prompt: every accepted request generates the same tokens.
+    EXPECT_EQ(r.tokens, results.begin()->second.tokens) << id;
+  }
 }
 
 TEST_F(LlmEngineTest, RandomLoadWithAbortsLeaksNoBlocks) {
