@@ -179,7 +179,9 @@ TEST(BlockManagerTest, RandomizedLoadLeavesEverythingFreeOrCached) {
       ASSERT_TRUE(bm.Free(it->first).ok());
       live.erase(it);
     }
-    if (step % 100 == 0) ASSERT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+    if (step % 100 == 0) {
+      ASSERT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+    }
   }
   for (const auto& [id, tokens] : live) ASSERT_TRUE(bm.Free(id).ok());
   ASSERT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();

@@ -133,12 +133,18 @@ class LlmEngineTest : public ::testing::Test {
         EXPECT_EQ(r.tokens, expected_[i]) << "prompt " << i << " round " << round;
         EXPECT_EQ(r.usage.completion_tokens, 12);
         EXPECT_EQ(r.usage.prompt_tokens, static_cast<int64_t>(prompts_[i].size()));
-        if (!options.enable_prefix_cache) EXPECT_EQ(r.usage.cached_prompt_tokens, 0);
+        if (!options.enable_prefix_cache) {
+          EXPECT_EQ(r.usage.cached_prompt_tokens, 0);
+        }
       }
     }
     const EngineStats stats = (*engine)->GetStats();
-    if (options.enable_prefix_cache) EXPECT_GT(stats.blocks.prefix_hit_tokens, 0);
-    if (expect_preemption) EXPECT_GT(stats.preemptions, 0);
+    if (options.enable_prefix_cache) {
+      EXPECT_GT(stats.blocks.prefix_hit_tokens, 0);
+    }
+    if (expect_preemption) {
+      EXPECT_GT(stats.preemptions, 0);
+    }
     (*engine)->Stop();
     const EngineStats after = (*engine)->GetStats();
     EXPECT_EQ(after.blocks.used_blocks, 0);
@@ -209,7 +215,9 @@ TEST_F(LlmEngineTest, PrefixCacheServesTheSecondTurn) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events[0].kind, KvEvent::Kind::kStored);
   EXPECT_EQ(events[0].parent_hash, 0u);
-  if (events.size() > 1) EXPECT_EQ(events[1].parent_hash, events[0].block_hash);
+  if (events.size() > 1) {
+    EXPECT_EQ(events[1].parent_hash, events[0].block_hash);
+  }
   EXPECT_TRUE(engine->DrainKvEvents().empty());
   // A different salt shares nothing.
   req.request_id = "other-tenant";
