@@ -29,6 +29,20 @@ absl::Status UcxError(absl::string_view what, ucs_status_t status) {
 
 class UcxTransport;
 
+// Counts a thread in `*count` for its lifetime.
+class IssuingScope {
+ public:
+  explicit IssuingScope(std::atomic<int>* count) : count_(count) {
+    count_->fetch_add(1, std::memory_order_acq_rel);
+  }
+  ~IssuingScope() { count_->fetch_sub(1, std::memory_order_acq_rel); }
+  IssuingScope(const IssuingScope&) = delete;
+  IssuingScope& operator=(const IssuingScope&) = delete;
+
+ private:
+  std::atomic<int>* const count_;
+};
+
 struct UcxLink {
   UcxTransport* transport = nullptr;
   uint64_t cookie = 0;
@@ -83,8 +97,8 @@ class UcxTransport final : public internal::Transport {
 
   absl::Status Start() override {
     absl::MutexLock lock(&state_mu_);
-    if (running_) return absl::OkStatus();
-    running_ = true;
+    if (running_.load()) return absl::OkStatus();
+    running_.store(true);
     progress_thread_ = std::thread([this] { ProgressLoop(); });
     return absl::OkStatus();
   }
@@ -94,7 +108,7 @@ class UcxTransport final : public internal::Transport {
       absl::MutexLock lock(&state_mu_);
       if (stopped_) return;
       stopped_ = true;
-      running_ = false;
+      running_.store(false);
     }
     if (progress_thread_.joinable()) progress_thread_.join();
     // From here on only this thread touches the worker: close every endpoint, which fails the
@@ -123,28 +137,29 @@ class UcxTransport final : public internal::Transport {
                         UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
     params.address = base;
     params.length = length;
-    params.memory_type =
-        kind == MemoryKind::kHost ? UCS_MEMORY_TYPE_HOST : UCS_MEMORY_TYPE_CUDA;
-    auto memory = std::make_unique<UcxMemory>();
-    if (ucs_status_t s = ucp_mem_map(context_, &params, &memory->memh); s != UCS_OK) {
-      return UcxError(absl::StrCat("ucp_mem_map of ", length, " bytes"), s);
-    }
-    void* buffer = nullptr;
-    size_t size = 0;
-    if (ucs_status_t s = ucp_rkey_pack(context_, memory->memh, &buffer, &size); s != UCS_OK) {
-      ucp_mem_unmap(context_, memory->memh);
-      return UcxError("ucp_rkey_pack", s);
-    }
-    packed_key->assign(static_cast<const char*>(buffer), size);
-    ucp_rkey_buffer_release(buffer);
-    absl::MutexLock lock(&queue_mu_);
-    memories_.insert(memory.get());
-    return memory.release();
+    params.memory_type = UcxMemoryType(kind);
+    return MapMemory(params, nullptr, packed_key);
+  }
+
+  // UCP_MEM_MAP_ALLOCATE: UCX takes the memory from its allocators in UCX_ALLOC_PRIO order (by
+  // default a System V or POSIX shared-memory segment), which the shared-memory transports map
+  // into the peer so that its puts and gets are plain copies.
+  absl::StatusOr<void*> AllocateMemory(size_t length, MemoryKind kind, void** base,
+                                       std::string* packed_key) override {
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.address = nullptr;
+    params.length = length;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+    params.memory_type = UcxMemoryType(kind);
+    return MapMemory(params, base, packed_key);
   }
 
   void DeregisterMemory(void* memory) override {
     absl::MutexLock lock(&queue_mu_);
     to_unmap_.push_back(static_cast<UcxMemory*>(memory));
+    queued_.store(true, std::memory_order_release);
   }
 
   absl::StatusOr<void*> Connect(absl::string_view address, uint64_t cookie) override {
@@ -190,11 +205,13 @@ class UcxTransport final : public internal::Transport {
   void Disconnect(void* link) override {
     absl::MutexLock lock(&queue_mu_);
     to_disconnect_.push_back(static_cast<UcxLink*>(link));
+    queued_.store(true, std::memory_order_release);
   }
 
   void AbortLink(void* link) override {
     absl::MutexLock lock(&queue_mu_);
     to_abort_.push_back(static_cast<UcxLink*>(link));
+    queued_.store(true, std::memory_order_release);
   }
 
   absl::Status PostBatch(void* link_ptr, TransferOp op, absl::Span<const Segment> segments,
@@ -206,6 +223,8 @@ class UcxTransport final : public internal::Transport {
     }
     auto* post = new PostState{this, link, post_context, notification, absl::OkStatus()};
     in_flight_.fetch_add(1);
+    // Every UCX call below takes the worker lock; the progress loop stands back meanwhile.
+    IssuingScope issuing(&issuing_);
     ucp_request_param_t param{};
     for (const Segment& s : segments) {
       param.op_attr_mask = 0;
@@ -219,8 +238,8 @@ class UcxTransport final : public internal::Transport {
               ? ucp_put_nbx(link->ep, s.local_addr, s.length, s.remote_addr, rkey, &param)
               : ucp_get_nbx(link->ep, s.local_addr, s.length, s.remote_addr, rkey, &param);
       if (UCS_PTR_IS_ERR(r)) {
-        post->status = UcxError(op == TransferOp::kWrite ? "ucp_put_nbx" : "ucp_get_nbx",
-                                UCS_PTR_STATUS(r));
+        post->status =
+            UcxError(op == TransferOp::kWrite ? "ucp_put_nbx" : "ucp_get_nbx", UCS_PTR_STATUS(r));
         break;
       }
       // The flush below waits for it; the request is released when it completes.
@@ -318,8 +337,47 @@ class UcxTransport final : public internal::Transport {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
+  static ucs_memory_type_t UcxMemoryType(MemoryKind kind) {
+    return kind == MemoryKind::kHost ? UCS_MEMORY_TYPE_HOST : UCS_MEMORY_TYPE_CUDA;
+  }
+
+  // ucp_mem_map + ucp_rkey_pack. With `base` set (allocations) stores the mapped address there.
+  absl::StatusOr<void*> MapMemory(const ucp_mem_map_params_t& params, void** base,
+                                  std::string* packed_key) {
+    auto memory = std::make_unique<UcxMemory>();
+    if (ucs_status_t s = ucp_mem_map(context_, &params, &memory->memh); s != UCS_OK) {
+      return UcxError(
+          absl::StrCat(base != nullptr ? "ucp_mem_map (allocate) of " : "ucp_mem_map of ",
+                       params.length, " bytes"),
+          s);
+    }
+    if (base != nullptr) {
+      ucp_mem_attr_t attr{};
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+      if (ucs_status_t s = ucp_mem_query(memory->memh, &attr); s != UCS_OK) {
+        ucp_mem_unmap(context_, memory->memh);
+        return UcxError("ucp_mem_query of an allocated region", s);
+      }
+      *base = attr.address;
+    }
+    void* buffer = nullptr;
+    size_t size = 0;
+    if (ucs_status_t s = ucp_rkey_pack(context_, memory->memh, &buffer, &size); s != UCS_OK) {
+      ucp_mem_unmap(context_, memory->memh);
+      return UcxError("ucp_rkey_pack", s);
+    }
+    packed_key->assign(static_cast<const char*>(buffer), size);
+    ucp_rkey_buffer_release(buffer);
+    absl::MutexLock lock(&queue_mu_);
+    memories_.insert(memory.get());
+    return memory.release();
+  }
+
   // Runs on the progress thread (or the stopping thread once it has joined).
   bool ProcessQueues() {
+    // Cheap check first: the progress loop calls this on every turn, and taking queue_mu_ there
+    // (an absl::Mutex, with deadlock detection in Debian's build) would cost more than a poll.
+    if (!queued_.exchange(false, std::memory_order_acquire)) return false;
     std::vector<PostState*> notify;
     std::vector<UcxLink*> abort;
     std::vector<UcxLink*> disconnect;
@@ -399,10 +457,14 @@ class UcxTransport final : public internal::Transport {
 
   void ProgressLoop() {
     absl::Time idle_since = absl::Now();
-    while (true) {
-      {
-        absl::MutexLock lock(&state_mu_);
-        if (!running_) break;
+    while (running_.load(std::memory_order_acquire)) {
+      if (issuing_.load(std::memory_order_acquire) > 0) {
+        // A caller is issuing operations (PostBatch). They take the worker's spin lock, as does
+        // ucp_worker_progress; on an oversubscribed machine a lock holder descheduled while the
+        // other thread spins for it wastes whole time slices. Operations issued now complete in
+        // the caller or need progress only afterwards, so yield instead of polling.
+        std::this_thread::yield();
+        continue;
       }
       bool work = ucp_worker_progress(worker_) != 0;
       work |= ProcessQueues();
@@ -428,6 +490,7 @@ class UcxTransport final : public internal::Transport {
       // Sending from inside ucp_worker_progress is avoided: the progress loop sends it next.
       absl::MutexLock lock(&queue_mu_);
       to_notify_.push_back(post);
+      queued_.store(true, std::memory_order_release);
     } else {
       SendNotification(post);
     }
@@ -450,9 +513,9 @@ class UcxTransport final : public internal::Transport {
     param.cb.send = &UcxTransport::OnNotificationSent;
     param.user_data = post;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t r = ucp_am_send_nbx(post->link->ep, kNotificationAmId, nullptr, 0,
-                                         post->notification.data(), post->notification.size(),
-                                         &param);
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(post->link->ep, kNotificationAmId, nullptr, 0, post->notification.data(),
+                        post->notification.size(), &param);
     if (r == nullptr) {
       Complete(post, absl::OkStatus());
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -462,9 +525,8 @@ class UcxTransport final : public internal::Transport {
 
   void Complete(PostState* post, absl::Status status) {
     if (!status.ok() && stopping()) {
-      status = absl::CancelledError(
-          absl::StrCat("UCX backend: agent stopped with the post in flight (", status.message(),
-                       ")"));
+      status = absl::CancelledError(absl::StrCat(
+          "UCX backend: agent stopped with the post in flight (", status.message(), ")"));
     }
     void* context = post->context;
     delete post;
@@ -494,8 +556,7 @@ class UcxTransport final : public internal::Transport {
   static void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* link = static_cast<UcxLink*>(arg);
     link->failed = true;
-    link->transport->callbacks_->OnLinkError(link->cookie,
-                                             UcxError("endpoint error", status));
+    link->transport->callbacks_->OnLinkError(link->cookie, UcxError("endpoint error", status));
   }
 
   static ucs_status_t OnActiveMessage(void* arg, const void*, size_t, void* data, size_t length,
@@ -538,9 +599,10 @@ class UcxTransport final : public internal::Transport {
   std::string address_;
   bool cuda_supported_ = false;
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<int> issuing_{0};  // PostBatch calls issuing operations right now
 
   absl::Mutex state_mu_;
-  bool running_ ABSL_GUARDED_BY(state_mu_) = false;
+  std::atomic<bool> running_{false};  // written under state_mu_, read by the progress loop
   bool stopped_ ABSL_GUARDED_BY(state_mu_) = false;
   std::thread progress_thread_;
 
@@ -548,6 +610,7 @@ class UcxTransport final : public internal::Transport {
   absl::flat_hash_set<UcxLink*> links_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<PostState*> to_notify_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<UcxLink*> to_abort_ ABSL_GUARDED_BY(queue_mu_);
+  std::atomic<bool> queued_{false};  // set after pushing to any to_* queue
   std::vector<UcxLink*> to_disconnect_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<UcxMemory*> to_unmap_ ABSL_GUARDED_BY(queue_mu_);
   absl::flat_hash_set<UcxMemory*> memories_ ABSL_GUARDED_BY(queue_mu_);
@@ -559,8 +622,8 @@ class UcxTransport final : public internal::Transport {
 
 absl::StatusOr<std::unique_ptr<TransferAgent>> CreateUcxAgent(AgentConfig config) {
   if (config.backend != Backend::kUcx) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CreateUcxAgent: expected backend ucx, found ", BackendName(config.backend)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateUcxAgent: expected backend ucx, found ", BackendName(config.backend)));
   }
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(config);
   if (!transport.ok()) return transport.status();
