@@ -26,9 +26,10 @@
 #  * TCP is also judged against the kernel's own TCP: one plain stream over loopback (two
 #    processes, 1 MiB send()/recv_into() calls), measured in the same rounds.
 #
-# TCP settings (UCX 1.13 over loopback; puts are emulated with active messages of one segment
-# each, so the segment size sets the number of messages and copies per MiB): UCX's default 8 KiB
-# segments are several times slower than 512 KiB ones; see DESIGN.md and the UCX backend's header.
+# TCP settings: UCX 1.13 emulates puts over TCP with active messages of at most one segment, so
+# the segment size sets how many messages and copies a 1 MiB put costs. UCX's defaults (8 KiB out,
+# 64 KiB in) are several times slower than 1 MiB segments, which the UCX backend now uses unless
+# UCX_TCP_{TX,RX}_SEG_SIZE are set; TCP_ENV passes the same settings to both tools explicitly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-${ROUNDS:-5}}
@@ -39,27 +40,30 @@ WARMUP=${WARMUP:-256}
 POOL=${POOL:-$((256 << 20))}
 INFLIGHT=${INFLIGHT:-2}
 TRANSPORTS=${TRANSPORTS:-"shm tcp"}
-TCP_ENV=${TCP_ENV:-"UCX_TCP_TX_SEG_SIZE=512k UCX_TCP_RX_SEG_SIZE=512k"}
+TCP_ENV=${TCP_ENV:-"UCX_TCP_TX_SEG_SIZE=1m UCX_TCP_RX_SEG_SIZE=1m"}
 bazel build -c opt //kv_transfer:bench >/dev/null 2>&1
 BENCH=bazel-bin/kv_transfer/bench
 export UCX_WARN_UNUSED_ENV_VARS=n
 WORK=$(mktemp -d /tmp/kv_compare.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-# ucx_perftest ucp_put_bw; prints GB/s (1e9 bytes/s). Args: env assignments.
+# ucx_perftest ucp_put_bw; prints two GB/s figures (1e9 bytes/s): the overall bandwidth it reports,
+# and SIZE divided by its median per-put time (robust to the stalls a shared machine adds, and the
+# speed of the bare copy path). Args: env assignments.
 perftest() {
   local port=$((20000 + RANDOM % 20000))
   env "$@" ucx_perftest -p "$port" -t ucp_put_bw -s "$SIZE" -n "$ITERS" -w "$WARMUP" \
     -O "$WINDOW" >/dev/null 2>&1 &
   local srv=$!
   sleep 0.5
-  local mbs
-  mbs=$(env "$@" ucx_perftest 127.0.0.1 -p "$port" -t ucp_put_bw -s "$SIZE" -n "$ITERS" \
-          -w "$WARMUP" -O "$WINDOW" -f 2>/dev/null | awk '/^ *[0-9]/{bw=$6} END{print bw}')
+  local line
+  line=$(env "$@" ucx_perftest 127.0.0.1 -p "$port" -t ucp_put_bw -s "$SIZE" -n "$ITERS" \
+           -w "$WARMUP" -O "$WINDOW" -f 2>/dev/null | awk '/^ *[0-9]/{l=$0} END{print l}')
   wait $srv || true
-  # -f prints one line: iterations, 3 overheads, then bandwidth average and overall, in MB/s with
-  # MB = 2^20 bytes.
-  awk -v m="${mbs:-0}" 'BEGIN{printf "%.3f\n", m * 1048576 / 1e9}'
+  # -f prints one line: iterations, per-put time (median, average, overall) in usec, then
+  # bandwidth (average, overall) in MB/s with MB = 2^20 bytes.
+  echo "${line:-0 0 0 0 0 0}" | awk -v size="$SIZE" '{
+    printf "%.3f %.3f\n", $6 * 1048576 / 1e9, ($2 > 0 ? size / $2 / 1e3 : 0) }'
 }
 
 # //kv_transfer:bench; prints GB/s. Args: pool bytes, then env assignments.
@@ -103,26 +107,28 @@ stats() {  # stdin: numbers; prints "best median"
 
 echo "load before: $(uptime)"
 echo "size=$SIZE iters=$ITERS window=$WINDOW warmup=$WARMUP pool=$POOL inflight=$INFLIGHT" \
-     "rounds=$ROUNDS"
+     "rounds=$ROUNDS tcp: $TCP_ENV"
 for t in $TRANSPORTS; do
   case $t in
     shm) envs=(UCX_TLS=sm,self) ;;
     tcp) read -r -a extra <<<"$TCP_ENV"; envs=(UCX_TLS=tcp,self "${extra[@]}") ;;
     *) echo "unknown transport $t (expected shm or tcp)" >&2; exit 2 ;;
   esac
-  : >"$WORK/$t.perftest"; : >"$WORK/$t.bench1"; : >"$WORK/$t.benchpool"; : >"$WORK/$t.kernel"
+  : >"$WORK/$t.perftest"; : >"$WORK/$t.p50"; : >"$WORK/$t.bench1"; : >"$WORK/$t.benchpool"; : >"$WORK/$t.kernel"
   for ((r = 1; r <= ROUNDS; r++)); do
     if ((r % 2)); then
-      perftest "${envs[@]}" >>"$WORK/$t.perftest"
+      perftest "${envs[@]}" >>"$WORK/$t.pt"
       bench "$SIZE" "${envs[@]}" >>"$WORK/$t.bench1"
       bench "$POOL" "${envs[@]}" >>"$WORK/$t.benchpool"
     else
       bench "$POOL" "${envs[@]}" >>"$WORK/$t.benchpool"
       bench "$SIZE" "${envs[@]}" >>"$WORK/$t.bench1"
-      perftest "${envs[@]}" >>"$WORK/$t.perftest"
+      perftest "${envs[@]}" >>"$WORK/$t.pt"
     fi
     if [[ $t == tcp ]]; then kernel_tcp >>"$WORK/$t.kernel"; fi
   done
+  awk '{print $1}' "$WORK/$t.pt" >"$WORK/$t.perftest"
+  awk '{print $2}' "$WORK/$t.pt" >"$WORK/$t.p50"
 done
 echo "load after:  $(uptime)"
 echo
@@ -133,16 +139,21 @@ for t in $TRANSPORTS; do
     read -r best med < <(stats <"$1")
     printf "%-4s %-34s %-26s %8s %8s  %s\n" "$t" "$2" "$3" "$best" "$med" "$(tr '\n' ' ' <"$1")"
   }
-  row "$WORK/$t.perftest" "ucx_perftest ucp_put_bw" "1 buffer of $SIZE B"
+  row "$WORK/$t.perftest" "ucx_perftest ucp_put_bw (overall)" "1 buffer of $SIZE B"
+  row "$WORK/$t.p50" "ucx_perftest (size / median put)" "1 buffer of $SIZE B"
   row "$WORK/$t.bench1" "kv_transfer bench (bench/1blk)" "1 block (cache resident)"
   row "$WORK/$t.benchpool" "kv_transfer bench (bench/pool)" "$((POOL >> 20)) MiB pool"
   if [[ $t == tcp ]]; then row "$WORK/$t.kernel" "kernel TCP, 1 stream (python)" "1 MiB buffer"; fi
   read -r pb pm < <(stats <"$WORK/$t.perftest")
+  read -r qb qm < <(stats <"$WORK/$t.p50")
   read -r bb bm < <(stats <"$WORK/$t.bench1")
   read -r lb lm < <(stats <"$WORK/$t.benchpool")
-  awk -v t="$t" -v tls="$tls" -v pb="$pb" -v pm="$pm" -v bb="$bb" -v bm="$bm" -v lb="$lb" \
-      -v lm="$lm" 'BEGIN{
-    printf "%-4s UCX_TLS=%-9s HEADLINE ratio bench/1blk : perftest  best %.2f  median %.2f" \
-           "   (bench/pool : perftest  best %.2f  median %.2f)\n",
-           t, tls, bb / pb, bm / pm, lb / pb, lm / pm }'
+  awk -v t="$t" -v tls="$tls" -v pb="$pb" -v pm="$pm" -v qb="$qb" -v qm="$qm" -v bb="$bb" \
+      -v bm="$bm" -v lb="$lb" -v lm="$lm" 'BEGIN{
+    printf "%-4s UCX_TLS=%-9s HEADLINE bench/1blk : perftest overall  best %.2f  median %.2f\n",
+           t, tls, bb / pb, bm / pm
+    printf "%-4s %17s bench/1blk : perftest size/median-put  best %.2f  median %.2f\n",
+           t, "", bb / qb, bm / qm
+    printf "%-4s %17s bench/pool : perftest overall  best %.2f  median %.2f\n", t, "", lb / pb,
+           lm / pm }'
 done
