@@ -32,13 +32,15 @@ absl::Status UcxError(absl::string_view what, ucs_status_t status) {
 
 class UcxTransport;
 
-// Counts a thread in `*count` for its lifetime.
+// Counts a thread in `*count` for its lifetime; wakes waiters on `*count` when it drops to 0.
 class IssuingScope {
  public:
   explicit IssuingScope(std::atomic<int>* count) : count_(count) {
     count_->fetch_add(1, std::memory_order_acq_rel);
   }
-  ~IssuingScope() { count_->fetch_sub(1, std::memory_order_acq_rel); }
+  ~IssuingScope() {
+    if (count_->fetch_sub(1, std::memory_order_acq_rel) == 1) count_->notify_all();
+  }
   IssuingScope(const IssuingScope&) = delete;
   IssuingScope& operator=(const IssuingScope&) = delete;
 
@@ -477,12 +479,13 @@ class UcxTransport final : public internal::Transport {
   void ProgressLoop() {
     absl::Time idle_since = absl::Now();
     while (running_.load(std::memory_order_acquire)) {
-      if (issuing_.load(std::memory_order_acquire) > 0) {
+      if (const int issuing = issuing_.load(std::memory_order_acquire); issuing > 0) {
         // A caller is issuing operations (PostBatch). They take the worker's spin lock, as does
         // ucp_worker_progress; on an oversubscribed machine a lock holder descheduled while the
-        // other thread spins for it wastes whole time slices. Operations issued now complete in
-        // the caller or need progress only afterwards, so yield instead of polling.
-        std::this_thread::yield();
+        // other thread spins for it wastes whole time slices, and even a yielding poller takes
+        // CPU from the caller. Operations issued now complete in the caller or need progress only
+        // afterwards, so block (futex) until the count changes; the last caller out notifies.
+        issuing_.wait(issuing, std::memory_order_acquire);
         continue;
       }
       bool work = ucp_worker_progress(worker_) != 0;

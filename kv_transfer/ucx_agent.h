@@ -22,8 +22,8 @@
 //   ucp_get_nbx; each post ends with ucp_ep_flush_nbx, so completion means the data is visible at
 //   the target, and only then is the notification sent as an active message.
 // * The progress thread polls the worker while posts are in flight (sleeping `ucx_idle_sleep`
-//   after `ucx_spin_before_sleep` without work) and stands back (yields) while a caller is inside
-//   Post issuing operations, since both would otherwise fight over the worker's spin lock.
+//   after `ucx_spin_before_sleep` without work) and blocks while a caller is inside Post issuing
+//   operations, since both would otherwise fight over the worker's spin lock.
 // * Device memory: supported only if this UCX build reports CUDA memory support; otherwise
 //   SupportsMemoryKind(kCudaDevice) gives kUnimplemented.
 #ifndef DEEPINFER_KV_TRANSFER_UCX_AGENT_H_
