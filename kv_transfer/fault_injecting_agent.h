@@ -49,6 +49,9 @@ class FaultInjectingAgent final : public TransferAgent {
   absl::StatusOr<RegionId> RegisterMemory(void* base, size_t length, MemoryKind kind) override {
     return inner_->RegisterMemory(base, length, kind);
   }
+  absl::StatusOr<AllocatedRegion> AllocateMemory(size_t length, MemoryKind kind) override {
+    return inner_->AllocateMemory(length, kind);
+  }
   absl::Status DeregisterMemory(RegionId region) override;
   absl::StatusOr<std::string> ExportMetadata() const override { return inner_->ExportMetadata(); }
   absl::StatusOr<std::string> ImportPeer(absl::string_view metadata) override {

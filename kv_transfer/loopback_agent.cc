@@ -1,12 +1,14 @@
 #include "kv_transfer/loopback_agent.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kv_transfer/internal/agent_core.h"
@@ -19,12 +21,16 @@ using internal::Segment;
 using internal::TransportCallbacks;
 
 // The part of a loopback transport that peers reach: its callbacks and its registered ranges.
+// Lock order: mu before ranges_mu. A post holds mu (shared) while it calls the target's callbacks,
+// which take the target core's mutex; DeregisterMemory runs under that core mutex and so may take
+// only ranges_mu, which nobody holds while calling out.
 struct Endpoint {
   absl::Mutex mu;
   TransportCallbacks* callbacks ABSL_GUARDED_BY(mu) = nullptr;  // null once stopped
-  std::map<uintptr_t, uint64_t> ranges ABSL_GUARDED_BY(mu);      // base -> length
+  absl::Mutex ranges_mu;
+  std::map<uintptr_t, uint64_t> ranges ABSL_GUARDED_BY(ranges_mu);  // base -> length
 
-  bool CoversLocked(uint64_t addr, uint64_t length) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+  bool CoversLocked(uint64_t addr, uint64_t length) const ABSL_SHARED_LOCKS_REQUIRED(ranges_mu) {
     auto it = ranges.upper_bound(addr);
     if (it == ranges.begin()) return false;
     --it;
@@ -76,6 +82,7 @@ class LoopbackTransport final : public internal::Transport {
     Stop();
     Registry::Get().Remove(address_);
     for (auto& [link, owned] : links_) delete link;
+    for (void* memory : allocated_) std::free(memory);
   }
 
   void SetCallbacks(TransportCallbacks* callbacks) override {
@@ -85,9 +92,9 @@ class LoopbackTransport final : public internal::Transport {
   }
   absl::Status SupportsMemoryKind(MemoryKind kind) const override {
     if (kind == MemoryKind::kHost) return absl::OkStatus();
-    return absl::UnimplementedError(absl::StrCat(
-        "loopback backend: expected host memory, found ", MemoryKindName(kind),
-        " (the loopback backend copies with memcpy)"));
+    return absl::UnimplementedError(absl::StrCat("loopback backend: expected host memory, found ",
+                                                 MemoryKindName(kind),
+                                                 " (the loopback backend copies with memcpy)"));
   }
   absl::Status Start() override { return absl::OkStatus(); }
   void Stop() override {
@@ -102,13 +109,33 @@ class LoopbackTransport final : public internal::Transport {
   absl::StatusOr<void*> RegisterMemory(void* base, size_t length, MemoryKind kind,
                                        std::string* packed_key) override {
     packed_key->assign("loopback");
-    absl::MutexLock lock(&endpoint_->mu);
+    absl::MutexLock lock(&endpoint_->ranges_mu);
     endpoint_->ranges[reinterpret_cast<uintptr_t>(base)] = length;
     return base;
   }
+  absl::StatusOr<void*> AllocateMemory(size_t length, MemoryKind kind, void** base,
+                                       std::string* packed_key) override {
+    // Page aligned, like the shared-memory segments UCX allocates.
+    constexpr size_t kPage = 4096;
+    void* memory = std::aligned_alloc(kPage, (length + kPage - 1) / kPage * kPage);
+    if (memory == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("loopback backend: could not allocate ", length, " bytes"));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      allocated_.insert(memory);
+    }
+    *base = memory;
+    return RegisterMemory(memory, length, kind, packed_key);
+  }
   void DeregisterMemory(void* memory) override {
-    absl::MutexLock lock(&endpoint_->mu);
-    endpoint_->ranges.erase(reinterpret_cast<uintptr_t>(memory));
+    {
+      absl::MutexLock lock(&endpoint_->ranges_mu);
+      endpoint_->ranges.erase(reinterpret_cast<uintptr_t>(memory));
+    }
+    absl::MutexLock lock(&mu_);
+    if (allocated_.erase(memory) > 0) std::free(memory);
   }
 
   absl::StatusOr<void*> Connect(absl::string_view address, uint64_t cookie) override {
@@ -145,23 +172,26 @@ class LoopbackTransport final : public internal::Transport {
     {
       absl::ReaderMutexLock lock(&target.mu);
       if (link->aborted || target.callbacks == nullptr) {
-        return absl::UnavailableError(absl::StrCat(
-            "loopback backend: peer at '", link->address, "' is ",
-            link->aborted ? "disconnected (link aborted)" : "gone (agent stopped)"));
+        return absl::UnavailableError(
+            absl::StrCat("loopback backend: peer at '", link->address, "' is ",
+                         link->aborted ? "disconnected (link aborted)" : "gone (agent stopped)"));
       }
-      for (const Segment& s : segments) {
-        if (!target.CoversLocked(s.remote_addr, s.length)) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "loopback backend: remote range [", s.remote_addr, ", +", s.length,
-              ") is no longer registered at peer '", link->address, "'"));
+      {
+        absl::ReaderMutexLock ranges_lock(&target.ranges_mu);
+        for (const Segment& s : segments) {
+          if (!target.CoversLocked(s.remote_addr, s.length)) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("loopback backend: remote range [", s.remote_addr, ", +", s.length,
+                             ") is no longer registered at peer '", link->address, "'"));
+          }
         }
-      }
-      for (const Segment& s : segments) {
-        void* remote = reinterpret_cast<void*>(s.remote_addr);
-        if (op == TransferOp::kWrite) {
-          std::memmove(remote, s.local_addr, s.length);
-        } else {
-          std::memmove(s.local_addr, remote, s.length);
+        for (const Segment& s : segments) {
+          void* remote = reinterpret_cast<void*>(s.remote_addr);
+          if (op == TransferOp::kWrite) {
+            std::memmove(remote, s.local_addr, s.length);
+          } else {
+            std::memmove(s.local_addr, remote, s.length);
+          }
         }
       }
       if (!notification.empty() && callbacks_->ShouldNotify(post_context)) {
@@ -180,6 +210,7 @@ class LoopbackTransport final : public internal::Transport {
   std::string address_;
   absl::Mutex mu_;
   absl::flat_hash_map<Link*, bool> links_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<void*> allocated_ ABSL_GUARDED_BY(mu_);  // by AllocateMemory, not freed
 };
 
 }  // namespace

@@ -106,9 +106,9 @@ TEST_F(LoopbackTest, ValidationErrorsUseTheRightCodes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->Post(h, TransferOp::kWrite, {}, {}, nullptr, Later()).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(a_->Post(h, TransferOp::kWrite, one, one, nullptr, absl::Now() - absl::Seconds(1))
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      a_->Post(h, TransferOp::kWrite, one, one, nullptr, absl::Now() - absl::Seconds(1)).code(),
+      absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(a_->PrepareLocalDescriptors({{ar_, kN * kB - 8, 16}}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a_->PrepareRemoteDescriptors("nobody", {}).status().code(),
@@ -123,6 +123,40 @@ TEST_F(LoopbackTest, ValidationErrorsUseTheRightCodes) {
   EXPECT_EQ(a_->ImportPeer("garbage").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// AllocateMemory gives memory the agent owns and registers like RegisterMemory: it moves data,
+// follows the pinning rule, is counted, and is freed (under ASan: no leak) by DeregisterMemory or
+// by the agent's destruction.
+TEST_F(LoopbackTest, AllocatedRegionsMoveDataArePinnedAndFreed) {
+  EXPECT_EQ(b_->AllocateMemory(0, MemoryKind::kHost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_->AllocateMemory(64, MemoryKind::kCudaDevice).status().code(),
+            absl::StatusCode::kUnimplemented);
+  AllocatedRegion dst = *b_->AllocateMemory(kN * kB, MemoryKind::kHost);
+  ASSERT_NE(dst.base, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(dst.base) % 4096, 0u);
+  EXPECT_EQ(b_->counters().registered_bytes, static_cast<int64_t>(2 * kN * kB));
+  AllocatedRegion src = *a_->AllocateMemory(kN * kB, MemoryKind::kHost);
+  for (uint64_t i = 0; i < kN * kB; ++i) static_cast<char*>(src.base)[i] = static_cast<char>(i);
+  ASSERT_TRUE(a_->ImportPeer(*b_->ExportMetadata()).ok());  // refresh: adds the new region
+  HandleId h =
+      *a_->CreateHandle(*a_->PrepareLocalDescriptors(Blocks(src.region, kN, kB)),
+                        *a_->PrepareRemoteDescriptors("decode", Blocks(dst.region, kN, kB)));
+  std::vector<uint32_t> li{3, 5}, ri{0, 31};
+  Notification note{9, 0, 1, ""};
+  ASSERT_TRUE(a_->Post(h, TransferOp::kWrite, li, ri, &note, Later()).ok());
+  ASSERT_EQ(a_->Wait(h, Later())->state, TransferState::kDone);
+  ASSERT_TRUE(b_->WaitForNotifications(Later()));
+  const char* got = static_cast<const char*>(dst.base);
+  for (uint64_t i = 0; i < kB; ++i) {
+    ASSERT_EQ(got[i], static_cast<char>(3 * kB + i));
+    ASSERT_EQ(got[31 * kB + i], static_cast<char>(5 * kB + i));
+  }
+  ASSERT_TRUE(b_->DeregisterMemory(dst.region).ok());
+  EXPECT_EQ(b_->counters().registered_bytes, static_cast<int64_t>(kN * kB));
+  EXPECT_EQ(b_->DeregisterMemory(dst.region).code(), absl::StatusCode::kNotFound);
+  // `src` stays allocated: freed when a_ is destroyed.
+}
+
 TEST_F(LoopbackTest, IncarnationsForgetAndPeerGone) {
   HandleId h = *a_->CreateHandle(local_, remote_);
   std::vector<uint32_t> one{0};
@@ -134,8 +168,8 @@ TEST_F(LoopbackTest, IncarnationsForgetAndPeerGone) {
   EXPECT_EQ(a_->Post(h, TransferOp::kWrite, one, one, nullptr, Later()).code(),
             absl::StatusCode::kAborted);
   EXPECT_EQ(a_->ImportPeer(*b_->ExportMetadata()).status().code(), absl::StatusCode::kAborted);
-  HandleId h2 = *a_->CreateHandle(
-      local_, *a_->PrepareRemoteDescriptors("decode", Blocks(r2, kN, kB)));
+  HandleId h2 =
+      *a_->CreateHandle(local_, *a_->PrepareRemoteDescriptors("decode", Blocks(r2, kN, kB)));
   ASSERT_TRUE(a_->Post(h2, TransferOp::kWrite, one, one, nullptr, Later()).ok());
   EXPECT_EQ(a_->Wait(h2, Later())->state, TransferState::kDone);
   // Peer gone.

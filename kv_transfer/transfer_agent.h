@@ -8,6 +8,7 @@
 //   auto agent = CreateTransferAgent(config).value();    // agent_factory.h
 //   agent->Start();
 //   RegionId pool = agent->RegisterMemory(base, bytes, MemoryKind::kHost).value();
+//   // or, for a pool peers write into (faster over shared memory): AllocateMemory(bytes, kind)
 //   std::string blob = agent->ExportMetadata().value();  // send over the control channel
 //   // prefill side, after receiving the decode node's blob
 //   std::string peer = agent->ImportPeer(decode_blob).value();
@@ -133,18 +134,24 @@ struct TransferStatus {
 struct AgentCounters {
   int64_t registered_regions = 0;
   int64_t registered_bytes = 0;
-  int64_t peers = 0;                      // imported, not forgotten
+  int64_t peers = 0;  // imported, not forgotten
   int64_t descriptor_lists = 0;
-  int64_t handles = 0;                    // created, not released
-  int64_t in_flight_handles = 0;          // handles in kInProgress
-  int64_t backend_requests_in_flight = 0; // requests the backend (UCX) has not completed
-  int64_t pending_notifications = 0;      // received, not yet drained
-  uint64_t bytes_written = 0;             // by completed WRITE posts
-  uint64_t bytes_read = 0;                // by completed READ posts
+  int64_t handles = 0;                     // created, not released
+  int64_t in_flight_handles = 0;           // handles in kInProgress
+  int64_t backend_requests_in_flight = 0;  // requests the backend (UCX) has not completed
+  int64_t pending_notifications = 0;       // received, not yet drained
+  uint64_t bytes_written = 0;              // by completed WRITE posts
+  uint64_t bytes_read = 0;                 // by completed READ posts
   uint64_t posts_completed = 0;
   uint64_t posts_failed = 0;
   uint64_t notifications_sent = 0;
   uint64_t notifications_received = 0;
+};
+
+// What AllocateMemory returns: the new region and where its memory starts.
+struct AllocatedRegion {
+  RegionId region = 0;
+  void* base = nullptr;
 };
 
 struct AgentConfig {
@@ -183,8 +190,18 @@ class TransferAgent {
 
   // Registers [base, base + length) for transfers. The memory must outlive the registration.
   virtual absl::StatusOr<RegionId> RegisterMemory(void* base, size_t length, MemoryKind kind) = 0;
+  // Allocates `length` bytes of `kind` memory the way the backend reaches fastest and registers
+  // them like RegisterMemory. The memory belongs to the agent: it stays valid until
+  // DeregisterMemory of the region or the agent's destruction, whichever comes first. Contents are
+  // unspecified. Use it for pools that peers write into or read from: with UCX over shared memory
+  // a peer then copies straight into this process's mapping of the pool, while into memory given
+  // to RegisterMemory UCX 1.13 can only emulate puts and gets with active messages (a copy through
+  // a bounce buffer on both sides, and work for this process's progress thread), several times
+  // slower. Over TCP or RDMA both kinds of region perform alike.
+  virtual absl::StatusOr<AllocatedRegion> AllocateMemory(size_t length, MemoryKind kind) = 0;
   // kFailedPrecondition while a post using the region is in flight. Descriptor lists naming the
-  // region stay valid objects but posts through them give kFailedPrecondition.
+  // region stay valid objects but posts through them give kFailedPrecondition. A region from
+  // AllocateMemory is freed.
   virtual absl::Status DeregisterMemory(RegionId region) = 0;
 
   // Opaque, versioned blob with this agent's name, incarnation, backend address and the regions

@@ -3,6 +3,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -22,12 +23,30 @@ using internal::Segment;
 using internal::TransportCallbacks;
 
 constexpr unsigned kNotificationAmId = 0x4b56;  // "KV"
+// Default UCX_TCP_TX_SEG_SIZE and UCX_TCP_RX_SEG_SIZE (see Init).
+constexpr char kTcpSegmentSize[] = "1m";
 
 absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::UnavailableError(absl::StrCat("UCX ", what, ": ", ucs_status_string(status)));
 }
 
 class UcxTransport;
+
+// Counts a thread in `*count` for its lifetime; wakes waiters on `*count` when it drops to 0.
+class IssuingScope {
+ public:
+  explicit IssuingScope(std::atomic<int>* count) : count_(count) {
+    count_->fetch_add(1, std::memory_order_acq_rel);
+  }
+  ~IssuingScope() {
+    if (count_->fetch_sub(1, std::memory_order_acq_rel) == 1) count_->notify_all();
+  }
+  IssuingScope(const IssuingScope&) = delete;
+  IssuingScope& operator=(const IssuingScope&) = delete;
+
+ private:
+  std::atomic<int>* const count_;
+};
 
 struct UcxLink {
   UcxTransport* transport = nullptr;
@@ -83,8 +102,8 @@ class UcxTransport final : public internal::Transport {
 
   absl::Status Start() override {
     absl::MutexLock lock(&state_mu_);
-    if (running_) return absl::OkStatus();
-    running_ = true;
+    if (running_.load()) return absl::OkStatus();
+    running_.store(true);
     progress_thread_ = std::thread([this] { ProgressLoop(); });
     return absl::OkStatus();
   }
@@ -94,7 +113,7 @@ class UcxTransport final : public internal::Transport {
       absl::MutexLock lock(&state_mu_);
       if (stopped_) return;
       stopped_ = true;
-      running_ = false;
+      running_.store(false);
     }
     if (progress_thread_.joinable()) progress_thread_.join();
     // From here on only this thread touches the worker: close every endpoint, which fails the
@@ -123,28 +142,29 @@ class UcxTransport final : public internal::Transport {
                         UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
     params.address = base;
     params.length = length;
-    params.memory_type =
-        kind == MemoryKind::kHost ? UCS_MEMORY_TYPE_HOST : UCS_MEMORY_TYPE_CUDA;
-    auto memory = std::make_unique<UcxMemory>();
-    if (ucs_status_t s = ucp_mem_map(context_, &params, &memory->memh); s != UCS_OK) {
-      return UcxError(absl::StrCat("ucp_mem_map of ", length, " bytes"), s);
-    }
-    void* buffer = nullptr;
-    size_t size = 0;
-    if (ucs_status_t s = ucp_rkey_pack(context_, memory->memh, &buffer, &size); s != UCS_OK) {
-      ucp_mem_unmap(context_, memory->memh);
-      return UcxError("ucp_rkey_pack", s);
-    }
-    packed_key->assign(static_cast<const char*>(buffer), size);
-    ucp_rkey_buffer_release(buffer);
-    absl::MutexLock lock(&queue_mu_);
-    memories_.insert(memory.get());
-    return memory.release();
+    params.memory_type = UcxMemoryType(kind);
+    return MapMemory(params, nullptr, packed_key);
+  }
+
+  // UCP_MEM_MAP_ALLOCATE: UCX takes the memory from its allocators in UCX_ALLOC_PRIO order (by
+  // default a System V or POSIX shared-memory segment), which the shared-memory transports map
+  // into the peer so that its puts and gets are plain copies.
+  absl::StatusOr<void*> AllocateMemory(size_t length, MemoryKind kind, void** base,
+                                       std::string* packed_key) override {
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.address = nullptr;
+    params.length = length;
+    params.flags = UCP_MEM_MAP_ALLOCATE;
+    params.memory_type = UcxMemoryType(kind);
+    return MapMemory(params, base, packed_key);
   }
 
   void DeregisterMemory(void* memory) override {
     absl::MutexLock lock(&queue_mu_);
     to_unmap_.push_back(static_cast<UcxMemory*>(memory));
+    queued_.store(true, std::memory_order_release);
   }
 
   absl::StatusOr<void*> Connect(absl::string_view address, uint64_t cookie) override {
@@ -190,11 +210,13 @@ class UcxTransport final : public internal::Transport {
   void Disconnect(void* link) override {
     absl::MutexLock lock(&queue_mu_);
     to_disconnect_.push_back(static_cast<UcxLink*>(link));
+    queued_.store(true, std::memory_order_release);
   }
 
   void AbortLink(void* link) override {
     absl::MutexLock lock(&queue_mu_);
     to_abort_.push_back(static_cast<UcxLink*>(link));
+    queued_.store(true, std::memory_order_release);
   }
 
   absl::Status PostBatch(void* link_ptr, TransferOp op, absl::Span<const Segment> segments,
@@ -206,6 +228,8 @@ class UcxTransport final : public internal::Transport {
     }
     auto* post = new PostState{this, link, post_context, notification, absl::OkStatus()};
     in_flight_.fetch_add(1);
+    // Every UCX call below takes the worker lock; the progress loop stands back meanwhile.
+    IssuingScope issuing(&issuing_);
     ucp_request_param_t param{};
     for (const Segment& s : segments) {
       param.op_attr_mask = 0;
@@ -219,8 +243,8 @@ class UcxTransport final : public internal::Transport {
               ? ucp_put_nbx(link->ep, s.local_addr, s.length, s.remote_addr, rkey, &param)
               : ucp_get_nbx(link->ep, s.local_addr, s.length, s.remote_addr, rkey, &param);
       if (UCS_PTR_IS_ERR(r)) {
-        post->status = UcxError(op == TransferOp::kWrite ? "ucp_put_nbx" : "ucp_get_nbx",
-                                UCS_PTR_STATUS(r));
+        post->status =
+            UcxError(op == TransferOp::kWrite ? "ucp_put_nbx" : "ucp_get_nbx", UCS_PTR_STATUS(r));
         break;
       }
       // The flush below waits for it; the request is released when it completes.
@@ -250,6 +274,22 @@ class UcxTransport final : public internal::Transport {
     ucp_config_t* ucx_config = nullptr;
     if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &ucx_config); s != UCS_OK) {
       return UcxError("ucp_config_read", s);
+    }
+    // UCX 1.13 emulates puts and gets over TCP with active messages of at most one segment; its
+    // default segments (8 KiB out, 64 KiB in) make a 1 MiB block 128 messages, each with its own
+    // copies. 1 MiB segments measured several times faster for KV blocks (DESIGN.md, see
+    // compare_perftest.sh). UCX_TCP_{TX,RX}_SEG_SIZE in the environment still win. Applied only
+    // when TCP may be used (UCX warns about settings no transport takes).
+    const char* tls = std::getenv("UCX_TLS");
+    const bool tcp_possible = tls == nullptr || std::strstr(tls, "tcp") != nullptr ||
+                              std::strstr(tls, "all") != nullptr || tls[0] == '^';
+    for (const char* name : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
+      if (!tcp_possible || std::getenv(absl::StrCat("UCX_TCP_", name).c_str()) != nullptr) continue;
+      // UCT keys go without their transport prefix; only tcp has these two.
+      if (ucs_status_t s = ucp_config_modify(ucx_config, name, kTcpSegmentSize); s != UCS_OK) {
+        ucp_config_release(ucx_config);
+        return UcxError(absl::StrCat("ucp_config_modify ", name, "=", kTcpSegmentSize), s);
+      }
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -318,8 +358,47 @@ class UcxTransport final : public internal::Transport {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
+  static ucs_memory_type_t UcxMemoryType(MemoryKind kind) {
+    return kind == MemoryKind::kHost ? UCS_MEMORY_TYPE_HOST : UCS_MEMORY_TYPE_CUDA;
+  }
+
+  // ucp_mem_map + ucp_rkey_pack. With `base` set (allocations) stores the mapped address there.
+  absl::StatusOr<void*> MapMemory(const ucp_mem_map_params_t& params, void** base,
+                                  std::string* packed_key) {
+    auto memory = std::make_unique<UcxMemory>();
+    if (ucs_status_t s = ucp_mem_map(context_, &params, &memory->memh); s != UCS_OK) {
+      return UcxError(
+          absl::StrCat(base != nullptr ? "ucp_mem_map (allocate) of " : "ucp_mem_map of ",
+                       params.length, " bytes"),
+          s);
+    }
+    if (base != nullptr) {
+      ucp_mem_attr_t attr{};
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+      if (ucs_status_t s = ucp_mem_query(memory->memh, &attr); s != UCS_OK) {
+        ucp_mem_unmap(context_, memory->memh);
+        return UcxError("ucp_mem_query of an allocated region", s);
+      }
+      *base = attr.address;
+    }
+    void* buffer = nullptr;
+    size_t size = 0;
+    if (ucs_status_t s = ucp_rkey_pack(context_, memory->memh, &buffer, &size); s != UCS_OK) {
+      ucp_mem_unmap(context_, memory->memh);
+      return UcxError("ucp_rkey_pack", s);
+    }
+    packed_key->assign(static_cast<const char*>(buffer), size);
+    ucp_rkey_buffer_release(buffer);
+    absl::MutexLock lock(&queue_mu_);
+    memories_.insert(memory.get());
+    return memory.release();
+  }
+
   // Runs on the progress thread (or the stopping thread once it has joined).
   bool ProcessQueues() {
+    // Cheap check first: the progress loop calls this on every turn, and taking queue_mu_ there
+    // (an absl::Mutex, with deadlock detection in Debian's build) would cost more than a poll.
+    if (!queued_.exchange(false, std::memory_order_acquire)) return false;
     std::vector<PostState*> notify;
     std::vector<UcxLink*> abort;
     std::vector<UcxLink*> disconnect;
@@ -399,10 +478,15 @@ class UcxTransport final : public internal::Transport {
 
   void ProgressLoop() {
     absl::Time idle_since = absl::Now();
-    while (true) {
-      {
-        absl::MutexLock lock(&state_mu_);
-        if (!running_) break;
+    while (running_.load(std::memory_order_acquire)) {
+      if (const int issuing = issuing_.load(std::memory_order_acquire); issuing > 0) {
+        // A caller is issuing operations (PostBatch). They take the worker's spin lock, as does
+        // ucp_worker_progress; on an oversubscribed machine a lock holder descheduled while the
+        // other thread spins for it wastes whole time slices, and even a yielding poller takes
+        // CPU from the caller. Operations issued now complete in the caller or need progress only
+        // afterwards, so block (futex) until the count changes; the last caller out notifies.
+        issuing_.wait(issuing, std::memory_order_acquire);
+        continue;
       }
       bool work = ucp_worker_progress(worker_) != 0;
       work |= ProcessQueues();
@@ -428,6 +512,7 @@ class UcxTransport final : public internal::Transport {
       // Sending from inside ucp_worker_progress is avoided: the progress loop sends it next.
       absl::MutexLock lock(&queue_mu_);
       to_notify_.push_back(post);
+      queued_.store(true, std::memory_order_release);
     } else {
       SendNotification(post);
     }
@@ -450,9 +535,9 @@ class UcxTransport final : public internal::Transport {
     param.cb.send = &UcxTransport::OnNotificationSent;
     param.user_data = post;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t r = ucp_am_send_nbx(post->link->ep, kNotificationAmId, nullptr, 0,
-                                         post->notification.data(), post->notification.size(),
-                                         &param);
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(post->link->ep, kNotificationAmId, nullptr, 0, post->notification.data(),
+                        post->notification.size(), &param);
     if (r == nullptr) {
       Complete(post, absl::OkStatus());
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -462,9 +547,8 @@ class UcxTransport final : public internal::Transport {
 
   void Complete(PostState* post, absl::Status status) {
     if (!status.ok() && stopping()) {
-      status = absl::CancelledError(
-          absl::StrCat("UCX backend: agent stopped with the post in flight (", status.message(),
-                       ")"));
+      status = absl::CancelledError(absl::StrCat(
+          "UCX backend: agent stopped with the post in flight (", status.message(), ")"));
     }
     void* context = post->context;
     delete post;
@@ -494,8 +578,7 @@ class UcxTransport final : public internal::Transport {
   static void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* link = static_cast<UcxLink*>(arg);
     link->failed = true;
-    link->transport->callbacks_->OnLinkError(link->cookie,
-                                             UcxError("endpoint error", status));
+    link->transport->callbacks_->OnLinkError(link->cookie, UcxError("endpoint error", status));
   }
 
   static ucs_status_t OnActiveMessage(void* arg, const void*, size_t, void* data, size_t length,
@@ -538,9 +621,10 @@ class UcxTransport final : public internal::Transport {
   std::string address_;
   bool cuda_supported_ = false;
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<int> issuing_{0};  // PostBatch calls issuing operations right now
 
   absl::Mutex state_mu_;
-  bool running_ ABSL_GUARDED_BY(state_mu_) = false;
+  std::atomic<bool> running_{false};  // written under state_mu_, read by the progress loop
   bool stopped_ ABSL_GUARDED_BY(state_mu_) = false;
   std::thread progress_thread_;
 
@@ -548,6 +632,7 @@ class UcxTransport final : public internal::Transport {
   absl::flat_hash_set<UcxLink*> links_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<PostState*> to_notify_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<UcxLink*> to_abort_ ABSL_GUARDED_BY(queue_mu_);
+  std::atomic<bool> queued_{false};  // set after pushing to any to_* queue
   std::vector<UcxLink*> to_disconnect_ ABSL_GUARDED_BY(queue_mu_);
   std::vector<UcxMemory*> to_unmap_ ABSL_GUARDED_BY(queue_mu_);
   absl::flat_hash_set<UcxMemory*> memories_ ABSL_GUARDED_BY(queue_mu_);
@@ -559,8 +644,8 @@ class UcxTransport final : public internal::Transport {
 
 absl::StatusOr<std::unique_ptr<TransferAgent>> CreateUcxAgent(AgentConfig config) {
   if (config.backend != Backend::kUcx) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CreateUcxAgent: expected backend ucx, found ", BackendName(config.backend)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateUcxAgent: expected backend ucx, found ", BackendName(config.backend)));
   }
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(config);
   if (!transport.ok()) return transport.status();

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -28,6 +29,8 @@ using internal::PatternPayload;
 struct Transport {
   const char* name;
   const char* tls;
+  // Target (and source) memory from AllocateMemory instead of RegisterMemory of heap memory.
+  bool allocate = false;
 };
 
 void SetTransport(const Transport& t) {
@@ -61,10 +64,23 @@ class UcxInProcessTest : public ::testing::TestWithParam<Transport> {
     SetTransport(GetParam());
     a_ = MakeAgent("a", 11);
     b_ = MakeAgent("b", 22);
-    a_mem_.assign(kBlocks * kBlock, 0);
-    b_mem_.assign(kBlocks * kBlock, 0);
-    a_region_ = *a_->RegisterMemory(a_mem_.data(), a_mem_.size(), MemoryKind::kHost);
-    b_region_ = *b_->RegisterMemory(b_mem_.data(), b_mem_.size(), MemoryKind::kHost);
+    if (GetParam().allocate) {
+      AllocatedRegion a = *a_->AllocateMemory(kBlocks * kBlock, MemoryKind::kHost);
+      AllocatedRegion b = *b_->AllocateMemory(kBlocks * kBlock, MemoryKind::kHost);
+      a_region_ = a.region;
+      b_region_ = b.region;
+      a_ptr_ = static_cast<char*>(a.base);
+      b_ptr_ = static_cast<char*>(b.base);
+      std::memset(a_ptr_, 0, kBlocks * kBlock);
+      std::memset(b_ptr_, 0, kBlocks * kBlock);
+    } else {
+      a_mem_.assign(kBlocks * kBlock, 0);
+      b_mem_.assign(kBlocks * kBlock, 0);
+      a_ptr_ = a_mem_.data();
+      b_ptr_ = b_mem_.data();
+      a_region_ = *a_->RegisterMemory(a_ptr_, a_mem_.size(), MemoryKind::kHost);
+      b_region_ = *b_->RegisterMemory(b_ptr_, b_mem_.size(), MemoryKind::kHost);
+    }
     ASSERT_TRUE(a_->ImportPeer(*b_->ExportMetadata()).ok());
     local_ = *a_->PrepareLocalDescriptors(Blocks(a_region_, kBlocks, kBlock));
     remote_ = *a_->PrepareRemoteDescriptors("b", Blocks(b_region_, kBlocks, kBlock));
@@ -88,7 +104,9 @@ class UcxInProcessTest : public ::testing::TestWithParam<Transport> {
   static constexpr uint32_t kBlocks = 256;
   static constexpr uint64_t kBlock = 4096;
   std::unique_ptr<TransferAgent> a_, b_;
-  std::vector<char> a_mem_, b_mem_;
+  std::vector<char> a_mem_, b_mem_;  // heap memory when !allocate
+  char* a_ptr_ = nullptr;
+  char* b_ptr_ = nullptr;
   RegionId a_region_ = 0, b_region_ = 0;
   DescListId local_ = 0, remote_ = 0;
   HandleId handle_ = 0;
@@ -107,17 +125,16 @@ TEST_P(UcxInProcessTest, RandomWritesLandBeforeTheirNotification) {
       uint32_t l = rng() % kBlocks, r = rng() % kBlocks;
       if (used[r]) continue;
       used[r] = true;
-      FillPattern(post, l, a_mem_.data() + l * kBlock, kBlock);
+      FillPattern(post, l, a_ptr_ + l * kBlock, kBlock);
       li.push_back(l);
       ri.push_back(r);
       payload.blocks.push_back({l, r});
     }
     // A local block may be reused with another pattern in the same post: refill in order.
-    for (auto [l, r] : payload.blocks) FillPattern(post, l, a_mem_.data() + l * kBlock, kBlock);
+    for (auto [l, r] : payload.blocks) FillPattern(post, l, a_ptr_ + l * kBlock, kBlock);
     Notification note{post, 0, 1, payload.Encode()};
-    ASSERT_TRUE(a_->Post(handle_, TransferOp::kWrite, li, ri, &note,
-                         absl::Now() + absl::Seconds(10))
-                    .ok());
+    ASSERT_TRUE(
+        a_->Post(handle_, TransferOp::kWrite, li, ri, &note, absl::Now() + absl::Seconds(10)).ok());
     // Check on receipt, before looking at the sender: the data must already be there.
     ASSERT_TRUE(b_->WaitForNotifications(absl::Now() + absl::Seconds(10)));
     std::vector<Notification> got = b_->DrainNotifications();
@@ -126,7 +143,7 @@ TEST_P(UcxInProcessTest, RandomWritesLandBeforeTheirNotification) {
     EXPECT_EQ(got[0].sender, "a");
     EXPECT_EQ(got[0].sender_incarnation, 11u);
     for (auto [l, r] : PatternPayload::Decode(got[0].payload).blocks) {
-      ASSERT_TRUE(CheckPattern(post, l, b_mem_.data() + r * kBlock, kBlock))
+      ASSERT_TRUE(CheckPattern(post, l, b_ptr_ + r * kBlock, kBlock))
           << "post " << post << " block " << r;
     }
     auto st = a_->Wait(handle_, absl::Now() + absl::Seconds(10));
@@ -140,19 +157,19 @@ TEST_P(UcxInProcessTest, RandomWritesLandBeforeTheirNotification) {
 }
 
 TEST_P(UcxInProcessTest, ReadsFetchPeerBlocks) {
-  for (uint32_t i = 0; i < kBlocks; ++i) FillPattern(99, i, b_mem_.data() + i * kBlock, kBlock);
+  for (uint32_t i = 0; i < kBlocks; ++i) FillPattern(99, i, b_ptr_ + i * kBlock, kBlock);
   std::vector<uint32_t> li, ri;
   for (uint32_t i = 0; i < kBlocks; ++i) {
     li.push_back(i);
     ri.push_back(kBlocks - 1 - i);
   }
   Notification note{5, 0, 1, "read done"};
-  ASSERT_TRUE(a_->Post(handle_, TransferOp::kRead, li, ri, &note, absl::Now() + absl::Seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      a_->Post(handle_, TransferOp::kRead, li, ri, &note, absl::Now() + absl::Seconds(10)).ok());
   auto st = a_->Wait(handle_, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(st->state, TransferState::kDone) << st->status;
   for (uint32_t i = 0; i < kBlocks; ++i) {
-    ASSERT_TRUE(CheckPattern(99, kBlocks - 1 - i, a_mem_.data() + i * kBlock, kBlock));
+    ASSERT_TRUE(CheckPattern(99, kBlocks - 1 - i, a_ptr_ + i * kBlock, kBlock));
   }
   ASSERT_TRUE(b_->WaitForNotifications(absl::Now() + absl::Seconds(10)));
   EXPECT_EQ(b_->DrainNotifications()[0].payload, "read done");
@@ -162,29 +179,31 @@ TEST_P(UcxInProcessTest, ReadsFetchPeerBlocks) {
 TEST_P(UcxInProcessTest, DeregisterWhileInFlightIsRefusedAndForgottenPeerAborts) {
   std::vector<uint32_t> idx(kBlocks);
   for (uint32_t i = 0; i < kBlocks; ++i) idx[i] = i;
-  ASSERT_TRUE(a_->Post(handle_, TransferOp::kWrite, idx, idx, nullptr,
-                       absl::Now() + absl::Seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      a_->Post(handle_, TransferOp::kWrite, idx, idx, nullptr, absl::Now() + absl::Seconds(10))
+          .ok());
   auto st = a_->Poll(handle_);
   if (st->state == TransferState::kInProgress) {
     EXPECT_EQ(a_->DeregisterMemory(a_region_).code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(a_->Post(handle_, TransferOp::kWrite, idx, idx, nullptr,
-                       absl::Now() + absl::Seconds(10))
-                  .code(),
-              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(
+        a_->Post(handle_, TransferOp::kWrite, idx, idx, nullptr, absl::Now() + absl::Seconds(10))
+            .code(),
+        absl::StatusCode::kFailedPrecondition);
   }
   st = a_->Wait(handle_, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(st->state, TransferState::kDone) << st->status;
   ASSERT_TRUE(a_->ForgetPeer("b").ok());
-  EXPECT_EQ(a_->Post(handle_, TransferOp::kWrite, idx, idx, nullptr,
-                     absl::Now() + absl::Seconds(10))
-                .code(),
-            absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      a_->Post(handle_, TransferOp::kWrite, idx, idx, nullptr, absl::Now() + absl::Seconds(10))
+          .code(),
+      absl::StatusCode::kAborted);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxInProcessTest,
                          ::testing::Values(Transport{"shm", "sm,self"},
-                                           Transport{"tcp", "tcp,self"}),
+                                           Transport{"tcp", "tcp,self"},
+                                           Transport{"shm_allocated", "sm,self", true},
+                                           Transport{"tcp_allocated", "tcp,self", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Big transfers over TCP to exercise deadline and cancel while data is really moving.
@@ -199,9 +218,9 @@ class UcxSlowPathTest : public ::testing::Test {
     a_region_ = *a_->RegisterMemory(a_mem_.data(), a_mem_.size(), MemoryKind::kHost);
     b_region_ = *b_->RegisterMemory(b_mem_.data(), b_mem_.size(), MemoryKind::kHost);
     ASSERT_TRUE(a_->ImportPeer(*b_->ExportMetadata()).ok());
-    handle_ = *a_->CreateHandle(*a_->PrepareLocalDescriptors(Blocks(a_region_, kBlocks, kBlock)),
-                                *a_->PrepareRemoteDescriptors("b", Blocks(b_region_, kBlocks,
-                                                                           kBlock)));
+    handle_ =
+        *a_->CreateHandle(*a_->PrepareLocalDescriptors(Blocks(a_region_, kBlocks, kBlock)),
+                          *a_->PrepareRemoteDescriptors("b", Blocks(b_region_, kBlocks, kBlock)));
     for (uint32_t i = 0; i < kBlocks; ++i) idx_.push_back(i);
   }
   static constexpr uint32_t kBlocks = 64;
@@ -228,9 +247,9 @@ TEST_F(UcxSlowPathTest, DeadlineExceededSuppressesNotification) {
 
 TEST_F(UcxSlowPathTest, CancelSuppressesNotification) {
   Notification note{1, 0, 1, ""};
-  ASSERT_TRUE(a_->Post(handle_, TransferOp::kWrite, idx_, idx_, &note,
-                       absl::Now() + absl::Seconds(20))
-                  .ok());
+  ASSERT_TRUE(
+      a_->Post(handle_, TransferOp::kWrite, idx_, idx_, &note, absl::Now() + absl::Seconds(20))
+          .ok());
   ASSERT_TRUE(a_->Cancel(handle_).ok());
   auto st = a_->Wait(handle_, absl::Now() + absl::Seconds(20));
   ASSERT_TRUE(st->terminal());
@@ -256,7 +275,8 @@ struct Child {
   FILE* out = nullptr;
 };
 
-Child SpawnPeer(const std::string& metadata_path, uint32_t blocks, uint64_t block_size) {
+Child SpawnPeer(const std::string& metadata_path, uint32_t blocks, uint64_t block_size,
+                bool allocate = false) {
   unlink(metadata_path.c_str());
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
@@ -268,7 +288,7 @@ Child SpawnPeer(const std::string& metadata_path, uint32_t blocks, uint64_t bloc
     std::string helper = HelperPath();
     std::string nb = std::to_string(blocks), bs = std::to_string(block_size);
     execl(helper.c_str(), helper.c_str(), metadata_path.c_str(), nb.c_str(), bs.c_str(),
-          static_cast<char*>(nullptr));
+          allocate ? "allocate" : "register", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(fds[1]);
@@ -298,6 +318,38 @@ std::string ReadLine(FILE* f) {
   return s;
 }
 
+// 150 posts of 1..24 random blocks (distinct within a post) from `mem` into the peer, each with a
+// notification whose payload lets the peer check the blocks on receipt; the peer's verdict is
+// read from `peer_out`.
+void WriteRandomBlocksVerifiedByPeer(TransferAgent& a, HandleId h, char* mem, FILE* peer_out) {
+  constexpr uint32_t kBlocks = 128;
+  constexpr uint64_t kBlock = 16 << 10;
+  std::mt19937 rng(3);
+  uint64_t blocks_moved = 0;
+  for (uint64_t post = 1; post <= 150; ++post) {
+    const uint32_t n = 1 + rng() % 24;
+    PatternPayload payload{post, {}};
+    std::vector<uint32_t> li, ri;
+    std::vector<bool> used(kBlocks), lused(kBlocks);
+    while (li.size() < n) {
+      uint32_t l = rng() % kBlocks, r = rng() % kBlocks;
+      if (used[r] || lused[l]) continue;
+      used[r] = lused[l] = true;
+      FillPattern(post, l, mem + l * kBlock, kBlock);
+      li.push_back(l);
+      ri.push_back(r);
+      payload.blocks.push_back({l, r});
+    }
+    Notification note{post, 0, 1, payload.Encode()};
+    ASSERT_TRUE(a.Post(h, TransferOp::kWrite, li, ri, &note, absl::Now() + absl::Seconds(10)).ok());
+    auto st = a.Wait(h, absl::Now() + absl::Seconds(10));
+    ASSERT_EQ(st->state, TransferState::kDone) << st->status;
+    ASSERT_EQ(ReadLine(peer_out), absl::StrCat("ok ", post));
+    blocks_moved += n;
+  }
+  EXPECT_GT(blocks_moved, 1000u);
+}
+
 class UcxTwoProcessTest : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(UcxTwoProcessTest, RandomWritesVerifiedByPeerThenPeerKilledAndRestarted) {
@@ -305,8 +357,8 @@ TEST_P(UcxTwoProcessTest, RandomWritesVerifiedByPeerThenPeerKilledAndRestarted) 
   constexpr uint32_t kBlocks = 128;
   constexpr uint64_t kBlock = 16 << 10;
   const std::string path =
-      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
-                   "/peer_", GetParam().name, "_", getpid());
+      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/peer_",
+                   GetParam().name, "_", getpid());
   auto a = MakeAgent("a", 1);
   std::vector<char> mem(kBlocks * kBlock);
   RegionId region = *a->RegisterMemory(mem.data(), mem.size(), MemoryKind::kHost);
@@ -320,31 +372,7 @@ TEST_P(UcxTwoProcessTest, RandomWritesVerifiedByPeerThenPeerKilledAndRestarted) 
   DescListId remote = *a->PrepareRemoteDescriptors("ucx_peer", Blocks(1, kBlocks, kBlock));
   HandleId h = *a->CreateHandle(local, remote);
 
-  std::mt19937 rng(3);
-  uint64_t blocks_moved = 0;
-  for (uint64_t post = 1; post <= 150; ++post) {
-    const uint32_t n = 1 + rng() % 24;
-    PatternPayload payload{post, {}};
-    std::vector<uint32_t> li, ri;
-    std::vector<bool> used(kBlocks), lused(kBlocks);
-    while (li.size() < n) {
-      uint32_t l = rng() % kBlocks, r = rng() % kBlocks;
-      if (used[r] || lused[l]) continue;
-      used[r] = lused[l] = true;
-      FillPattern(post, l, mem.data() + l * kBlock, kBlock);
-      li.push_back(l);
-      ri.push_back(r);
-      payload.blocks.push_back({l, r});
-    }
-    Notification note{post, 0, 1, payload.Encode()};
-    ASSERT_TRUE(a->Post(h, TransferOp::kWrite, li, ri, &note, absl::Now() + absl::Seconds(10))
-                    .ok());
-    auto st = a->Wait(h, absl::Now() + absl::Seconds(10));
-    ASSERT_EQ(st->state, TransferState::kDone) << st->status;
-    ASSERT_EQ(ReadLine(child.out), absl::StrCat("ok ", post));
-    blocks_moved += n;
-  }
-  EXPECT_GT(blocks_moved, 1000u);
+  ASSERT_NO_FATAL_FAILURE(WriteRandomBlocksVerifiedByPeer(*a, h, mem.data(), child.out));
 
   // Kill the peer with a large write in flight.
   std::vector<uint32_t> all(kBlocks);
@@ -393,8 +421,8 @@ TEST_P(UcxTwoProcessTest, RandomWritesVerifiedByPeerThenPeerKilledAndRestarted) 
     payload.blocks.push_back({i, i});
   }
   Notification note{1, 0, 1, payload.Encode()};
-  ASSERT_TRUE(a->Post(h, TransferOp::kWrite, all, all, &note, absl::Now() + absl::Seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      a->Post(h, TransferOp::kWrite, all, all, &note, absl::Now() + absl::Seconds(10)).ok());
   auto st = a->Wait(h, absl::Now() + absl::Seconds(10));
   ASSERT_EQ(st->state, TransferState::kDone) << st->status;
   EXPECT_EQ(ReadLine(again.out), "ok 1");
@@ -410,12 +438,47 @@ TEST_P(UcxTwoProcessTest, RandomWritesVerifiedByPeerThenPeerKilledAndRestarted) 
   EXPECT_EQ(a->counters().registered_regions, 0);
 }
 
-// Shared memory carries the data (cma); UCX 1.13's shared-memory AM transports have no peer
-// failure handler, so tcp is listed for the control lane that detects the killed peer.
+// UCX 1.13's shared-memory transports have no peer failure handler, so tcp is listed to detect
+// the killed peer. With peer error handling UCX then uses tcp lanes only (the data goes over TCP
+// too); the shared-memory data path is tested below with UCX_TLS=sm,self.
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTwoProcessTest,
                          ::testing::Values(Transport{"shm", "sm,tcp,self"},
                                            Transport{"tcp", "tcp,self"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The shared-memory fast path: the peer's pool comes from AllocateMemory, so over sm,self this
+// process copies straight into the peer's mapping. The peer checks every post's blocks when its
+// notification arrives (data before notification across processes).
+TEST(UcxTwoProcessAllocatedTest, DirectSharedMemoryWritesLandBeforeTheirNotification) {
+  SetTransport({"shm", "sm,self"});
+  constexpr uint32_t kBlocks = 128;
+  constexpr uint64_t kBlock = 16 << 10;
+  const std::string path =
+      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
+                   "/peer_allocated_", getpid());
+  auto a = MakeAgent("a", 1);
+  AllocatedRegion mine = *a->AllocateMemory(kBlocks * kBlock, MemoryKind::kHost);
+  DescListId local = *a->PrepareLocalDescriptors(Blocks(mine.region, kBlocks, kBlock));
+  Child child = SpawnPeer(path, kBlocks, kBlock, /*allocate=*/true);
+  ASSERT_GT(child.pid, 0);
+  std::string blob = ReadMetadata(path);
+  ASSERT_FALSE(blob.empty());
+  ASSERT_EQ(*a->ImportPeer(blob), "ucx_peer");
+  DescListId remote = *a->PrepareRemoteDescriptors("ucx_peer", Blocks(1, kBlocks, kBlock));
+  HandleId h = *a->CreateHandle(local, remote);
+  ASSERT_NO_FATAL_FAILURE(
+      WriteRandomBlocksVerifiedByPeer(*a, h, static_cast<char*>(mine.base), child.out));
+  Notification bye{0, 0, 0, ""};
+  ASSERT_TRUE(a->Post(h, TransferOp::kWrite, {}, {}, &bye, absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_EQ(a->Wait(h, absl::Now() + absl::Seconds(10))->state, TransferState::kDone);
+  int status = 0;
+  waitpid(child.pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  fclose(child.out);
+  ASSERT_TRUE(a->ReleaseHandle(h).ok());
+  EXPECT_TRUE(a->DeregisterMemory(mine.region).ok());
+  EXPECT_EQ(a->counters().registered_regions, 0);
+}
 
 TEST(UcxAgentTest, DeviceMemoryIsAReportedCapability) {
   SetTransport({"shm", "sm,self"});

@@ -47,8 +47,8 @@ struct AgentCore::DescList {
     void* token = nullptr;  // local: transport memory; remote: remote key
   };
   bool remote = false;
-  std::shared_ptr<Peer> peer;                   // remote lists
-  std::vector<std::shared_ptr<Region>> pins;    // local lists: regions named by entries
+  std::shared_ptr<Peer> peer;                 // remote lists
+  std::vector<std::shared_ptr<Region>> pins;  // local lists: regions named by entries
   std::vector<Entry> entries;
 };
 
@@ -75,15 +75,15 @@ struct AgentCore::Handle {
 AgentCore::AgentCore(AgentConfig config, std::unique_ptr<Transport> transport)
     : config_(std::move(config)), transport_(std::move(transport)) {}
 
-absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(
-    AgentConfig config, std::unique_ptr<Transport> transport) {
+absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(AgentConfig config,
+                                                             std::unique_ptr<Transport> transport) {
   if (config.name.empty()) {
     return absl::InvalidArgumentError("AgentConfig.name: expected a non-empty agent name");
   }
   if (config.incarnation == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AgentConfig.incarnation for agent '", config.name,
-        "': expected a non-zero number unique to this process start, found 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AgentConfig.incarnation for agent '", config.name,
+                     "': expected a non-zero number unique to this process start, found 0"));
   }
   if (config.abort_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("AgentConfig.abort_grace: expected >= 0");
@@ -126,18 +126,39 @@ void AgentCore::Stop() {
 
 absl::StatusOr<RegionId> AgentCore::RegisterMemory(void* base, size_t length, MemoryKind kind) {
   if (base == nullptr || length == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RegisterMemory: expected a non-null base and a non-zero length, found base=",
-        reinterpret_cast<uintptr_t>(base), " length=", length));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterMemory: expected a non-null base and a non-zero length, found base=",
+                     reinterpret_cast<uintptr_t>(base), " length=", length));
   }
   if (absl::Status s = transport_->SupportsMemoryKind(kind); !s.ok()) return s;
+  std::string packed_key;
+  absl::StatusOr<void*> memory = transport_->RegisterMemory(base, length, kind, &packed_key);
+  if (!memory.ok()) return memory.status();
+  return AddRegion(static_cast<char*>(base), length, kind, *memory, std::move(packed_key));
+}
+
+absl::StatusOr<AllocatedRegion> AgentCore::AllocateMemory(size_t length, MemoryKind kind) {
+  if (length == 0) {
+    return absl::InvalidArgumentError("AllocateMemory: expected a non-zero length, found 0");
+  }
+  if (absl::Status s = transport_->SupportsMemoryKind(kind); !s.ok()) return s;
+  std::string packed_key;
+  void* base = nullptr;
+  absl::StatusOr<void*> memory = transport_->AllocateMemory(length, kind, &base, &packed_key);
+  if (!memory.ok()) return memory.status();
+  const RegionId id =
+      AddRegion(static_cast<char*>(base), length, kind, *memory, std::move(packed_key));
+  return AllocatedRegion{id, base};
+}
+
+RegionId AgentCore::AddRegion(char* base, size_t length, MemoryKind kind, void* memory,
+                              std::string packed_key) {
   auto region = std::make_shared<Region>();
-  region->base = static_cast<char*>(base);
+  region->base = base;
   region->length = length;
   region->kind = kind;
-  absl::StatusOr<void*> memory = transport_->RegisterMemory(base, length, kind, &region->packed_key);
-  if (!memory.ok()) return memory.status();
-  region->memory = *memory;
+  region->memory = memory;
+  region->packed_key = std::move(packed_key);
   absl::MutexLock lock(&mu_);
   region->id = next_id_++;
   regions_[region->id] = region;
@@ -176,8 +197,8 @@ absl::StatusOr<std::string> AgentCore::ExportMetadata() const {
   absl::MutexLock lock(&mu_);
   m.regions.reserve(regions_.size());
   for (const auto& [id, r] : regions_) {
-    m.regions.push_back(RegionMetadata{id, reinterpret_cast<uint64_t>(r->base), r->length,
-                                       r->kind, r->packed_key});
+    m.regions.push_back(
+        RegionMetadata{id, reinterpret_cast<uint64_t>(r->base), r->length, r->kind, r->packed_key});
   }
   std::sort(m.regions.begin(), m.regions.end(),
             [](const RegionMetadata& a, const RegionMetadata& b) { return a.id < b.id; });
@@ -189,9 +210,9 @@ absl::StatusOr<std::string> AgentCore::ImportPeer(absl::string_view blob) {
   if (!decoded.ok()) return decoded.status();
   PeerMetadata& m = *decoded;
   if (m.backend != config_.backend) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ImportPeer: expected metadata from a ", BackendName(config_.backend), " agent, found ",
-        BackendName(m.backend), " (peer '", m.name, "')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImportPeer: expected metadata from a ", BackendName(config_.backend),
+                     " agent, found ", BackendName(m.backend), " (peer '", m.name, "')"));
   }
   std::shared_ptr<Peer> refresh;  // same incarnation, still active: add new regions only
   uint64_t cookie = 0;
@@ -308,9 +329,9 @@ absl::StatusOr<DescListId> AgentCore::PrepareLocalDescriptors(absl::Span<const B
     Region& r = *it->second;
     if (b.length == 0 || b.offset > r.length || b.length > r.length - b.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "PrepareLocalDescriptors: block ", i, " expected 0 < length and offset + length <= ",
-          r.length, " (size of region ", b.region, "), found offset ", b.offset, " length ",
-          b.length));
+          "PrepareLocalDescriptors: block ", i,
+          " expected 0 < length and offset + length <= ", r.length, " (size of region ", b.region,
+          "), found offset ", b.offset, " length ", b.length));
     }
     if (list->pins.empty() || list->pins.back().get() != &r) list->pins.push_back(it->second);
     list->entries.push_back({&r, r.base + b.offset, 0, b.length, r.memory});
@@ -321,8 +342,8 @@ absl::StatusOr<DescListId> AgentCore::PrepareLocalDescriptors(absl::Span<const B
   return id;
 }
 
-absl::StatusOr<DescListId> AgentCore::PrepareRemoteDescriptors(
-    absl::string_view peer_name, absl::Span<const BlockDesc> blocks) {
+absl::StatusOr<DescListId> AgentCore::PrepareRemoteDescriptors(absl::string_view peer_name,
+                                                               absl::Span<const BlockDesc> blocks) {
   auto list = std::make_shared<DescList>();
   list->remote = true;
   list->entries.reserve(blocks.size());
@@ -338,16 +359,16 @@ absl::StatusOr<DescListId> AgentCore::PrepareRemoteDescriptors(
     const BlockDesc& b = blocks[i];
     auto it = peer.regions.find(b.region);
     if (it == peer.regions.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PrepareRemoteDescriptors: block ", i, " names region ", b.region,
-                       ", which peer '", peer_name, "' did not export"));
+      return absl::InvalidArgumentError(absl::StrCat("PrepareRemoteDescriptors: block ", i,
+                                                     " names region ", b.region, ", which peer '",
+                                                     peer_name, "' did not export"));
     }
     const Peer::RemoteRegion& r = it->second;
     if (b.length == 0 || b.offset > r.length || b.length > r.length - b.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "PrepareRemoteDescriptors: block ", i, " expected 0 < length and offset + length <= ",
-          r.length, " (size of peer region ", b.region, "), found offset ", b.offset, " length ",
-          b.length));
+          "PrepareRemoteDescriptors: block ", i,
+          " expected 0 < length and offset + length <= ", r.length, " (size of peer region ",
+          b.region, "), found offset ", b.offset, " length ", b.length));
     }
     list->entries.push_back({nullptr, nullptr, r.base + b.offset, b.length, r.key});
   }
@@ -372,14 +393,14 @@ absl::StatusOr<HandleId> AgentCore::CreateHandle(DescListId local, DescListId re
   auto lit = lists_.find(local);
   auto rit = lists_.find(remote);
   if (lit == lists_.end() || rit == lists_.end()) {
-    return absl::NotFoundError(absl::StrCat("CreateHandle: no descriptor list ",
-                                            lit == lists_.end() ? local : remote));
+    return absl::NotFoundError(
+        absl::StrCat("CreateHandle: no descriptor list ", lit == lists_.end() ? local : remote));
   }
   if (lit->second->remote || !rit->second->remote) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CreateHandle: expected a local list then a remote list, found ",
-        lit->second->remote ? "remote" : "local", " list ", local, " and ",
-        rit->second->remote ? "remote" : "local", " list ", remote));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateHandle: expected a local list then a remote list, found ",
+                     lit->second->remote ? "remote" : "local", " list ", local, " and ",
+                     rit->second->remote ? "remote" : "local", " list ", remote));
   }
   auto h = std::make_unique<Handle>();
   h->id = next_id_++;
@@ -398,8 +419,8 @@ absl::Status AgentCore::ReleaseHandle(HandleId id) {
     return absl::NotFoundError(absl::StrCat("ReleaseHandle: no handle ", id));
   }
   if (it->second->state == TransferState::kInProgress) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ReleaseHandle: handle ", id, " expected terminal, found a post in flight"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ReleaseHandle: handle ", id, " expected terminal, found a post in flight"));
   }
   handles_.erase(it);
   counters_.handles = static_cast<int64_t>(handles_.size());
@@ -414,36 +435,36 @@ absl::Status AgentCore::Post(HandleId id, TransferOp op, absl::Span<const uint32
   {
     absl::MutexLock lock(&mu_);
     if (!started_ || stopped_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Post: agent '", config_.name, "' expected started, found ",
-          stopped_ ? "stopped" : "not started"));
+      return absl::FailedPreconditionError(absl::StrCat("Post: agent '", config_.name,
+                                                        "' expected started, found ",
+                                                        stopped_ ? "stopped" : "not started"));
     }
     auto it = handles_.find(id);
     if (it == handles_.end()) return absl::NotFoundError(absl::StrCat("Post: no handle ", id));
     h = it->second.get();
     if (h->state == TransferState::kInProgress) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Post: handle ", id, " expected idle or terminal, found a post in flight"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("Post: handle ", id, " expected idle or terminal, found a post in flight"));
     }
     Peer& peer = *h->remote->peer;
     if (peer.state == Peer::State::kRetired) {
-      return absl::AbortedError(absl::StrCat("Post: handle ", id, " is bound to peer '",
-                                             peer.name, "' incarnation ", peer.incarnation,
+      return absl::AbortedError(absl::StrCat("Post: handle ", id, " is bound to peer '", peer.name,
+                                             "' incarnation ", peer.incarnation,
                                              ", which was forgotten or replaced"));
     }
     if (peer.state == Peer::State::kFailed) return peer.failure;
     if (local_indices.size() != remote_indices.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Post: expected as many local as remote indices, found ", local_indices.size(),
-          " and ", remote_indices.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Post: expected as many local as remote indices, found ",
+                       local_indices.size(), " and ", remote_indices.size()));
     }
     if (local_indices.empty() && notification == nullptr) {
       return absl::InvalidArgumentError("Post: expected blocks or a notification, found neither");
     }
     if (notification != nullptr && notification->payload.size() > kMaxNotificationPayload) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Post: notification payload expected at most ", kMaxNotificationPayload,
-                       " bytes, found ", notification->payload.size()));
+      return absl::InvalidArgumentError(absl::StrCat("Post: notification payload expected at most ",
+                                                     kMaxNotificationPayload, " bytes, found ",
+                                                     notification->payload.size()));
     }
     if (Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -457,21 +478,21 @@ absl::Status AgentCore::Post(HandleId id, TransferOp op, absl::Span<const uint32
       const uint32_t li = local_indices[i];
       const uint32_t ri = remote_indices[i];
       if (li >= lent.size() || ri >= rent.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Post: pair ", i, " expected local index < ", lent.size(), " and remote index < ",
-            rent.size(), ", found ", li, " and ", ri));
+        return absl::InvalidArgumentError(absl::StrCat("Post: pair ", i, " expected local index < ",
+                                                       lent.size(), " and remote index < ",
+                                                       rent.size(), ", found ", li, " and ", ri));
       }
       const DescList::Entry& l = lent[li];
       const DescList::Entry& r = rent[ri];
       if (l.length != r.length) {
         return absl::InvalidArgumentError(
-            absl::StrCat("Post: pair ", i, " expected equal block lengths, found local ",
-                         l.length, " and remote ", r.length));
+            absl::StrCat("Post: pair ", i, " expected equal block lengths, found local ", l.length,
+                         " and remote ", r.length));
       }
       if (l.region->deregistered) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Post: local block ", li, " lies in region ", l.region->id,
-            ", which was deregistered"));
+        return absl::FailedPreconditionError(absl::StrCat("Post: local block ", li,
+                                                          " lies in region ", l.region->id,
+                                                          ", which was deregistered"));
       }
       h->segments.push_back(Segment{l.local_addr, l.token, r.remote_addr, r.token, l.length});
       bytes += l.length;
@@ -597,9 +618,8 @@ void AgentCore::OnLinkError(uint64_t cookie, absl::Status status) {
   std::shared_ptr<Peer> peer = it->second;
   if (peer->state == Peer::State::kActive) {
     peer->state = Peer::State::kFailed;
-    peer->failure = absl::UnavailableError(absl::StrCat("peer '", peer->name, "' incarnation ",
-                                                        peer->incarnation,
-                                                        " failed: ", status.message()));
+    peer->failure = absl::UnavailableError(absl::StrCat(
+        "peer '", peer->name, "' incarnation ", peer->incarnation, " failed: ", status.message()));
   }
   MaybeReleasePeerLocked(peer.get());
 }
@@ -611,10 +631,12 @@ void AgentCore::EnforceDeadlineLocked(Handle* h) {
   Peer& peer = *h->remote->peer;
   if (peer.state == Peer::State::kActive) {
     peer.state = Peer::State::kFailed;
-    peer.failure = absl::UnavailableError(absl::StrCat(
-        "peer '", peer.name, "' incarnation ", peer.incarnation, ": endpoint torn down because "
-        "handle ", h->id, " was still running ", absl::FormatDuration(config_.abort_grace),
-        " after its deadline; import the peer again to reconnect"));
+    peer.failure = absl::UnavailableError(
+        absl::StrCat("peer '", peer.name, "' incarnation ", peer.incarnation,
+                     ": endpoint torn down because "
+                     "handle ",
+                     h->id, " was still running ", absl::FormatDuration(config_.abort_grace),
+                     " after its deadline; import the peer again to reconnect"));
   }
   if (!peer.link_released) transport_->AbortLink(peer.link);
 }
@@ -641,9 +663,8 @@ absl::StatusOr<TransferStatus> AgentCore::Wait(HandleId id, absl::Time wait_dead
     if (h->state != TransferState::kInProgress) return StatusOfLocked(*h);
     const absl::Time now = Now();
     if (now >= wait_deadline) return StatusOfLocked(*h);
-    absl::Time next = std::min(wait_deadline, now < h->deadline
-                                                  ? h->deadline
-                                                  : h->deadline + config_.abort_grace);
+    absl::Time next = std::min(wait_deadline,
+                               now < h->deadline ? h->deadline : h->deadline + config_.abort_grace);
     // The clock may be injected; sleep in bounded slices so a fake clock is re-read.
     absl::Duration slice = std::clamp(next - now, absl::Microseconds(100), absl::Milliseconds(20));
     changed_.WaitWithTimeout(&mu_, slice);

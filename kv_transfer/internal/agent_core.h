@@ -34,6 +34,7 @@ class AgentCore final : public TransferAgent, private TransportCallbacks {
   absl::Status Start() override;
   void Stop() override;
   absl::StatusOr<RegionId> RegisterMemory(void* base, size_t length, MemoryKind kind) override;
+  absl::StatusOr<AllocatedRegion> AllocateMemory(size_t length, MemoryKind kind) override;
   absl::Status DeregisterMemory(RegionId region) override;
   absl::StatusOr<std::string> ExportMetadata() const override;
   absl::StatusOr<std::string> ImportPeer(absl::string_view metadata) override;
@@ -76,6 +77,9 @@ class AgentCore final : public TransferAgent, private TransportCallbacks {
   // Marks `peer` retired (forgotten or replaced) and releases its link once idle.
   void RetirePeerLocked(const std::shared_ptr<Peer>& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeReleasePeerLocked(Peer* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a region the transport registered (or allocated) as `memory`.
+  RegionId AddRegion(char* base, size_t length, MemoryKind kind, void* memory,
+                     std::string packed_key);
   TransferStatus StatusOfLocked(const Handle& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AgentConfig config_;

@@ -61,6 +61,11 @@ class Transport {
   // token for Segment::local_memory and DeregisterMemory.
   virtual absl::StatusOr<void*> RegisterMemory(void* base, size_t length, MemoryKind kind,
                                                std::string* packed_key) = 0;
+  // Like RegisterMemory, but the transport allocates the `length` bytes itself (in the way its
+  // peers reach fastest) and stores their address in `*base`. DeregisterMemory frees them; so does
+  // destroying the transport.
+  virtual absl::StatusOr<void*> AllocateMemory(size_t length, MemoryKind kind, void** base,
+                                               std::string* packed_key) = 0;
   virtual void DeregisterMemory(void* memory) = 0;
 
   // Connects to the peer at `address` (from its metadata). Returns an opaque link.
