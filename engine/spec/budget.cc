@@ -1,0 +1,349 @@
+#include "engine/spec/budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace deepinfer::engine::spec {
+
+// --- Estimators -----------------------------------------------------------------------------
+
+RateEstimator::RateEstimator(double prior_mean, double prior_weight, double decay)
+    : prior_mean_(prior_mean), prior_weight_(prior_weight), decay_(decay) {}
+
+void RateEstimator::Observe(bool success) {
+  successes_ = successes_ * decay_ + (success ? 1.0 : 0.0);
+  total_ = total_ * decay_ + 1.0;
+}
+
+double RateEstimator::Mean() const {
+  return (successes_ + prior_mean_ * prior_weight_) / (total_ + prior_weight_);
+}
+
+namespace {
+
+// Cumulative products of conditional acceptances: non-increasing by construction.
+void Cumulate(std::vector<double>* a) {
+  double run = 1.0;
+  for (double& c : *a) c = run *= std::clamp(c, 0.0, 1.0);
+}
+
+template <typename Fn>
+void ForOutcomes(int verified, int accepted, Fn fn) {
+  for (int j = 0; j < accepted; ++j) fn(j, true);
+  if (accepted < verified) fn(accepted, false);
+}
+
+}  // namespace
+
+NgramSurvivalStats::NgramSurvivalStats(int max_match_length, const SurvivalOptions& options)
+    : max_match_length_(std::max(1, max_match_length)),
+      options_(options),
+      cells_(static_cast<size_t>(max_match_length_) * std::max(1, options.max_positions),
+             RateEstimator(options.prior_mean, options.prior_weight, options.decay)) {
+  options_.max_positions = std::max(1, options_.max_positions);
+}
+
+RateEstimator& NgramSurvivalStats::Cell(int match_length, int position) {
+  const int m = std::clamp(match_length, 1, max_match_length_) - 1;
+  const int p = std::clamp(position, 0, options_.max_positions - 1);
+  return cells_[m * options_.max_positions + p];
+}
+
+const RateEstimator& NgramSurvivalStats::Cell(int match_length, int position) const {
+  return const_cast<NgramSurvivalStats*>(this)->Cell(match_length, position);
+}
+
+void NgramSurvivalStats::Survival(int match_length, int k, std::vector<double>* a) const {
+  a->resize(std::max(0, k));
+  for (int j = 0; j < k; ++j) (*a)[j] = Cell(match_length, j).Mean();
+  Cumulate(a);
+}
+
+void NgramSurvivalStats::Observe(int match_length, int verified, int accepted) {
+  ForOutcomes(verified, accepted, [&](int j, bool ok) { Cell(match_length, j).Observe(ok); });
+}
+
+DraftCalibration::DraftCalibration(const CalibrationOptions& options)
+    : options_(options),
+      accepted_(std::max(1, options.bins), 0.0),
+      seen_(std::max(1, options.bins), 0.0),
+      positions_(std::max(1, options.positions.max_positions),
+                 RateEstimator(options.positions.prior_mean, options.positions.prior_weight,
+                               options.positions.decay)) {
+  options_.bins = std::max(1, options_.bins);
+  Refit();
+}
+
+void DraftCalibration::Refit() {
+  // Pool-adjacent-violators over the bins, each bin shrunk towards its centre (the identity).
+  const int n = options_.bins;
+  struct Block {
+    double sum, weight;
+    int count;
+  };
+  std::vector<Block> blocks;
+  for (int i = 0; i < n; ++i) {
+    const double centre = (i + 0.5) / n;
+    Block b{accepted_[i] + options_.prior_weight * centre, seen_[i] + options_.prior_weight, 1};
+    while (!blocks.empty() && blocks.back().sum / blocks.back().weight >= b.sum / b.weight) {
+      b.sum += blocks.back().sum;
+      b.weight += blocks.back().weight;
+      b.count += blocks.back().count;
+      blocks.pop_back();
+    }
+    blocks.push_back(b);
+  }
+  fitted_.clear();
+  for (const Block& b : blocks) fitted_.insert(fitted_.end(), b.count, b.sum / b.weight);
+}
+
+double DraftCalibration::Conditional(double confidence) const {
+  const int bin = std::clamp(static_cast<int>(confidence * options_.bins), 0, options_.bins - 1);
+  return std::clamp(fitted_[bin], 0.0, 1.0);
+}
+
+void DraftCalibration::Survival(absl::Span<const float> confidence, std::vector<double>* a) const {
+  a->resize(confidence.size());
+  for (size_t j = 0; j < confidence.size(); ++j) (*a)[j] = Conditional(confidence[j]);
+  Cumulate(a);
+}
+
+void DraftCalibration::PositionPrior(int k, std::vector<double>* a) const {
+  a->resize(std::max(0, k));
+  const int last = static_cast<int>(positions_.size()) - 1;
+  for (int j = 0; j < k; ++j) (*a)[j] = positions_[std::min(j, last)].Mean();
+  Cumulate(a);
+}
+
+void DraftCalibration::Observe(absl::Span<const float> confidence, int verified, int accepted) {
+  verified = std::min<int>(verified, confidence.size());
+  accepted = std::min(accepted, verified);
+  const int last = static_cast<int>(positions_.size()) - 1;
+  ForOutcomes(verified, accepted, [&](int j, bool ok) {
+    for (int i = 0; i < options_.bins; ++i) {
+      accepted_[i] *= options_.decay;
+      seen_[i] *= options_.decay;
+    }
+    const int bin =
+        std::clamp(static_cast<int>(confidence[j] * options_.bins), 0, options_.bins - 1);
+    accepted_[bin] += ok ? 1.0 : 0.0;
+    seen_[bin] += 1.0;
+    positions_[std::min(j, last)].Observe(ok);
+  });
+  Refit();
+}
+
+// --- Cost table -----------------------------------------------------------------------------
+
+double CostTable::Row::Eval(double t) const {
+  const size_t n = tokens.size();
+  if (n == 1 || t <= tokens[0]) return seconds[0];
+  size_t hi = std::upper_bound(tokens.begin(), tokens.end(), t) - tokens.begin();
+  if (hi >= n) hi = n - 1;  // beyond the last point: extend the last segment
+  const size_t lo = hi - 1;
+  const double slope = (seconds[hi] - seconds[lo]) / (tokens[hi] - tokens[lo]);
+  return seconds[lo] + slope * (t - tokens[lo]);
+}
+
+absl::StatusOr<CostTable> CostTable::FromSamples(absl::Span<const Sample> samples, int min_runs) {
+  if (min_runs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost table min_runs: expected >= 1, got ", min_runs));
+  }
+  if (samples.empty()) return absl::InvalidArgumentError("cost table: expected samples, got none");
+  std::map<std::pair<int, int>, std::vector<double>> shapes;  // (requests, tokens) -> times
+  for (const Sample& s : samples) {
+    if (s.tokens < 0 || s.requests < 1 || !std::isfinite(s.seconds) || s.seconds <= 0.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cost table sample: expected tokens >= 0, requests >= 1, finite seconds > 0; got tokens ",
+          s.tokens, ", requests ", s.requests, ", seconds ", s.seconds));
+    }
+    shapes[{s.requests, s.tokens}].push_back(s.seconds);
+  }
+  CostTable table;
+  for (auto& [shape, times] : shapes) {
+    if (static_cast<int>(times.size()) < min_runs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cost table shape (tokens ", shape.second, ", requests ", shape.first,
+                       "): expected >= ", min_runs, " samples, got ", times.size()));
+    }
+    std::sort(times.begin(), times.end());
+    const size_t m = times.size();
+    const double median = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);
+    if (table.rows_.empty() || table.rows_.back().requests != shape.first) {
+      table.rows_.push_back(Row{shape.first, {}, {}});
+    }
+    table.rows_.back().tokens.push_back(shape.second);
+    table.rows_.back().seconds.push_back(median);
+  }
+  // Monotone: each request count at least the one below, then a running maximum along tokens.
+  for (size_t r = 0; r < table.rows_.size(); ++r) {
+    Row& row = table.rows_[r];
+    for (size_t i = 0; i < row.tokens.size(); ++i) {
+      if (r > 0) row.seconds[i] = std::max(row.seconds[i], table.rows_[r - 1].Eval(row.tokens[i]));
+      if (i > 0) row.seconds[i] = std::max(row.seconds[i], row.seconds[i - 1]);
+    }
+  }
+  return table;
+}
+
+double CostTable::StepSeconds(double tokens, int requests) const {
+  if (requests <= rows_.front().requests) return rows_.front().Eval(tokens);
+  if (requests >= rows_.back().requests) return rows_.back().Eval(tokens);
+  size_t hi = 1;
+  while (rows_[hi].requests < requests) ++hi;
+  const Row& a = rows_[hi - 1];
+  const Row& b = rows_[hi];
+  const double w = static_cast<double>(requests - a.requests) / (b.requests - a.requests);
+  return (1.0 - w) * a.Eval(tokens) + w * b.Eval(tokens);
+}
+
+bool CostTable::IsFlat(double tolerance) const {
+  for (const Row& row : rows_) {
+    if (row.tokens.size() >= 2 && row.seconds.back() > row.seconds.front() * (1.0 + tolerance)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string CostTable::DebugString() const {
+  std::string out;
+  for (const Row& row : rows_) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "requests ", row.requests, ":");
+    for (size_t i = 0; i < row.tokens.size(); ++i) {
+      absl::StrAppend(&out, " ", row.tokens[i], "->", absl::StrFormat("%.6g", row.seconds[i]));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<CostTable> ProfileCostTable(
+    const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
+    absl::Span<const std::pair<int, int>> shapes, int runs) {
+  if (runs < 5) {
+    return absl::InvalidArgumentError(absl::StrCat("cost profile runs: expected >= 5, got ", runs));
+  }
+  std::vector<CostTable::Sample> samples;
+  for (const auto& [tokens, requests] : shapes) {
+    for (int i = 0; i < runs; ++i) {
+      absl::StatusOr<double> t = run_step(tokens, requests);
+      if (!t.ok()) return t.status();
+      samples.push_back({tokens, requests, *t});
+    }
+  }
+  return CostTable::FromSamples(samples, runs);
+}
+
+// --- Budget ---------------------------------------------------------------------------------
+
+namespace {
+
+const std::vector<double>& Current(const VerifyCandidate& c) {
+  return c.current.empty() ? c.prior : c.current;
+}
+
+absl::Status CheckRow(const std::vector<double>& row, size_t index, absl::string_view which) {
+  for (size_t j = 0; j < row.size(); ++j) {
+    if (!(row[j] >= 0.0 && row[j] <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("candidate ", index, " ", which, "[", j,
+                                                     "]: expected in [0, 1], got ", row[j]));
+    }
+    if (j > 0 && row[j] > row[j - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("candidate ", index, " ", which,
+                                                     ": expected non-increasing, got ", row[j - 1],
+                                                     " then ", row[j], " at ", j));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<double> LargestSums(absl::Span<const VerifyCandidate> rows, bool use_current) {
+  std::vector<double> values;
+  for (const VerifyCandidate& c : rows) {
+    const std::vector<double>& row = use_current ? Current(c) : c.prior;
+    values.insert(values.end(), row.begin(), row.end());
+  }
+  std::sort(values.begin(), values.end(), std::greater<double>());
+  std::vector<double> sums(values.size() + 1, 0.0);
+  for (size_t i = 0; i < values.size(); ++i) sums[i + 1] = sums[i] + values[i];
+  return sums;
+}
+
+std::vector<int> AllocateSlots(absl::Span<const VerifyCandidate> candidates, int budget) {
+  std::vector<std::tuple<double, int, int>> slots;  // (-a, position, request)
+  for (size_t r = 0; r < candidates.size(); ++r) {
+    const std::vector<double>& row = Current(candidates[r]);
+    for (size_t j = 0; j < row.size(); ++j) {
+      slots.emplace_back(-row[j], static_cast<int>(j), static_cast<int>(r));
+    }
+  }
+  budget = std::clamp<int>(budget, 0, slots.size());
+  std::partial_sort(slots.begin(), slots.begin() + budget, slots.end());
+  std::vector<int> len(candidates.size(), 0);
+  for (int i = 0; i < budget; ++i) ++len[std::get<2>(slots[i])];
+  return len;
+}
+
+absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
+                                            absl::Span<const VerifyCandidate> candidates,
+                                            const CostTable* cost) {
+  if (shape.sampling_requests < 0 || shape.step_tokens < 0 || shape.step_requests < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step shape: expected counts >= 0, got sampling_requests ", shape.sampling_requests,
+        ", step_tokens ", shape.step_tokens, ", step_requests ", shape.step_requests));
+  }
+  int total = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const VerifyCandidate& c = candidates[i];
+    if (!c.current.empty() && c.current.size() != c.prior.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidate ", i, ": expected current (", c.current.size(),
+                       " values) as long as prior (", c.prior.size(), ")"));
+    }
+    if (absl::Status s = CheckRow(c.prior, i, "prior"); !s.ok()) return s;
+    if (absl::Status s = CheckRow(c.current, i, "current"); !s.ok()) return s;
+    total += static_cast<int>(c.prior.size());
+  }
+  VerifyPlan plan;
+  auto t = [&](int b) {
+    return cost == nullptr ? 0.0 : cost->StepSeconds(shape.step_tokens + b, shape.step_requests);
+  };
+  if (cost == nullptr) {
+    plan.budget = total;
+    plan.reason = absl::StrCat("no cost table: verifying all ", total, " drafted tokens");
+  } else if (cost->IsFlat()) {
+    plan.budget = total;
+    plan.reason = absl::StrCat("cost table is flat (", cost->DebugString(), "): verifying all ",
+                               total, " drafted tokens");
+  } else {
+    plan.adaptive = true;
+    const std::vector<double> sums = LargestSums(candidates, /*use_current=*/false);
+    double best = -1.0;
+    for (int b = 0; b <= total; ++b) {  // global: the ratio can dip and rise again
+      const double ratio = (shape.sampling_requests + sums[b]) / t(b);
+      if (ratio > best) {
+        best = ratio;
+        plan.budget = b;
+      }
+    }
+  }
+  plan.verify_len = AllocateSlots(candidates, plan.budget);
+  plan.expected_tokens = shape.sampling_requests;
+  for (size_t r = 0; r < candidates.size(); ++r) {
+    const std::vector<double>& row = Current(candidates[r]);
+    for (int j = 0; j < plan.verify_len[r]; ++j) plan.expected_tokens += row[j];
+  }
+  plan.step_seconds = t(plan.budget);
+  plan.tokens_per_second = plan.step_seconds > 0 ? plan.expected_tokens / plan.step_seconds : 0.0;
+  return plan;
+}
+
+}  // namespace deepinfer::engine::spec

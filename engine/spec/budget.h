@@ -1,0 +1,196 @@
+// Adaptive verification: how many draft tokens to verify in a step, and whose.
+//
+// Each request with a draft has a survival row a_1 >= a_2 >= ... >= a_k: a_j estimates the
+// probability that draft tokens 1..j are all accepted (a_j = prod_{i<=j} c_i, c_i the
+// conditional acceptance of token i). A step that verifies B draft tokens in total, given to the
+// B largest a (ties broken by (position, request), so every request verifies a prefix of its
+// draft), is expected to emit (requests sampling + sum of those a) tokens and takes
+// T(step tokens + B, step requests) from a cost table profiled on the backend. B maximises
+//     (requests sampling + sum of the B largest a) / T(step tokens + B)
+// over all B in [0, total drafted], searched globally (the ratio need not be unimodal).
+//
+// Losslessness. Rejection sampling (verifier.h) keeps the target distribution only if the
+// decision to verify d_j does not depend on d_j. So:
+// - B is computed from `prior` rows: estimates from earlier steps, independent of the current
+//   draft (PositionPrior of the estimators below, or, for deterministic drafters such as n-gram
+//   lookup, anything computed from the context).
+// - The B slots are handed out by `current` rows, where a_j may use what was known before d_j
+//   was chosen (the draft's distribution for position j, tokens d_1..d_{j-1}) but never d_j.
+//   Because rows are non-increasing and ties go to the earlier position, whether d_j is verified
+//   depends only on a_1..a_j of its own request and on other requests.
+// With no cost table, or a flat one, every drafted token is verified and the plan says why.
+//
+// Estimators:
+// - NgramSurvivalStats: conditional acceptance keyed by (match length, position), online.
+// - DraftCalibration: maps a draft model's confidence for position j (e.g. the largest
+//   probability of its distribution there, known before d_j is drawn) to a conditional acceptance
+//   through an isotonic (non-decreasing) fit over bins, refitted online; plus per-position rates
+//   for the prior row.
+//
+// Thread-safety: none of these classes is thread-safe; CostTable is immutable after creation and
+// may be read from any thread.
+#ifndef DEEPINFER_ENGINE_SPEC_BUDGET_H_
+#define DEEPINFER_ENGINE_SPEC_BUDGET_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace deepinfer::engine::spec {
+
+// --- Survival estimators --------------------------------------------------------------------
+
+// Probability of a 0/1 outcome: a Beta prior (prior_mean, prior_weight pseudo-observations)
+// plus observed counts, each multiplied by `decay` per new observation (window ~ 1/(1 - decay)).
+class RateEstimator {
+ public:
+  RateEstimator(double prior_mean = 0.5, double prior_weight = 2.0, double decay = 0.999);
+  void Observe(bool success);
+  double Mean() const;
+  double observations() const { return total_; }
+
+ private:
+  double prior_mean_, prior_weight_, decay_;
+  double successes_ = 0.0, total_ = 0.0;
+};
+
+struct SurvivalOptions {
+  int max_positions = 16;   // positions beyond share the last estimate
+  double prior_mean = 0.5;  // conditional acceptance before any observation
+  double prior_weight = 2.0;
+  double decay = 0.999;
+};
+
+// Survival rows for n-gram drafts keyed by match length (clamped to [1, max_match_length]).
+class NgramSurvivalStats {
+ public:
+  explicit NgramSurvivalStats(int max_match_length = 8, const SurvivalOptions& options = {});
+  // Fills `a` with k survival values for a draft that matched `match_length` tokens.
+  void Survival(int match_length, int k, std::vector<double>* a) const;
+  // Records a verification: tokens 1..accepted were accepted; token accepted + 1 was rejected
+  // when accepted < verified; later ones are unobserved.
+  void Observe(int match_length, int verified, int accepted);
+
+ private:
+  RateEstimator& Cell(int match_length, int position);
+  const RateEstimator& Cell(int match_length, int position) const;
+  int max_match_length_;
+  SurvivalOptions options_;
+  std::vector<RateEstimator> cells_;  // [match_length - 1][position]
+};
+
+struct CalibrationOptions {
+  int bins = 20;              // over confidence in [0, 1]
+  double prior_weight = 2.0;  // pseudo-observations per bin at the identity (c = confidence)
+  double decay = 0.9995;
+  SurvivalOptions positions;  // for PositionPrior
+};
+
+class DraftCalibration {
+ public:
+  explicit DraftCalibration(const CalibrationOptions& options = {});
+  // Calibrated conditional acceptance for a confidence in [0, 1] (clamped); non-decreasing.
+  double Conditional(double confidence) const;
+  // a_j = prod_{i<=j} Conditional(confidence[i]).
+  void Survival(absl::Span<const float> confidence, std::vector<double>* a) const;
+  // Ex-ante row from per-position acceptance rates, independent of any current draft.
+  void PositionPrior(int k, std::vector<double>* a) const;
+  // Records a verification of a draft whose confidences were `confidence` (as in
+  // NgramSurvivalStats::Observe).
+  void Observe(absl::Span<const float> confidence, int verified, int accepted);
+
+ private:
+  void Refit();
+  CalibrationOptions options_;
+  std::vector<double> accepted_, seen_;  // decayed counts per bin
+  std::vector<double> fitted_;           // isotonic fit per bin
+  std::vector<RateEstimator> positions_;
+};
+
+// --- Cost table -----------------------------------------------------------------------------
+
+// Step time (seconds; any unit works as long as it is used consistently) against the tokens in
+// the step and the number of requests in it. Piecewise linear in tokens through the measured
+// points (constant below the first, extended with the last slope above the last), linear between
+// measured request counts (clamped outside). Non-decreasing in tokens and, at the measured
+// points, in requests.
+class CostTable {
+ public:
+  struct Sample {
+    int tokens = 0;
+    int requests = 1;
+    double seconds = 0.0;
+  };
+
+  // Takes the median of the samples of each (tokens, requests) shape, then makes the table
+  // monotone (running maximum along tokens, and each request count at least the one below).
+  // kInvalidArgument for no samples, a shape with fewer than `min_runs` (>= 1) samples,
+  // tokens < 0, requests < 1 or a non-finite or negative time.
+  static absl::StatusOr<CostTable> FromSamples(absl::Span<const Sample> samples, int min_runs = 5);
+
+  double StepSeconds(double tokens, int requests) const;
+  // True when no request count's time grows by more than `tolerance` (relative) from its fewest
+  // to its most tokens, or when no request count was measured at two token counts.
+  bool IsFlat(double tolerance = 0.01) const;
+  std::string DebugString() const;
+
+ private:
+  struct Row {
+    int requests = 1;
+    std::vector<int> tokens;  // ascending
+    std::vector<double> seconds;
+    double Eval(double t) const;
+  };
+  std::vector<Row> rows_;  // ascending requests
+};
+
+// Profiles `run_step(tokens, requests)` (returns one step's wall time) `runs` (>= 5) times per
+// shape and builds the table. Errors from run_step are returned as they are.
+absl::StatusOr<CostTable> ProfileCostTable(
+    const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
+    absl::Span<const std::pair<int, int>> shapes, int runs = 5);
+
+// --- Budget ---------------------------------------------------------------------------------
+
+struct VerifyCandidate {
+  std::vector<double> prior;    // decides B; see the top of this file
+  std::vector<double> current;  // decides the slots; empty = use prior; else prior's length
+};
+
+struct StepShape {
+  int sampling_requests = 0;  // requests that emit a token this step (decode + finished prefill)
+  int step_tokens = 0;        // tokens in the step before any draft (decode + prefill chunks)
+  int step_requests = 0;      // requests in the step, for the cost table
+};
+
+struct VerifyPlan {
+  int budget = 0;                // B: draft tokens verified in total
+  std::vector<int> verify_len;   // per candidate, a prefix of its draft
+  double expected_tokens = 0.0;  // sampling_requests + sum of the chosen current a
+  double step_seconds = 0.0;     // T(step_tokens + B, step_requests); 0 without a table
+  double tokens_per_second = 0.0;
+  bool adaptive = false;  // false: every drafted token is verified
+  std::string reason;     // why every token is verified, when it is
+};
+
+// Sum of the B largest values over all rows, B = 0..total: prefix[B].
+std::vector<double> LargestSums(absl::Span<const VerifyCandidate> rows, bool use_current);
+
+// Gives `budget` slots to the largest values (ties by (position, request)); per candidate the
+// number of slots, always a prefix. Uses current rows (prior where current is empty).
+std::vector<int> AllocateSlots(absl::Span<const VerifyCandidate> candidates, int budget);
+
+// The plan for one step. kInvalidArgument for a row with values outside [0, 1], an increasing
+// row, or current and prior rows of different lengths; negative counts in `shape`.
+absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
+                                            absl::Span<const VerifyCandidate> candidates,
+                                            const CostTable* cost);
+
+}  // namespace deepinfer::engine::spec
+
+#endif  // DEEPINFER_ENGINE_SPEC_BUDGET_H_

@@ -1,0 +1,279 @@
+#include "engine/spec/budget.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace deepinfer::engine::spec {
+namespace {
+
+CostTable Table(const std::vector<std::pair<int, double>>& points, int requests = 1) {
+  std::vector<CostTable::Sample> samples;
+  for (const auto& [tokens, seconds] : points) {
+    for (int i = 0; i < 5; ++i) samples.push_back({tokens, requests, seconds});
+  }
+  auto t = CostTable::FromSamples(samples);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *t;
+}
+
+VerifyCandidate Row(std::vector<double> a) { return VerifyCandidate{std::move(a), {}}; }
+
+// The budget arithmetic, by hand.
+//
+// Survival rows (4 requests x 7 positions):
+//   r0: 0.90 0.80 0.70 0.60 0.50 0.40 0.30
+//   r1: 0.60 0.30 0.15 0.05 0.02 0.01 0.00
+//   r2: 0.95 0.90 0.85 0.80 0.75 0.70 0.65
+//   r3: 0.60 0.50 0.20 0.10 0.10 0.05 0.00
+// Cost table (tokens -> ms): 0 -> 2.0, 8 -> 2.2, 16 -> 2.6, 32 -> 9.0, so
+//   T(t) = 2.0 + 0.025 t (t <= 8), 2.2 + 0.05 (t - 8) (t <= 16), 2.6 + 0.4 (t - 16) (t <= 32).
+// Four decoding requests: 4 sampling requests, 4 step tokens; verifying B more costs T(4 + B).
+// Values in descending order, ties by (position, request):
+//   0.95 (r2,0)  0.90 (r0,0)  0.90 (r2,1)  0.85 (r2,2)  0.80 (r0,1)  0.80 (r2,3)  0.75 (r2,4)
+//   0.70 (r0,2)  0.70 (r2,5)  0.65 (r2,6)  0.60 (r1,0)  0.60 (r3,0)  0.60 (r0,3)  0.50 (r3,1) ...
+// Prefix sums S(B) and ratio (4 + S(B)) / T(4 + B):
+//   B = 0:  S = 0     T(4)  = 2.10  ratio 4/2.10     = 1.905
+//   B = 8:  S = 6.65  T(12) = 2.40  ratio 10.65/2.40 = 4.4375
+//   B = 10: S = 8.00  T(14) = 2.50  ratio 12.00/2.50 = 4.800
+//   B = 11: S = 8.60  T(15) = 2.55  ratio 12.60/2.55 = 4.941
+//   B = 12: S = 9.20  T(16) = 2.60  ratio 13.20/2.60 = 5.0769   <- best
+//   B = 13: S = 9.80  T(17) = 3.00  ratio 13.80/3.00 = 4.600
+//   B = 14: S = 10.30 T(18) = 3.40  ratio 14.30/3.40 = 4.206
+//   B = 28: S = 12.48 T(32) = 9.00  ratio 16.48/9.00 = 1.831
+// Below 16 tokens every added value (>= 0.6) gains more than the time it costs (the ratio rises
+// by each step above: the numerator grows by >= 0.6 / 13.2 = 4.5% while T grows by <= 2%); past
+// 16 tokens T grows by 0.4 ms per token (>= 13%) while a value adds <= 0.6 / 13.8 = 4.3%, so it
+// falls. B = 12: the slots are the first 12 values above; of the three 0.60 ties (r1,0) and
+// (r3,0) come before (r0,3) by position, so r0 verifies 3 tokens, r1 1, r2 7, r3 1.
+TEST(BudgetTest, HandComputedAllocation) {
+  const CostTable cost = Table({{0, 2.0e-3}, {8, 2.2e-3}, {16, 2.6e-3}, {32, 9.0e-3}});
+  const std::vector<VerifyCandidate> rows = {
+      Row({0.90, 0.80, 0.70, 0.60, 0.50, 0.40, 0.30}),
+      Row({0.60, 0.30, 0.15, 0.05, 0.02, 0.01, 0.00}),
+      Row({0.95, 0.90, 0.85, 0.80, 0.75, 0.70, 0.65}),
+      Row({0.60, 0.50, 0.20, 0.10, 0.10, 0.05, 0.00}),
+  };
+  auto plan = PlanVerification({/*sampling_requests=*/4, /*step_tokens=*/4, /*step_requests=*/4},
+                               rows, &cost);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->adaptive);
+  EXPECT_EQ(plan->budget, 12);
+  EXPECT_EQ(plan->verify_len, (std::vector<int>{3, 1, 7, 1}));
+  EXPECT_NEAR(plan->expected_tokens, 13.2, 1e-9);
+  EXPECT_NEAR(plan->step_seconds, 2.6e-3, 1e-12);
+  EXPECT_NEAR(plan->tokens_per_second, 13.2 / 2.6e-3, 1e-6);  // 5076.9 tokens/s
+  // The neighbours, from the table above.
+  const std::vector<double> sums = LargestSums(rows, false);
+  EXPECT_NEAR(sums[11], 8.6, 1e-9);
+  EXPECT_NEAR(sums[13], 9.8, 1e-9);
+  EXPECT_NEAR(cost.StepSeconds(15, 4), 2.55e-3, 1e-12);
+  EXPECT_NEAR(cost.StepSeconds(17, 4), 3.0e-3, 1e-12);
+  EXPECT_NEAR(cost.StepSeconds(32, 4), 9.0e-3, 1e-12);
+}
+
+TEST(BudgetTest, GlobalSearchLooksPastTheFirstDecrease) {
+  // Steps/s 1.0, 0.5, 0.45 for 1, 2, 3 tokens; a = (0.8, 0.64):
+  //   B=0: 1/1.0 = 1.0; B=1: 1.8/2.0 = 0.9 (a decrease); B=2: 2.44/2.222 = 1.098 (best).
+  const CostTable cost = Table({{1, 1.0}, {2, 2.0}, {3, 1.0 / 0.45}});
+  auto plan = PlanVerification({1, 1, 1}, {Row({0.8, 0.64})}, &cost);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->budget, 2);
+  EXPECT_NEAR(plan->tokens_per_second, 2.44 * 0.45, 1e-9);
+  auto low = PlanVerification({1, 1, 1}, {Row({0.8, 0.3})}, &cost);  // 2.1 * 0.45 = 0.945 < 1
+  ASSERT_TRUE(low.ok());
+  EXPECT_EQ(low->budget, 0);
+  EXPECT_EQ(low->verify_len, (std::vector<int>{0}));
+}
+
+TEST(BudgetTest, NoOrFlatCostTableVerifiesEverythingAndSaysWhy) {
+  const std::vector<VerifyCandidate> rows = {Row({0.5, 0.1}), Row({0.01, 0.0, 0.0})};
+  auto none = PlanVerification({2, 2, 2}, rows, nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->adaptive);
+  EXPECT_EQ(none->budget, 5);
+  EXPECT_EQ(none->verify_len, (std::vector<int>{2, 3}));
+  EXPECT_NE(none->reason.find("no cost table"), std::string::npos) << none->reason;
+  const CostTable flat = Table({{1, 1e-3}, {64, 1.005e-3}});
+  EXPECT_TRUE(flat.IsFlat());
+  auto f = PlanVerification({2, 2, 2}, rows, &flat);
+  ASSERT_TRUE(f.ok());
+  EXPECT_FALSE(f->adaptive);
+  EXPECT_EQ(f->budget, 5);
+  EXPECT_NE(f->reason.find("flat"), std::string::npos) << f->reason;
+  EXPECT_NEAR(f->expected_tokens, 2.61, 1e-9);
+  const CostTable single = Table({{8, 1e-3}});  // one token count: nothing to trade off
+  EXPECT_TRUE(single.IsFlat());
+}
+
+TEST(BudgetTest, PriorRowsSetTheBudgetCurrentRowsTheSlots) {
+  const CostTable cost = Table({{2, 1.0}, {3, 1.1}, {4, 3.0}});
+  // Prior rows value one slot (B = 1: 2.9 / 1.1 = 2.64 beats 2/1 and 3.4/3), the current rows
+  // decide it goes to request 1.
+  std::vector<VerifyCandidate> rows = {{{0.9}, {0.2}}, {{0.5}, {0.7}}};
+  auto plan = PlanVerification({2, 2, 2}, rows, &cost);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->budget, 1);
+  EXPECT_EQ(plan->verify_len, (std::vector<int>{0, 1}));
+  EXPECT_NEAR(plan->expected_tokens, 2.7, 1e-9);
+}
+
+TEST(BudgetTest, AllocationIsAPrefixPerRequestWithPositionRequestTies) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<VerifyCandidate> rows(1 + rng() % 5);
+    int total = 0;
+    for (auto& c : rows) {
+      double a = 1.0;
+      for (int j = 0, k = rng() % 6; j < k; ++j) {
+        a *= (rng() % 5) / 4.0;  // many ties, zeros included
+        c.prior.push_back(a);
+      }
+      total += c.prior.size();
+    }
+    const int budget = rng() % (total + 1);
+    const std::vector<int> len = AllocateSlots(rows, budget);
+    int sum = 0;
+    double min_in = 2.0, max_out = -1.0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      ASSERT_LE(len[r], static_cast<int>(rows[r].prior.size()));
+      sum += len[r];
+      if (len[r] > 0) min_in = std::min(min_in, rows[r].prior[len[r] - 1]);
+      if (len[r] < static_cast<int>(rows[r].prior.size())) {
+        max_out = std::max(max_out, rows[r].prior[len[r]]);
+      }
+    }
+    EXPECT_EQ(sum, budget);
+    EXPECT_GE(min_in, max_out);  // the B largest values
+  }
+  // Equal rows: the earlier position of any request before the later one of another.
+  const std::vector<VerifyCandidate> same = {Row({0.5, 0.5}), Row({0.5, 0.5})};
+  EXPECT_EQ(AllocateSlots(same, 1), (std::vector<int>{1, 0}));
+  EXPECT_EQ(AllocateSlots(same, 2), (std::vector<int>{1, 1}));
+  EXPECT_EQ(AllocateSlots(same, 3), (std::vector<int>{2, 1}));
+}
+
+TEST(BudgetTest, RejectsBadRows) {
+  const CostTable cost = Table({{1, 1.0}, {2, 2.0}});
+  EXPECT_EQ(PlanVerification({1, 1, 1}, {Row({0.5, 0.6})}, &cost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanVerification({1, 1, 1}, {Row({1.5})}, &cost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanVerification({1, 1, 1}, {{{0.5}, {0.5, 0.4}}}, &cost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanVerification({-1, 1, 1}, {}, &cost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto empty = PlanVerification({3, 3, 3}, {}, &cost);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->budget, 0);
+}
+
+TEST(CostTableTest, MedianMonotoneAndInterpolation) {
+  std::vector<CostTable::Sample> s;
+  for (double t : {5.0, 1.0, 1.1, 0.9, 50.0}) s.push_back({8, 1, t});   // median 1.1
+  for (double t : {0.8, 0.7, 0.75, 0.9, 0.6}) s.push_back({16, 1, t});  // median 0.75 -> 1.1
+  for (double t : {3.0, 3.0, 3.0, 3.0, 3.0}) s.push_back({32, 1, t});
+  for (double t : {1.0, 1.0, 1.0, 1.0, 1.0}) s.push_back({8, 4, t});  // below requests 1 -> 1.1
+  for (double t : {4.0, 4.0, 4.0, 4.0, 4.0}) s.push_back({32, 4, t});
+  auto table = CostTable::FromSamples(s);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_DOUBLE_EQ(table->StepSeconds(8, 1), 1.1);
+  EXPECT_DOUBLE_EQ(table->StepSeconds(16, 1), 1.1);  // made monotone
+  EXPECT_DOUBLE_EQ(table->StepSeconds(24, 1), 2.05);
+  EXPECT_DOUBLE_EQ(table->StepSeconds(0, 1), 1.1);   // clamped below
+  EXPECT_DOUBLE_EQ(table->StepSeconds(48, 1), 4.9);  // last slope (1.9 / 16) beyond
+  EXPECT_DOUBLE_EQ(table->StepSeconds(8, 4), 1.1);   // at least requests 1
+  EXPECT_DOUBLE_EQ(table->StepSeconds(32, 2), 3.0 + (4.0 - 3.0) / 3.0);
+  EXPECT_DOUBLE_EQ(table->StepSeconds(32, 9), 4.0);  // clamped above
+  EXPECT_FALSE(table->IsFlat());
+  for (int t = 0; t < 64; ++t) {
+    EXPECT_LE(table->StepSeconds(t, 1), table->StepSeconds(t + 1, 1));
+    EXPECT_LE(table->StepSeconds(t, 1), table->StepSeconds(t, 3));
+  }
+}
+
+TEST(CostTableTest, RejectsTooFewRunsAndBadSamples) {
+  std::vector<CostTable::Sample> s(4, {8, 1, 1.0});
+  EXPECT_EQ(CostTable::FromSamples(s).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CostTable::FromSamples(s, 4).ok());
+  EXPECT_EQ(CostTable::FromSamples({}).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<CostTable::Sample> bad = {{8, 0, 1.0}};
+  EXPECT_EQ(CostTable::FromSamples(bad, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<CostTable::Sample> nan = {{8, 1, std::nan("")}};
+  EXPECT_EQ(CostTable::FromSamples(nan, 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CostTableTest, ProfilesEachShapeAtLeastFiveTimes) {
+  int calls = 0;
+  auto run = [&](int tokens, int requests) -> absl::StatusOr<double> {
+    ++calls;
+    // Every fifth run is a 10x outlier; the median ignores it.
+    return (calls % 5 == 0 ? 10.0 : 1.0) * (1e-3 + 1e-5 * tokens + 1e-4 * requests);
+  };
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
+  auto table = ProfileCostTable(run, shapes);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(calls, 20);
+  EXPECT_NEAR(table->StepSeconds(64, 1), 1e-3 + 64e-5 + 1e-4, 1e-12);
+  EXPECT_NEAR(table->StepSeconds(4, 4), 1e-3 + 4e-5 + 4e-4, 1e-12);
+  EXPECT_EQ(ProfileCostTable(run, shapes, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  auto failing = [](int, int) -> absl::StatusOr<double> {
+    return absl::UnavailableError("backend gone");
+  };
+  EXPECT_EQ(ProfileCostTable(failing, shapes).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(SurvivalTest, NgramStatsLearnPerMatchLengthAndPosition) {
+  NgramSurvivalStats stats(
+      4, {.max_positions = 4, .prior_mean = 0.5, .prior_weight = 2.0, .decay = 0.9999});
+  std::mt19937_64 rng(1);
+  std::uniform_real_distribution<double> u(0, 1);
+  // Match length 3: c = (0.9, 0.5, 0.5, ...); tokens verified 4 at a time.
+  for (int i = 0; i < 20000; ++i) {
+    int accepted = 0;
+    while (accepted < 4 && u(rng) < (accepted == 0 ? 0.9 : 0.5)) ++accepted;
+    stats.Observe(3, 4, accepted);
+  }
+  std::vector<double> a;
+  stats.Survival(3, 5, &a);
+  ASSERT_EQ(a.size(), 5u);
+  EXPECT_NEAR(a[0], 0.9, 0.01);
+  EXPECT_NEAR(a[1], 0.45, 0.015);
+  EXPECT_NEAR(a[2], 0.225, 0.015);
+  for (int j = 1; j < 5; ++j) EXPECT_LE(a[j], a[j - 1]);
+  stats.Survival(1, 2, &a);  // untouched key: the prior
+  EXPECT_DOUBLE_EQ(a[0], 0.5);
+  EXPECT_DOUBLE_EQ(a[1], 0.25);
+  stats.Survival(99, 1, &a);  // clamps to the longest key (4), also untouched
+  EXPECT_DOUBLE_EQ(a[0], 0.5);
+}
+
+TEST(SurvivalTest, DraftCalibrationIsMonotoneAndTracksTheTruth) {
+  DraftCalibration cal({.bins = 10, .prior_weight = 1.0, .decay = 1.0});
+  std::mt19937_64 rng(2);
+  std::uniform_real_distribution<double> u(0, 1);
+  // True acceptance = confidence^2.
+  for (int i = 0; i < 40000; ++i) {
+    const float conf = static_cast<float>(u(rng));
+    cal.Observe(std::vector<float>{conf}, 1, u(rng) < conf * conf ? 1 : 0);
+  }
+  for (double c = 0.05; c < 1.0; c += 0.1) EXPECT_NEAR(cal.Conditional(c), c * c, 0.03) << c;
+  for (double c = 0.0; c < 1.0; c += 0.01) EXPECT_LE(cal.Conditional(c), cal.Conditional(c + 0.01));
+  std::vector<double> a;
+  cal.Survival(std::vector<float>{0.95f, 0.55f}, &a);
+  EXPECT_NEAR(a[1], 0.95 * 0.95 * 0.55 * 0.55, 0.03);
+  cal.PositionPrior(2, &a);  // position 0 saw E[conf^2] = 1/3 acceptance
+  EXPECT_NEAR(a[0], 1.0 / 3, 0.02);
+  // A non-monotone truth is fitted monotone.
+  DraftCalibration odd({.bins = 4, .prior_weight = 0.1, .decay = 1.0});
+  for (int i = 0; i < 1000; ++i) {
+    odd.Observe(std::vector<float>{0.1f}, 1, i % 10 < 8);  // 0.8 at low confidence
+    odd.Observe(std::vector<float>{0.4f}, 1, i % 10 < 2);  // 0.2 above it
+  }
+  EXPECT_NEAR(odd.Conditional(0.1), 0.5, 0.01);
+  EXPECT_NEAR(odd.Conditional(0.4), 0.5, 0.01);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine::spec
