@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/simd_avx2.h"
+
 namespace deepinfer::kernels {
 namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Reference path.
 
 // Widens one weight row to f32.
 void WidenRow(const void* w, DType t, int64_t row, int64_t k, float* out) {
@@ -39,9 +44,186 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int64_t k
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
 }
 
+// ---------------------------------------------------------------------------------------------
+// AVX2 path.
+#if defined(__x86_64__)
+
+// x rows as the kernel reads them. For bf16 weights every full block of 16 is stored as its 8
+// even-indexed then its 8 odd-indexed elements: a bf16 weight block then widens with one shift
+// (even elements) and one mask (odd elements) instead of two zero-extensions and shifts. The
+// tail beyond the last full block keeps its natural order.
+struct PackedX {
+  const float* data = nullptr;
+  int64_t k16 = 0;  // elements covered by full blocks of 16
+};
+
+PackedX PackX(const LinearParams& p, std::vector<float>* storage) {
+  PackedX px;
+  px.k16 = p.k / 16 * 16;
+  if (p.weight_dtype != DType::kBF16) {
+    px.data = p.x;
+    return px;
+  }
+  storage->resize(p.m * p.k);
+  float* out = storage->data();
+  for (int64_t i = 0; i < p.m; ++i) {
+    const float* src = p.x + i * p.k;
+    float* dst = out + i * p.k;
+    for (int64_t b = 0; b < px.k16; b += 16) {
+      for (int j = 0; j < 8; ++j) {
+        dst[b + j] = src[b + 2 * j];
+        dst[b + 8 + j] = src[b + 2 * j + 1];
+      }
+    }
+    std::copy(src + px.k16, src + p.k, dst + px.k16);
+  }
+  px.data = out;
+  return px;
+}
+
+// 16 weights at w (in elements of T) widened to f32 in the order PackX stores x.
+template <DType T>
+DI_AVX2 inline void LoadW16(const void* w, int64_t i, __m256* lo, __m256* hi) {
+  if constexpr (T == DType::kBF16) {
+    const __m256i a =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+    *hi = _mm256_castsi256_ps(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  } else if constexpr (T == DType::kF16) {
+    const uint16_t* h = static_cast<const uint16_t*>(w) + i;
+    *lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    *hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8)));
+  } else {
+    const float* f = static_cast<const float*>(w) + i;
+    *lo = _mm256_loadu_ps(f);
+    *hi = _mm256_loadu_ps(f + 8);
+  }
+}
+
+// out[r][c] = x row r · W row c for MR x rows and 4 W rows (element offsets w_row[c] * k).
+template <DType T, int MR>
+DI_AVX2 void Tile(const PackedX& px, int64_t k, const float* const* x_rows, const void* w,
+                  const int64_t* w_rows, float out[][4]) {
+  __m256 acc[MR][4];
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  const int64_t w0 = w_rows[0] * k, w1 = w_rows[1] * k, w2 = w_rows[2] * k, w3 = w_rows[3] * k;
+  for (int64_t kk = 0; kk < px.k16; kk += 16) {
+    __m256 xl[MR], xh[MR];
+    for (int r = 0; r < MR; ++r) {
+      xl[r] = _mm256_loadu_ps(x_rows[r] + kk);
+      xh[r] = _mm256_loadu_ps(x_rows[r] + kk + 8);
+    }
+    __m256 lo, hi;
+#define DI_TILE_COLUMN(c, off)                                  \
+  LoadW16<T>(w, off + kk, &lo, &hi);                            \
+  for (int r = 0; r < MR; ++r) {                                \
+    acc[r][c] = _mm256_fmadd_ps(xl[r], lo, acc[r][c]);          \
+    acc[r][c] = _mm256_fmadd_ps(xh[r], hi, acc[r][c]);          \
+  }
+    DI_TILE_COLUMN(0, w0)
+    DI_TILE_COLUMN(1, w1)
+    DI_TILE_COLUMN(2, w2)
+    DI_TILE_COLUMN(3, w3)
+#undef DI_TILE_COLUMN
+  }
+  const int64_t offs[4] = {w0, w1, w2, w3};
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < 4; ++c) {
+      float tail = 0.0f;
+      for (int64_t kk = px.k16; kk < k; ++kk) {
+        tail += x_rows[r][kk] * LoadAsF32(w, T, offs[c] + kk);
+      }
+      out[r][c] = avx2::Hsum(acc[r][c]) + tail;
+    }
+  }
+}
+
+// Rows [j_begin, j_end) of the output for every x row.
+template <DType T>
+DI_AVX2 void RunRows(const LinearParams& p, const PackedX& px, int64_t j_begin, int64_t j_end) {
+  const int64_t ldy = p.ldy == 0 ? p.n : p.ldy;
+  // W rows are visited in panels that stay in L2 while every x row pair streams past them.
+  constexpr int64_t kPanel = 64;
+  for (int64_t jb = j_begin; jb < j_end; jb += kPanel) {
+    const int64_t je = std::min(j_end, jb + kPanel);
+    for (int64_t i = 0; i < p.m; i += 2) {
+      const int rows = p.m - i >= 2 ? 2 : 1;
+      const float* x_rows[2] = {px.data + i * p.k, px.data + std::min(i + 1, p.m - 1) * p.k};
+      for (int64_t j = jb; j < je; j += 4) {
+        // Past the end, repeat the last row and drop its results.
+        const int64_t w_rows[4] = {j, std::min(j + 1, je - 1), std::min(j + 2, je - 1),
+                                   std::min(j + 3, je - 1)};
+        float out[2][4];
+        if (rows == 2) {
+          Tile<T, 2>(px, p.k, x_rows, p.weight, w_rows, out);
+        } else {
+          Tile<T, 1>(px, p.k, x_rows, p.weight, w_rows, out);
+        }
+        const int cols = static_cast<int>(std::min<int64_t>(4, je - j));
+        for (int r = 0; r < rows; ++r) {
+          for (int c = 0; c < cols; ++c) {
+            const float b = p.bias != nullptr ? LoadAsF32(p.bias, T, j + c) : 0.0f;
+            p.y[(i + r) * ldy + j + c] = kernels::RoundTo(p.round_to, out[r][c] + b);
+          }
+        }
+      }
+    }
+  }
+}
+
+void RunRowsAvx2(const LinearParams& p, const PackedX& px, int64_t j_begin, int64_t j_end) {
+  switch (p.weight_dtype) {
+    case DType::kF32:
+      return RunRows<DType::kF32>(p, px, j_begin, j_end);
+    case DType::kBF16:
+      return RunRows<DType::kBF16>(p, px, j_begin, j_end);
+    case DType::kF16:
+      return RunRows<DType::kF16>(p, px, j_begin, j_end);
+  }
+}
+
+// Output rows are handed out in units of this many (a multiple of the 4-row tile).
+constexpr int64_t kUnitRows = 16;
+
+void LinearMultiAvx2(const LinearParams* params, int count, ThreadPool* pool) {
+  // Per-thread scratch for packed x, reused across calls.
+  thread_local std::vector<std::vector<float>> storage;
+  if (static_cast<int>(storage.size()) < count) storage.resize(count);
+  std::vector<PackedX> packed(count);
+  std::vector<int64_t> unit_begin(count + 1, 0);
+  int64_t work_per_unit = 0;
+  for (int i = 0; i < count; ++i) {
+    packed[i] = PackX(params[i], &storage[i]);
+    unit_begin[i + 1] = unit_begin[i] + (params[i].n + kUnitRows - 1) / kUnitRows;
+    work_per_unit = std::max(work_per_unit, params[i].m * params[i].k * kUnitRows);
+  }
+  auto work = [&](int64_t u_begin, int64_t u_end) {
+    for (int i = 0; i < count && u_begin < u_end; ++i) {
+      if (u_begin >= unit_begin[i + 1]) continue;
+      const int64_t first = u_begin - unit_begin[i];
+      const int64_t last = std::min(u_end, unit_begin[i + 1]) - unit_begin[i];
+      RunRowsAvx2(params[i], packed[i], first * kUnitRows,
+                  std::min(params[i].n, last * kUnitRows));
+      u_begin = unit_begin[i] + last;
+    }
+  };
+  const int64_t units = unit_begin[count];
+  // Below ~32k multiply-adds per chunk the hand-off costs more than it saves.
+  const int64_t min_chunk = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_unit));
+  if (pool != nullptr) {
+    pool->ParallelFor(units, min_chunk, work);
+  } else {
+    work(0, units);
+  }
+}
+
+#endif  // defined(__x86_64__)
+
 }  // namespace
 
-void LinearCpu(const LinearParams& p, ThreadPool* pool) {
+void LinearCpuReference(const LinearParams& p, ThreadPool* pool) {
   const int64_t ldy = p.ldy == 0 ? p.n : p.ldy;
   auto work = [&](int64_t n_begin, int64_t n_end) {
     std::vector<float> wrow(p.k);
@@ -65,6 +247,28 @@ void LinearCpu(const LinearParams& p, ThreadPool* pool) {
   } else {
     work(0, p.n);
   }
+}
+
+void LinearCpuWithIsa(const LinearParams& p, ThreadPool* pool, CpuIsa isa) {
+#if defined(__x86_64__)
+  if (isa == CpuIsa::kAvx2) {
+    LinearMultiAvx2(&p, 1, pool);
+    return;
+  }
+#endif
+  LinearCpuReference(p, pool);
+}
+
+void LinearCpu(const LinearParams& p, ThreadPool* pool) { LinearCpuWithIsa(p, pool, BestCpuIsa()); }
+
+void LinearCpuMulti(const LinearParams* params, int count, ThreadPool* pool) {
+#if defined(__x86_64__)
+  if (BestCpuIsa() == CpuIsa::kAvx2) {
+    LinearMultiAvx2(params, count, pool);
+    return;
+  }
+#endif
+  for (int i = 0; i < count; ++i) LinearCpuReference(params[i], pool);
 }
 
 }  // namespace deepinfer::kernels
