@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu_features.h"
 #include "kernels/dtype.h"
 #include "kernels/thread_pool.h"
 
@@ -35,7 +36,17 @@ struct PagedAttentionParams {
   DType round_to = DType::kF32;
 };
 
+// Best path for this CPU. The AVX2 path (head_dim a multiple of 8) runs one task per (token,
+// KV head) that serves all query heads of the group, so each K/V row is read and widened once
+// per token rather than once per query head; exp is vectorised. It differs from the reference
+// only by f32 summation order and exp's last-ulp error.
 void PagedAttentionCpu(const PagedAttentionParams& p, ThreadPool* pool);
+
+// A specific path (must be supported by this CPU); for tests and benchmarks.
+void PagedAttentionCpuWithIsa(const PagedAttentionParams& p, ThreadPool* pool, CpuIsa isa);
+
+// The portable reference path, the baseline the optimised paths are tested against.
+void PagedAttentionCpuReference(const PagedAttentionParams& p, ThreadPool* pool);
 
 }  // namespace deepinfer::kernels
 

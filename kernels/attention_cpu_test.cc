@@ -119,5 +119,71 @@ TEST(PagedAttentionCpuTest, Bf16CacheIsReadAsBf16) {
   for (int i = 0; i < dim; ++i) EXPECT_EQ(out[i], vals[i]);
 }
 
+// Every optimised path against the reference path: KV types, activation rounding, GQA groups,
+// sliding windows, spans with and without a tail of 8, paged through a shuffled block table.
+TEST(PagedAttentionCpuTest, OptimisedPathsMatchTheReference) {
+  std::vector<CpuIsa> isas = {CpuIsa::kScalar};
+  if (CpuSupports(CpuIsa::kAvx2)) isas.push_back(CpuIsa::kAvx2);
+  auto pool = ThreadPool::Create(2);
+  struct Case {
+    int heads, kv_heads, dim, window;
+    int64_t start, tokens;
+  };
+  const Case cases[] = {{4, 2, 8, 0, 9, 6}, {8, 2, 64, 0, 0, 37}, {8, 2, 64, 0, 70, 1},
+                        {2, 2, 16, 5, 3, 20}, {4, 1, 32, 0, 100, 3}};
+  for (CpuIsa isa : isas) {
+    for (DType kv : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (DType act : {DType::kF32, DType::kBF16}) {
+        for (const Case& c : cases) {
+          std::mt19937 rng(5);
+          std::normal_distribution<float> dist;
+          const int block = 16;
+          const int64_t total = c.start + c.tokens;
+          const int64_t nblocks = (total + block - 1) / block;
+          std::vector<int32_t> table(nblocks);
+          for (int64_t b = 0; b < nblocks; ++b) table[b] = static_cast<int32_t>(nblocks - 1 - b);
+          const int64_t stride = static_cast<int64_t>(block) * c.kv_heads * c.dim;
+          std::vector<uint8_t> kc(nblocks * stride * DTypeSize(kv)), vc(kc.size());
+          for (int64_t i = 0; i < nblocks * stride; ++i) {
+            StoreFromF32(kc.data(), kv, i, dist(rng));
+            StoreFromF32(vc.data(), kv, i, dist(rng));
+          }
+          std::vector<float> q(c.tokens * c.heads * c.dim);
+          for (float& x : q) x = RoundTo(act, dist(rng));
+          std::vector<float> want(q.size()), got(q.size());
+          PagedAttentionParams p;
+          p.q = q.data();
+          p.num_tokens = c.tokens;
+          p.start_position = c.start;
+          p.num_heads = c.heads;
+          p.num_kv_heads = c.kv_heads;
+          p.head_dim = c.dim;
+          p.k_base = kc.data();
+          p.v_base = vc.data();
+          p.kv_dtype = kv;
+          p.block_stride = stride;
+          p.block_size = block;
+          p.block_table = table.data();
+          p.sliding_window = c.window;
+          p.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+          p.round_to = act;
+          p.out = want.data();
+          PagedAttentionCpuReference(p, nullptr);
+          p.out = got.data();
+          PagedAttentionCpuWithIsa(p, pool.get(), isa);
+          // Summation order and exp's last ulp; in bf16 a score or probability may round the
+          // other way, which moves an output by about one bf16 ulp of the values.
+          const float tol = act == DType::kBF16 ? 0.03f : 2e-5f;
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+                << CpuIsaName(isa) << " kv " << DTypeName(kv) << " act " << DTypeName(act)
+                << " dim " << c.dim << " tokens " << c.tokens << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::kernels
