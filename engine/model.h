@@ -6,8 +6,8 @@
 // tokens' K/V into their blocks and returns logits for the last new token of each sequence (or
 // for every new token when asked).
 //
-// Numerics: weights stay in their stored precision and are widened on the fly; accumulation is
-// f32; activations are rounded to the model's dtype (config torch_dtype) at the same points as
+// Numerics: weights stay in their stored precision and are widened on the fly (by the best CPU
+// kernels for this machine, see kernels/cpu_features.h); accumulation is f32; activations are rounded to the model's dtype (config torch_dtype) at the same points as
 // Hugging Face transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16
 // checkpoints to bf16 rounding noise.
 //
@@ -103,6 +103,11 @@ class Model {
   void RunMoe(const Layer& layer, const float* x, int64_t m, float* out) const;
   void RmsNorm(const std::vector<float>& w, const float* x, int64_t rows, int64_t width,
                float* y) const;
+  // y = RmsNorm(x := round(x + branch)), also updating x (the fused residual add).
+  void AddRmsNorm(const std::vector<float>& w, const float* branch, float* x, int64_t rows,
+                  int64_t width, float* y) const;
+  // Grows the cos/sin tables to cover positions [0, positions).
+  void EnsureRopeTable(int64_t positions);
 
   const ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;
@@ -113,6 +118,16 @@ class Model {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;  // RoPE, head_dim / 2
+  // cos/sin of position * inv_freq, rounded to the activation dtype: [position][head_dim / 2].
+  // Grown by Forward (which runs on one thread at a time).
+  std::vector<float> rope_cos_, rope_sin_;
+  int64_t rope_positions_ = 0;
+  // Activation buffers reused across Forward calls (grown, never shrunk).
+  struct Workspace {
+    std::vector<float> x, normed, q, k, v, attn, tmp, mlp, selected;
+    std::vector<int64_t> positions, offsets;
+  };
+  Workspace ws_;
 };
 
 }  // namespace deepinfer::engine
