@@ -12,18 +12,6 @@ namespace {
 
 #if defined(__x86_64__)
 
-// The 8 horizontal sums of v[0..7] as one vector, lane i = ((v_i0 + v_i1) + (v_i2 + v_i3)) +
-// ((v_i4 + v_i5) + (v_i6 + v_i7)).
-DI_AVX2 inline __m256 Hsum8x8(const __m256* v) {
-  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]);
-  const __m256 t1 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]);
-  const __m256 t3 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // v0..v3 low halves | v0..v3 high halves
-  const __m256 u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 constexpr int64_t kTileTokens = 8;
 
 DI_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, ThreadPool* pool) {
@@ -91,7 +79,7 @@ DI_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, ThreadPool* pool)
               acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kf + (i + r) * hd + d), acc[r]);
             }
           }
-          const __m256 dot = avx2::RoundTo(rt, Hsum8x8(acc));
+          const __m256 dot = avx2::RoundTo(rt, avx2::Hsum8x8(acc));
           _mm256_storeu_ps(sj + i, avx2::RoundTo(rt, _mm256_mul_ps(dot, vscale)));
         }
       }

@@ -100,10 +100,10 @@ DI_AVX2 inline void LoadW16(const void* w, int64_t i, __m256* lo, __m256* hi) {
   }
 }
 
-// out[r][c] = x row r · W row c for MR x rows and 4 W rows (element offsets w_row[c] * k).
+// Lane r * 4 + c of the result = x row r · W row c for MR (1 or 2) x rows and 4 W rows.
 template <DType T, int MR>
-DI_AVX2 void Tile(const PackedX& px, int64_t k, const float* const* x_rows, const void* w,
-                  const int64_t* w_rows, float out[][4]) {
+DI_AVX2 __m256 Tile(const PackedX& px, int64_t k, const float* const* x_rows, const void* w,
+                    const int64_t* w_rows) {
   __m256 acc[MR][4];
   for (int r = 0; r < MR; ++r) {
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -128,16 +128,26 @@ DI_AVX2 void Tile(const PackedX& px, int64_t k, const float* const* x_rows, cons
     DI_TILE_COLUMN(3, w3)
 #undef DI_TILE_COLUMN
   }
-  const int64_t offs[4] = {w0, w1, w2, w3};
-  for (int r = 0; r < MR; ++r) {
-    for (int c = 0; c < 4; ++c) {
-      float tail = 0.0f;
-      for (int64_t kk = px.k16; kk < k; ++kk) {
-        tail += x_rows[r][kk] * LoadAsF32(w, T, offs[c] + kk);
-      }
-      out[r][c] = avx2::Hsum(acc[r][c]) + tail;
-    }
+  // All 8 sums in one reduction tree (MR = 1 pads with zeros, which leaves sums unchanged), so
+  // every output element is summed the same way whatever MR.
+  __m256 all[8];
+  for (int r = 0; r < 2; ++r) {
+    for (int c = 0; c < 4; ++c) all[r * 4 + c] = r < MR ? acc[r][c] : _mm256_setzero_ps();
   }
+  __m256 sums = avx2::Hsum8x8(all);
+  if (px.k16 < k) {
+    const int64_t offs[4] = {w0, w1, w2, w3};
+    alignas(32) float tails[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < 4; ++c) {
+        float tail = 0.0f;
+        for (int64_t kk = px.k16; kk < k; ++kk) tail += x_rows[r][kk] * LoadAsF32(w, T, offs[c] + kk);
+        tails[r * 4 + c] = tail;
+      }
+    }
+    sums = _mm256_add_ps(sums, _mm256_load_ps(tails));
+  }
+  return sums;
 }
 
 // Rows [j_begin, j_end) of the output for every x row.
@@ -155,17 +165,24 @@ DI_AVX2 void RunRows(const LinearParams& p, const PackedX& px, int64_t j_begin, 
         // Past the end, repeat the last row and drop its results.
         const int64_t w_rows[4] = {j, std::min(j + 1, je - 1), std::min(j + 2, je - 1),
                                    std::min(j + 3, je - 1)};
-        float out[2][4];
-        if (rows == 2) {
-          Tile<T, 2>(px, p.k, x_rows, p.weight, w_rows, out);
-        } else {
-          Tile<T, 1>(px, p.k, x_rows, p.weight, w_rows, out);
-        }
+        __m256 sums = rows == 2 ? Tile<T, 2>(px, p.k, x_rows, p.weight, w_rows)
+                                : Tile<T, 1>(px, p.k, x_rows, p.weight, w_rows);
         const int cols = static_cast<int>(std::min<int64_t>(4, je - j));
-        for (int r = 0; r < rows; ++r) {
-          for (int c = 0; c < cols; ++c) {
-            const float b = p.bias != nullptr ? LoadAsF32(p.bias, T, j + c) : 0.0f;
-            p.y[(i + r) * ldy + j + c] = kernels::RoundTo(p.round_to, out[r][c] + b);
+        if (p.bias != nullptr) {
+          const __m128 b = _mm_setr_ps(LoadAsF32(p.bias, T, w_rows[0]), LoadAsF32(p.bias, T, w_rows[1]),
+                                       LoadAsF32(p.bias, T, w_rows[2]), LoadAsF32(p.bias, T, w_rows[3]));
+          sums = _mm256_add_ps(sums, _mm256_set_m128(b, b));
+        }
+        sums = avx2::RoundTo(p.round_to, sums);
+        float* y0 = p.y + i * ldy + j;
+        if (cols == 4) {
+          _mm_storeu_ps(y0, _mm256_castps256_ps128(sums));
+          if (rows == 2) _mm_storeu_ps(y0 + ldy, _mm256_extractf128_ps(sums, 1));
+        } else {
+          alignas(32) float out[8];
+          _mm256_store_ps(out, sums);
+          for (int r = 0; r < rows; ++r) {
+            for (int c = 0; c < cols; ++c) y0[r * ldy + c] = out[r * 4 + c];
           }
         }
       }

@@ -27,6 +27,18 @@ DI_AVX2 inline float Hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The 8 horizontal sums of v[0..7] as one vector: lane i = ((v_i0 + v_i1) + (v_i2 + v_i3)) +
+// ((v_i4 + v_i5) + (v_i6 + v_i7)).
+DI_AVX2 inline __m256 Hsum8x8(const __m256* v) {
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]);
+  const __m256 t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]);
+  const __m256 t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // v0..v3 low-half sums | v0..v3 high-half sums
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 // Round-to-nearest-even to bf16 and back, as F32ToBf16 (NaN stays NaN).
 DI_AVX2 inline __m256 RoundBf16(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
