@@ -41,6 +41,9 @@ ABSL_FLAG(int, reps, 3, "Repetitions per figure; the median is reported.");
 ABSL_FLAG(int, block_size, 16, "KV block size.");
 ABSL_FLAG(bool, bandwidth, false, "Measure read bandwidth and the batch-1 decode bound.");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of a table.");
+ABSL_FLAG(std::string, logits_tokens, "",
+          "Comma-separated token ids: print the logits after the last one as JSON and exit "
+          "(to check another implementation's numerics on the same weights).");
 
 namespace deepinfer::engine {
 namespace {
@@ -139,6 +142,31 @@ int Run() {
   }
   Model& model = **model_or;
   const ModelConfig& c = model.config();
+  if (!absl::GetFlag(FLAGS_logits_tokens).empty()) {
+    const std::vector<int> ids = ParseList(absl::GetFlag(FLAGS_logits_tokens), "logits_tokens");
+    const int block = absl::GetFlag(FLAGS_block_size);
+    const int blocks = static_cast<int>((ids.size() + block - 1) / block);
+    auto cache = KvCache::Create(model.MakeKvCacheConfig(std::max(1, blocks), block));
+    if (!cache.ok()) {
+      std::fprintf(stderr, "%s\n", cache.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<int32_t> tokens(ids.begin(), ids.end()), table(std::max(1, blocks));
+    for (int i = 0; i < blocks; ++i) table[i] = i;
+    SequenceInput in;
+    in.tokens = tokens.data();
+    in.num_tokens = static_cast<int64_t>(tokens.size());
+    in.block_table = table.data();
+    in.num_blocks = static_cast<int64_t>(table.size());
+    std::vector<float> logits;
+    const absl::Status st = model.Forward({in}, cache->get(), &logits);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      return 1;
+    }
+    std::printf("%s\n", nlohmann::json{{"logits", logits}}.dump().c_str());
+    return 0;
+  }
   const std::vector<int> batches = ParseList(absl::GetFlag(FLAGS_batch), "batch");
   const std::vector<int> prompts = ParseList(absl::GetFlag(FLAGS_prompt), "prompt");
   const int steps = absl::GetFlag(FLAGS_decode_tokens);

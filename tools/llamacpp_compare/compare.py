@@ -73,6 +73,33 @@ def ours(bench, model, threads, batches, prompts, steps, extra=()):
     return json.loads(out)
 
 
+def check_logits(args, bin_dir, gguf):
+    """Last-token logits of both implementations on the same random prompt."""
+    import random
+    exe = os.path.join(os.path.dirname(os.path.abspath(gguf)), "llama_logits")
+    lib_dir = os.path.abspath(bin_dir)
+    run(["g++", "-O2", "-std=c++17", os.path.join(HERE, "llama_logits.cc"), "-I",
+         os.path.join(args.llama_cpp, "include"), "-I", os.path.join(args.llama_cpp, "ggml", "include"),
+         "-L", lib_dir, "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib_dir}", "-o", exe])
+    with open(os.path.join(args.model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    rng = random.Random(7)
+    ids = [str(rng.randrange(3, vocab)) for _ in range(24)]
+    theirs = json.loads(run([exe, gguf, str(args.threads), *ids]))["logits"]
+    mine = json.loads(run([args.bench, "--model", args.model, "--threads", str(args.threads),
+                           "--logits_tokens", ",".join(ids)]))["logits"]
+    diffs = [abs(a - b) for a, b in zip(theirs, mine)]
+    top = lambda v: max(range(len(v)), key=v.__getitem__)
+    mean = lambda v: sum(v) / len(v)
+    ma, mb = mean(theirs), mean(mine)
+    cov = sum((a - ma) * (b - mb) for a, b in zip(theirs, mine))
+    var_a = sum((a - ma) ** 2 for a in theirs)
+    var_b = sum((b - mb) ** 2 for b in mine)
+    print(f"logits check ({len(ids)} tokens, {os.path.basename(gguf)}): max |diff| "
+          f"{max(diffs):.4f}, mean |diff| {mean(diffs):.4f}, correlation "
+          f"{cov / (var_a * var_b) ** 0.5:.5f}, argmax {'agrees' if top(theirs) == top(mine) else 'DIFFERS'}")
+
+
 def row_of(result, batch, prompt):
     for r in result["rows"]:
         if r["batch"] == batch and r["prompt"] == prompt:
@@ -96,6 +123,9 @@ def main():
     ap.add_argument("--batched_ntg", type=int, default=128)
     ap.add_argument("--npl", default="1,8,32", help="batched-bench parallel sequences")
     ap.add_argument("--skip_batched", action="store_true")
+    ap.add_argument("--check_logits", action="store_true",
+                    help="first compare last-token logits on a random prompt (compiles "
+                         "llama_logits.cc against the llama.cpp build)")
     ap.add_argument("--json_out", help="also write all samples and medians here")
     args = ap.parse_args()
 
@@ -110,6 +140,8 @@ def main():
         run([sys.executable, os.path.join(HERE, "hf_to_gguf.py"), "--llama_cpp", args.llama_cpp,
              "--model", args.model, "--out", gguf])
     npl = [int(x) for x in args.npl.split(",")]
+    if args.check_logits:
+        check_logits(args, bin_dir, gguf)
 
     samples = {"ours_pp": [], "ours_tg": [], "llama_pp": [], "llama_tg": []}
     for b in npl:

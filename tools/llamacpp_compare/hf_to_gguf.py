@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--llama_cpp", required=True, help="llama.cpp source tree (for gguf-py)")
     ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
     ap.add_argument("--out", required=True, help="output .gguf")
+    ap.add_argument("--no_permute", action="store_true",
+                    help="skip the Q/K permutation (only to demonstrate that it matters)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(args.llama_cpp, "gguf-py"))
     import gguf  # noqa: E402  (from the llama.cpp tree)
@@ -161,7 +163,9 @@ def main():
             w.add_tensor(out, as_f32(dtype, shape, raw))
             continue
         bits = as_bf16_bits(dtype, shape, raw)
-        if name.endswith("q_proj.weight"):
+        if args.no_permute:
+            pass
+        elif name.endswith("q_proj.weight"):
             bits = permute_rows(bits, n_head)
         elif name.endswith("k_proj.weight"):
             bits = permute_rows(bits, n_kv)
