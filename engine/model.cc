@@ -460,6 +460,7 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t slot_elems = kv_dim;
 
+  std::vector<kernels::PagedAttentionParams> attn_params;
   // tmp holds the previous block's output until the next norm folds it into x.
   bool residual_pending = false;
   for (int li = 0; li < c.num_layers; ++li) {
@@ -508,9 +509,10 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
         }
       }
     }
+    attn_params.resize(batch.size());
     for (size_t s = 0; s < batch.size(); ++s) {
       const SequenceInput& seq = batch[s];
-      kernels::PagedAttentionParams ap;
+      kernels::PagedAttentionParams& ap = attn_params[s];
       ap.q = q + offsets[s] * q_dim;
       ap.out = attn + offsets[s] * q_dim;
       ap.num_tokens = seq.num_tokens;
@@ -527,8 +529,9 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       ap.sliding_window = L.sliding ? c.sliding_window : 0;
       ap.scale = scale;
       ap.round_to = act_dtype_;
-      kernels::PagedAttentionCpu(ap, pool_.get());
     }
+    kernels::PagedAttentionBatchCpu(attn_params.data(), static_cast<int>(attn_params.size()),
+                                    pool_.get());
     RunLinear(L.o, attn, total, tmp);
     AddRmsNorm(L.post_norm, tmp, x, total, h, normed);
     if (L.moe) {

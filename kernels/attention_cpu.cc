@@ -14,7 +14,14 @@ namespace {
 
 constexpr int64_t kTileTokens = 8;
 
-DI_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, ThreadPool* pool) {
+int64_t NumTasks(const PagedAttentionParams& p) {
+  return (p.num_tokens + kTileTokens - 1) / kTileTokens * p.num_kv_heads;
+}
+
+// Tasks [begin, end) of one sequence: one task per (tile of up to kTileTokens new tokens, KV
+// head), serving all query heads of the group, so every K and V row is read and widened once
+// per task.
+DI_AVX2 void AttentionTasksAvx2(const PagedAttentionParams& p, int64_t begin, int64_t end) {
   const int group = p.num_heads / p.num_kv_heads;
   const int hd = p.head_dim;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * hd;
@@ -29,9 +36,7 @@ DI_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, ThreadPool* pool)
   auto first_key = [&](int64_t q_pos) {
     return p.sliding_window > 0 ? std::max<int64_t>(0, q_pos - p.sliding_window + 1) : int64_t{0};
   };
-  // One task per (tile of up to kTileTokens new tokens, KV head), serving all query heads of the
-  // group: every K and V row is read and widened once per task.
-  auto work = [&](int64_t begin, int64_t end) DI_AVX2 {
+  {
     thread_local std::vector<float> scores, keys, values;
     const int64_t span_cap = (total + 7) / 8 * 8;
     const int64_t group4 = (group + 3) / 4 * 4;
@@ -133,27 +138,49 @@ DI_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, ThreadPool* pool)
       }
     }
   };
-  const int64_t tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
-  const int64_t tasks = tiles * p.num_kv_heads;
-  if (pool != nullptr) {
-    pool->ParallelFor(tasks, 1, work);
-  } else {
-    work(0, tasks);
-  }
 }
 
 #endif  // defined(__x86_64__)
 
-}  // namespace
-
-void PagedAttentionCpuWithIsa(const PagedAttentionParams& p, ThreadPool* pool, CpuIsa isa) {
+// Runs every sequence's tasks in one parallel region.
+void AttentionBatch(const PagedAttentionParams* ps, int count, ThreadPool* pool, CpuIsa isa) {
 #if defined(__x86_64__)
-  if (isa == CpuIsa::kAvx2 && p.head_dim % 8 == 0) {
-    PagedAttentionAvx2(p, pool);
+  bool vector = isa == CpuIsa::kAvx2;
+  for (int i = 0; i < count; ++i) vector = vector && ps[i].head_dim % 8 == 0;
+  if (vector) {
+    thread_local std::vector<int64_t> first_task;
+    first_task.assign(count + 1, 0);
+    for (int i = 0; i < count; ++i) first_task[i + 1] = first_task[i] + NumTasks(ps[i]);
+    const int64_t* starts = first_task.data();
+    auto work = [&](int64_t begin, int64_t end) {
+      int i = static_cast<int>(std::upper_bound(starts, starts + count + 1, begin) - starts) - 1;
+      for (; i < count && begin < end; ++i) {
+        const int64_t stop = std::min(end, starts[i + 1]);
+        if (stop > begin) AttentionTasksAvx2(ps[i], begin - starts[i], stop - starts[i]);
+        begin = std::max(begin, stop);
+      }
+    };
+    if (pool != nullptr) {
+      pool->ParallelFor(first_task[count], 1, work);
+    } else {
+      work(0, first_task[count]);
+    }
     return;
   }
 #endif
-  PagedAttentionCpuReference(p, pool);
+  for (int i = 0; i < count; ++i) PagedAttentionCpuReference(ps[i], pool);
+}
+
+
+
+}  // namespace
+
+void PagedAttentionCpuWithIsa(const PagedAttentionParams& p, ThreadPool* pool, CpuIsa isa) {
+  AttentionBatch(&p, 1, pool, isa);
+}
+
+void PagedAttentionBatchCpu(const PagedAttentionParams* params, int count, ThreadPool* pool) {
+  AttentionBatch(params, count, pool, BestCpuIsa());
 }
 
 void PagedAttentionCpu(const PagedAttentionParams& p, ThreadPool* pool) {

@@ -42,6 +42,10 @@ struct PagedAttentionParams {
 // only by f32 summation order and exp's last-ulp error.
 void PagedAttentionCpu(const PagedAttentionParams& p, ThreadPool* pool);
 
+// Several sequences (e.g. a decode batch) in one parallel region; each computed exactly as
+// PagedAttentionCpu would.
+void PagedAttentionBatchCpu(const PagedAttentionParams* params, int count, ThreadPool* pool);
+
 // A specific path (must be supported by this CPU); for tests and benchmarks.
 void PagedAttentionCpuWithIsa(const PagedAttentionParams& p, ThreadPool* pool, CpuIsa isa);
 

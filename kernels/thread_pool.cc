@@ -98,8 +98,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
     fn(0, n);
     return;
   }
-  // A few chunks per thread balances uneven work without much scheduling overhead.
-  const int64_t target_chunks = std::min<int64_t>(kMaxChunks, static_cast<int64_t>(num_threads_) * 4);
+  // Several chunks per thread balance uneven work and threads the OS preempts (a shared
+  // machine), at little scheduling cost.
+  const int64_t target_chunks = std::min<int64_t>(kMaxChunks, static_cast<int64_t>(num_threads_) * 8);
   const int64_t chunk = std::max(min_chunk, (n + target_chunks - 1) / target_chunks);
   // No chunk of the previous job is claimable any more (its generation's index is exhausted and
   // all its chunks completed), so the fields can be rewritten.
