@@ -101,7 +101,9 @@ DI_AVX2 inline void LoadW16(const void* w, int64_t i, __m256* lo, __m256* hi) {
 }
 
 // Lane r * 4 + c of the result = x row r · W row c for MR (1 or 2) x rows and 4 W rows.
-template <DType T, int MR>
+// With kPrefetch, the 4 rows after w_rows[0] are prefetched as the loop goes: on the first pass
+// over a panel the weights come from memory, and a GEMV is bound by how many lines are in flight.
+template <DType T, int MR, bool kPrefetch>
 DI_AVX2 __m256 Tile(const PackedX& px, int64_t k, const float* const* x_rows, const void* w,
                     const int64_t* w_rows) {
   __m256 acc[MR][4];
@@ -109,7 +111,15 @@ DI_AVX2 __m256 Tile(const PackedX& px, int64_t k, const float* const* x_rows, co
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
   }
   const int64_t w0 = w_rows[0] * k, w1 = w_rows[1] * k, w2 = w_rows[2] * k, w3 = w_rows[3] * k;
+  // The next tile's rows are contiguous after this tile's: 4 * k elements from w_rows[0].
+  const char* next = static_cast<const char*>(w) + (w0 + 4 * k) * DTypeSize(T);
   for (int64_t kk = 0; kk < px.k16; kk += 16) {
+    if constexpr (kPrefetch) {
+      // 4 rows x 16 elements per step: DTypeSize(T) * 64 bytes, in lines of 64.
+      for (int l = 0; l < DTypeSize(T); ++l) {
+        _mm_prefetch(next + (kk * 4 + l * 32) * DTypeSize(T), _MM_HINT_T0);
+      }
+    }
     __m256 xl[MR], xh[MR];
     for (int r = 0; r < MR; ++r) {
       xl[r] = _mm256_loadu_ps(x_rows[r] + kk);
@@ -165,8 +175,14 @@ DI_AVX2 void RunRows(const LinearParams& p, const PackedX& px, int64_t j_begin, 
         // Past the end, repeat the last row and drop its results.
         const int64_t w_rows[4] = {j, std::min(j + 1, je - 1), std::min(j + 2, je - 1),
                                    std::min(j + 3, je - 1)};
-        __m256 sums = rows == 2 ? Tile<T, 2>(px, p.k, x_rows, p.weight, w_rows)
-                                : Tile<T, 1>(px, p.k, x_rows, p.weight, w_rows);
+        __m256 sums;
+        if (i == 0) {
+          sums = rows == 2 ? Tile<T, 2, true>(px, p.k, x_rows, p.weight, w_rows)
+                           : Tile<T, 1, true>(px, p.k, x_rows, p.weight, w_rows);
+        } else {
+          sums = rows == 2 ? Tile<T, 2, false>(px, p.k, x_rows, p.weight, w_rows)
+                           : Tile<T, 1, false>(px, p.k, x_rows, p.weight, w_rows);
+        }
         const int cols = static_cast<int>(std::min<int64_t>(4, je - j));
         if (p.bias != nullptr) {
           const __m128 b = _mm_setr_ps(LoadAsF32(p.bias, T, w_rows[0]), LoadAsF32(p.bias, T, w_rows[1]),
