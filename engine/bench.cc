@@ -86,7 +86,8 @@ double MeasureReadBandwidth(int threads) {
     pool->ParallelFor(pool->num_threads(), 1, [&](int64_t b, int64_t e) {
       for (int64_t part = b; part < e; ++part) {
         const size_t begin = words / pool->num_threads() * part;
-        const size_t end = part + 1 == pool->num_threads() ? words : begin + words / pool->num_threads();
+        const size_t end =
+            part + 1 == pool->num_threads() ? words : begin + words / pool->num_threads();
         uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (size_t i = begin; i + 4 <= end; i += 4) {
           s0 += buf[i];
@@ -172,8 +173,9 @@ int Run() {
   const int steps = absl::GetFlag(FLAGS_decode_tokens);
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   const int block = absl::GetFlag(FLAGS_block_size);
-  const int threads = options.num_threads > 0 ? options.num_threads
-                                              : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = options.num_threads > 0
+                          ? options.num_threads
+                          : static_cast<int>(std::thread::hardware_concurrency());
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
 
@@ -182,7 +184,8 @@ int Run() {
     for (int prompt : prompts) {
       if (b <= 0) continue;
       const int64_t per_seq = (prompt + steps + 1 + block - 1) / block;
-      auto cache_or = KvCache::Create(model.MakeKvCacheConfig(static_cast<int>(per_seq * b), block));
+      auto cache_or =
+          KvCache::Create(model.MakeKvCacheConfig(static_cast<int>(per_seq * b), block));
       if (!cache_or.ok()) {
         std::fprintf(stderr, "%s\n", cache_or.status().ToString().c_str());
         return 1;
@@ -191,7 +194,8 @@ int Run() {
       std::vector<std::vector<int32_t>> tables(b);
       std::vector<std::vector<int32_t>> prompts_tok(b);
       for (int s = 0; s < b; ++s) {
-        for (int64_t i = 0; i < per_seq; ++i) tables[s].push_back(static_cast<int32_t>(s * per_seq + i));
+        for (int64_t i = 0; i < per_seq; ++i)
+          tables[s].push_back(static_cast<int32_t>(s * per_seq + i));
         for (int i = 0; i < prompt; ++i) prompts_tok[s].push_back(token(rng));
       }
       std::vector<float> logits;

@@ -90,10 +90,9 @@ absl::StatusOr<Model::Linear> Model::GetLinear(const std::string& name, int64_t 
   if (bias) {
     DI_ASSIGN_OR_RETURN(const TensorView* b, checkpoint_->Get(name + ".bias", {out}));
     if (b->dtype != w->dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(checkpoint_->dir(), ": tensor \"", b->name,
-                                                     "\" has dtype ", StDTypeName(b->dtype),
-                                                     ", expected ", StDTypeName(w->dtype),
-                                                     " like its weight"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          checkpoint_->dir(), ": tensor \"", b->name, "\" has dtype ", StDTypeName(b->dtype),
+          ", expected ", StDTypeName(w->dtype), " like its weight"));
     }
     l.b = b->data;
   }
@@ -144,15 +143,18 @@ absl::Status Model::Init() {
     L.sliding = c.layer_attention[i] == AttentionKind::kSliding;
     L.moe = c.is_moe() && !c.moe.dense_layer[i];
     if (!L.moe) {
-      DI_ASSIGN_OR_RETURN(L.mlp.gate, GetLinear(p + "mlp.gate_proj", c.intermediate_size, h, false));
+      DI_ASSIGN_OR_RETURN(L.mlp.gate,
+                          GetLinear(p + "mlp.gate_proj", c.intermediate_size, h, false));
       DI_ASSIGN_OR_RETURN(L.mlp.up, GetLinear(p + "mlp.up_proj", c.intermediate_size, h, false));
-      DI_ASSIGN_OR_RETURN(L.mlp.down, GetLinear(p + "mlp.down_proj", h, c.intermediate_size, false));
+      DI_ASSIGN_OR_RETURN(L.mlp.down,
+                          GetLinear(p + "mlp.down_proj", h, c.intermediate_size, false));
       continue;
     }
     const int64_t e_inter = c.moe.expert_intermediate_size;
     L.experts.resize(c.moe.num_experts);
     if (c.family == ModelFamily::kMixtral) {
-      DI_ASSIGN_OR_RETURN(L.router, GetLinear(p + "block_sparse_moe.gate", c.moe.num_experts, h, false));
+      DI_ASSIGN_OR_RETURN(L.router,
+                          GetLinear(p + "block_sparse_moe.gate", c.moe.num_experts, h, false));
       for (int e = 0; e < c.moe.num_experts; ++e) {
         const std::string ep = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
         DI_ASSIGN_OR_RETURN(L.experts[e].gate, GetLinear(ep + "w1", e_inter, h, false));
@@ -169,10 +171,14 @@ absl::Status Model::Init() {
       }
       if (c.moe.shared_expert_intermediate_size > 0) {
         const int64_t s = c.moe.shared_expert_intermediate_size;
-        DI_ASSIGN_OR_RETURN(L.shared_expert.gate, GetLinear(p + "mlp.shared_expert.gate_proj", s, h, false));
-        DI_ASSIGN_OR_RETURN(L.shared_expert.up, GetLinear(p + "mlp.shared_expert.up_proj", s, h, false));
-        DI_ASSIGN_OR_RETURN(L.shared_expert.down, GetLinear(p + "mlp.shared_expert.down_proj", h, s, false));
-        DI_ASSIGN_OR_RETURN(L.shared_expert_gate, GetLinear(p + "mlp.shared_expert_gate", 1, h, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert.gate,
+                            GetLinear(p + "mlp.shared_expert.gate_proj", s, h, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert.up,
+                            GetLinear(p + "mlp.shared_expert.up_proj", s, h, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert.down,
+                            GetLinear(p + "mlp.shared_expert.down_proj", h, s, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert_gate,
+                            GetLinear(p + "mlp.shared_expert_gate", 1, h, false));
       }
     }
   }
@@ -377,14 +383,14 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
     const int64_t needed = (end + kv.block_size - 1) / kv.block_size;
     if (seq.block_table == nullptr || seq.num_blocks < needed) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": block_table has ", seq.num_blocks,
-                                                     " blocks, positions up to ", end,
-                                                     " need ", needed));
+                                                     " blocks, positions up to ", end, " need ",
+                                                     needed));
     }
     for (int64_t b = 0; b < needed; ++b) {
       if (seq.block_table[b] < 0 || seq.block_table[b] >= kv.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b, "] = ",
-                                                       seq.block_table[b], " is outside [0, ",
-                                                       kv.num_blocks, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b,
+                                                       "] = ", seq.block_table[b],
+                                                       " is outside [0, ", kv.num_blocks, ")"));
       }
     }
     for (int64_t t = 0; t < seq.num_tokens; ++t) {
@@ -427,7 +433,8 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       ws.positions[offsets[s] + t] = batch[s].start_position + t;
       const int64_t token = batch[s].tokens[t];
       float* dst = x + (offsets[s] + t) * h;
-      for (int64_t i = 0; i < h; ++i) dst[i] = kernels::LoadAsF32(embed_.w, embed_.dtype, token * h + i);
+      for (int64_t i = 0; i < h; ++i)
+        dst[i] = kernels::LoadAsF32(embed_.w, embed_.dtype, token * h + i);
     }
     max_position = std::max(max_position, batch[s].start_position + batch[s].num_tokens);
   }
@@ -447,10 +454,10 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
             float* vec = base + (t * heads + hh) * hd;
             for (int64_t i = 0; i < half; ++i) {
               const float a = vec[i], b = vec[i + half];
-              vec[i] = RoundTo(act_dtype_, RoundTo(act_dtype_, a * cs[i]) -
-                                               RoundTo(act_dtype_, b * sn[i]));
-              vec[i + half] = RoundTo(act_dtype_, RoundTo(act_dtype_, b * cs[i]) +
-                                                      RoundTo(act_dtype_, a * sn[i]));
+              vec[i] = RoundTo(act_dtype_,
+                               RoundTo(act_dtype_, a * cs[i]) - RoundTo(act_dtype_, b * sn[i]));
+              vec[i + half] = RoundTo(
+                  act_dtype_, RoundTo(act_dtype_, b * cs[i]) + RoundTo(act_dtype_, a * sn[i]));
             }
           }
         }
@@ -499,9 +506,9 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       const SequenceInput& seq = batch[s];
       for (int64_t t = 0; t < seq.num_tokens; ++t) {
         const int64_t pos = seq.start_position + t;
-        const int64_t elem = static_cast<int64_t>(seq.block_table[pos / kv.block_size]) *
-                                 cache->block_elements() +
-                             (pos % kv.block_size) * slot_elems;
+        const int64_t elem =
+            static_cast<int64_t>(seq.block_table[pos / kv.block_size]) * cache->block_elements() +
+            (pos % kv.block_size) * slot_elems;
         const int64_t row = offsets[s] + t;
         for (int64_t i = 0; i < kv_dim; ++i) {
           kernels::StoreFromF32(k_layer, kv.dtype, elem + i, k[row * kv_dim + i]);
@@ -550,8 +557,9 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
     for (int64_t t = first; t < batch[s].num_tokens; ++t, ++r) {
       const int64_t row = offsets[s] + t;
       for (int64_t i = 0; i < h; ++i) {
-        selected[r * h + i] =
-            residual_pending ? RoundTo(act_dtype_, x[row * h + i] + tmp[row * h + i]) : x[row * h + i];
+        selected[r * h + i] = residual_pending
+                                  ? RoundTo(act_dtype_, x[row * h + i] + tmp[row * h + i])
+                                  : x[row * h + i];
       }
     }
   }

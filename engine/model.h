@@ -7,9 +7,10 @@
 // for every new token when asked).
 //
 // Numerics: weights stay in their stored precision and are widened on the fly (by the best CPU
-// kernels for this machine, see kernels/cpu_features.h); accumulation is f32; activations are rounded to the model's dtype (config torch_dtype) at the same points as
-// Hugging Face transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16
-// checkpoints to bf16 rounding noise.
+// kernels for this machine, see kernels/cpu_features.h); accumulation is f32; activations are
+// rounded to the model's dtype (config torch_dtype) at the same points as Hugging Face
+// transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16 checkpoints to
+// bf16 rounding noise.
 //
 // Thread-safety: Forward() may be called by one thread at a time (it uses the model's pool);
 // the model is otherwise immutable. Not copyable or movable (owns the checkpoint mapping).
@@ -40,7 +41,7 @@ struct SequenceInput {
   int64_t num_tokens = 0;           // >= 1
   int64_t start_position = 0;       // tokens of this sequence already in the KV cache
   const int32_t* block_table = nullptr;
-  int64_t num_blocks = 0;  // entries in block_table; must cover start_position + num_tokens
+  int64_t num_blocks = 0;   // entries in block_table; must cover start_position + num_tokens
   bool all_logits = false;  // logits for every new token instead of only the last
 };
 
@@ -83,11 +84,11 @@ class Model {
   struct Layer {
     std::vector<float> input_norm, post_norm, q_norm, k_norm;
     Linear q, k, v, o;
-    Mlp mlp;                       // dense layers
-    Linear router;                 // MoE: [experts, hidden]
-    std::vector<Mlp> experts;      // MoE
-    Mlp shared_expert;             // Qwen2-MoE
-    Linear shared_expert_gate;     // Qwen2-MoE: [1, hidden]
+    Mlp mlp;                    // dense layers
+    Linear router;              // MoE: [experts, hidden]
+    std::vector<Mlp> experts;   // MoE
+    Mlp shared_expert;          // Qwen2-MoE
+    Linear shared_expert_gate;  // Qwen2-MoE: [1, hidden]
     bool moe = false;
     bool sliding = false;
   };

@@ -19,8 +19,8 @@ namespace deepinfer::kernels {
 // out may alias gate or up. The AVX2 path differs from the reference by exp's last ulp only.
 void SwiGluCpu(const float* gate, const float* up, float* out, int64_t count, DType round_to,
                ThreadPool* pool);
-void SwiGluCpuWithIsa(const float* gate, const float* up, float* out, int64_t count,
-                      DType round_to, ThreadPool* pool, CpuIsa isa);
+void SwiGluCpuWithIsa(const float* gate, const float* up, float* out, int64_t count, DType round_to,
+                      ThreadPool* pool, CpuIsa isa);
 
 }  // namespace deepinfer::kernels
 

@@ -18,9 +18,9 @@
 namespace deepinfer::kernels {
 
 struct PagedAttentionParams {
-  const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
-  float* out = nullptr;      // [num_tokens, num_heads, head_dim]
-  int64_t num_tokens = 0;    // new tokens of this sequence
+  const float* q = nullptr;    // [num_tokens, num_heads, head_dim]
+  float* out = nullptr;        // [num_tokens, num_heads, head_dim]
+  int64_t num_tokens = 0;      // new tokens of this sequence
   int64_t start_position = 0;  // position of q row 0; keys cover [0, start_position + num_tokens)
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -31,7 +31,7 @@ struct PagedAttentionParams {
   int64_t block_stride = 0;  // elements between consecutive blocks
   int block_size = 0;
   const int32_t* block_table = nullptr;  // >= ceil((start_position + num_tokens) / block_size)
-  int sliding_window = 0;  // 0: full causal; else keys with pos > q_pos - window
+  int sliding_window = 0;                // 0: full causal; else keys with pos > q_pos - window
   float scale = 1.0f;
   DType round_to = DType::kF32;
 };

@@ -11,8 +11,8 @@ namespace {
 
 // Dense reference: K/V as [pos][kv_head][dim].
 std::vector<float> Reference(const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int64_t tokens, int64_t start,
-                             int heads, int kv_heads, int dim, int window) {
+                             const std::vector<float>& v, int64_t tokens, int64_t start, int heads,
+                             int kv_heads, int dim, int window) {
   std::vector<float> out(tokens * heads * dim, 0.0f);
   const float scale = 1.0f / std::sqrt(float(dim));
   for (int64_t t = 0; t < tokens; ++t) {
@@ -24,7 +24,8 @@ std::vector<float> Reference(const std::vector<float>& q, const std::vector<floa
       for (int64_t p = 0; p <= qp; ++p) {
         if (window > 0 && p <= qp - window) continue;
         double d = 0;
-        for (int i = 0; i < dim; ++i) d += q[(t * heads + h) * dim + i] * k[(p * kv_heads + kvh) * dim + i];
+        for (int i = 0; i < dim; ++i)
+          d += q[(t * heads + h) * dim + i] * k[(p * kv_heads + kvh) * dim + i];
         s.push_back(d * scale);
         pos.push_back(p);
       }
@@ -59,8 +60,10 @@ TEST(PagedAttentionCpuTest, MatchesDenseReferenceThroughAShuffledBlockTable) {
   std::vector<float> kc(num_blocks * block_stride, NAN), vc(num_blocks * block_stride, NAN);
   for (int64_t p = 0; p < total; ++p) {
     for (int64_t i = 0; i < kv_heads * dim; ++i) {
-      kc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] = kd[p * kv_heads * dim + i];
-      vc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] = vd[p * kv_heads * dim + i];
+      kc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] =
+          kd[p * kv_heads * dim + i];
+      vc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] =
+          vd[p * kv_heads * dim + i];
     }
   }
   auto pool = ThreadPool::Create(2);
@@ -82,7 +85,8 @@ TEST(PagedAttentionCpuTest, MatchesDenseReferenceThroughAShuffledBlockTable) {
     p.sliding_window = window;
     p.scale = 1.0f / std::sqrt(float(dim));
     PagedAttentionCpu(p, pool.get());
-    const std::vector<float> ref = Reference(q, kd, vd, tokens, start, heads, kv_heads, dim, window);
+    const std::vector<float> ref =
+        Reference(q, kd, vd, tokens, start, heads, kv_heads, dim, window);
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_FALSE(std::isnan(out[i])) << "read an unwritten slot";
       EXPECT_NEAR(out[i], ref[i], 1e-5) << "window " << window << " element " << i;
@@ -129,8 +133,11 @@ TEST(PagedAttentionCpuTest, OptimisedPathsMatchTheReference) {
     int heads, kv_heads, dim, window;
     int64_t start, tokens;
   };
-  const Case cases[] = {{4, 2, 8, 0, 9, 6}, {8, 2, 64, 0, 0, 37}, {8, 2, 64, 0, 70, 1},
-                        {2, 2, 16, 5, 3, 20}, {4, 1, 32, 0, 100, 3}};
+  const Case cases[] = {{4, 2, 8, 0, 9, 6},
+                        {8, 2, 64, 0, 0, 37},
+                        {8, 2, 64, 0, 70, 1},
+                        {2, 2, 16, 5, 3, 20},
+                        {4, 1, 32, 0, 100, 3}};
   for (CpuIsa isa : isas) {
     for (DType kv : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (DType act : {DType::kF32, DType::kBF16}) {

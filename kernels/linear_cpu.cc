@@ -88,7 +88,8 @@ DI_AVX2 inline void LoadW16(const void* w, int64_t i, __m256* lo, __m256* hi) {
     const __m256i a =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
     *lo = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-    *hi = _mm256_castsi256_ps(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+    *hi =
+        _mm256_castsi256_ps(_mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   } else if constexpr (T == DType::kF16) {
     const uint16_t* h = static_cast<const uint16_t*>(w) + i;
     *lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
@@ -126,11 +127,11 @@ DI_AVX2 __m256 Tile(const PackedX& px, int64_t k, const float* const* x_rows, co
       xh[r] = _mm256_loadu_ps(x_rows[r] + kk + 8);
     }
     __m256 lo, hi;
-#define DI_TILE_COLUMN(c, off)                                  \
-  LoadW16<T>(w, off + kk, &lo, &hi);                            \
-  for (int r = 0; r < MR; ++r) {                                \
-    acc[r][c] = _mm256_fmadd_ps(xl[r], lo, acc[r][c]);          \
-    acc[r][c] = _mm256_fmadd_ps(xh[r], hi, acc[r][c]);          \
+#define DI_TILE_COLUMN(c, off)                         \
+  LoadW16<T>(w, off + kk, &lo, &hi);                   \
+  for (int r = 0; r < MR; ++r) {                       \
+    acc[r][c] = _mm256_fmadd_ps(xl[r], lo, acc[r][c]); \
+    acc[r][c] = _mm256_fmadd_ps(xh[r], hi, acc[r][c]); \
   }
     DI_TILE_COLUMN(0, w0)
     DI_TILE_COLUMN(1, w1)
@@ -151,7 +152,8 @@ DI_AVX2 __m256 Tile(const PackedX& px, int64_t k, const float* const* x_rows, co
     for (int r = 0; r < MR; ++r) {
       for (int c = 0; c < 4; ++c) {
         float tail = 0.0f;
-        for (int64_t kk = px.k16; kk < k; ++kk) tail += x_rows[r][kk] * LoadAsF32(w, T, offs[c] + kk);
+        for (int64_t kk = px.k16; kk < k; ++kk)
+          tail += x_rows[r][kk] * LoadAsF32(w, T, offs[c] + kk);
         tails[r * 4 + c] = tail;
       }
     }
@@ -166,39 +168,47 @@ DI_AVX2 void RunRows(const LinearParams& p, const PackedX& px, int64_t j_begin, 
   const int64_t ldy = p.ldy == 0 ? p.n : p.ldy;
   // W rows are visited in panels that stay in L2 while every x row pair streams past them.
   constexpr int64_t kPanel = 64;
-  for (int64_t jb = j_begin; jb < j_end; jb += kPanel) {
-    const int64_t je = std::min(j_end, jb + kPanel);
-    for (int64_t i = 0; i < p.m; i += 2) {
-      const int rows = p.m - i >= 2 ? 2 : 1;
-      const float* x_rows[2] = {px.data + i * p.k, px.data + std::min(i + 1, p.m - 1) * p.k};
-      for (int64_t j = jb; j < je; j += 4) {
-        // Past the end, repeat the last row and drop its results.
-        const int64_t w_rows[4] = {j, std::min(j + 1, je - 1), std::min(j + 2, je - 1),
-                                   std::min(j + 3, je - 1)};
-        __m256 sums;
-        if (i == 0) {
-          sums = rows == 2 ? Tile<T, 2, true>(px, p.k, x_rows, p.weight, w_rows)
-                           : Tile<T, 1, true>(px, p.k, x_rows, p.weight, w_rows);
-        } else {
-          sums = rows == 2 ? Tile<T, 2, false>(px, p.k, x_rows, p.weight, w_rows)
-                           : Tile<T, 1, false>(px, p.k, x_rows, p.weight, w_rows);
-        }
-        const int cols = static_cast<int>(std::min<int64_t>(4, je - j));
-        if (p.bias != nullptr) {
-          const __m128 b = _mm_setr_ps(LoadAsF32(p.bias, T, w_rows[0]), LoadAsF32(p.bias, T, w_rows[1]),
-                                       LoadAsF32(p.bias, T, w_rows[2]), LoadAsF32(p.bias, T, w_rows[3]));
-          sums = _mm256_add_ps(sums, _mm256_set_m128(b, b));
-        }
-        sums = avx2::RoundTo(p.round_to, sums);
-        float* y0 = p.y + i * ldy + j;
-        if (cols == 4) {
-          _mm_storeu_ps(y0, _mm256_castps256_ps128(sums));
-          if (rows == 2) _mm_storeu_ps(y0 + ldy, _mm256_extractf128_ps(sums, 1));
-        } else {
-          alignas(32) float out[8];
-          _mm256_store_ps(out, sums);
-          for (int r = 0; r < rows; ++r) {
-            for (int c = 0; c < cols; ++c) y0[r * ldy + c] = out[r * 4 + c];
+  // x rows are visited in blocks of about 96 KiB (an even number of rows) that stay in L2 while
+  // this call's W rows (a ParallelFor chunk, usually well under L2) pass by: neither operand
+  // streams from memory more than once per block.
+  const int64_t m_block = std::max<int64_t>(2, (96 * 1024 / (4 * p.k)) / 2 * 2);
+  for (int64_t ib = 0; ib < p.m; ib += m_block) {
+    const int64_t ie = std::min(p.m, ib + m_block);
+    for (int64_t jb = j_begin; jb < j_end; jb += kPanel) {
+      const int64_t je = std::min(j_end, jb + kPanel);
+      for (int64_t i = ib; i < ie; i += 2) {
+        const int rows = ie - i >= 2 ? 2 : 1;
+        const float* x_rows[2] = {px.data + i * p.k, px.data + std::min(i + 1, p.m - 1) * p.k};
+        for (int64_t j = jb; j < je; j += 4) {
+          // Past the end, repeat the last row and drop its results.
+          const int64_t w_rows[4] = {j, std::min(j + 1, je - 1), std::min(j + 2, je - 1),
+                                     std::min(j + 3, je - 1)};
+          __m256 sums;
+          if (i == 0) {
+            sums = rows == 2 ? Tile<T, 2, true>(px, p.k, x_rows, p.weight, w_rows)
+                             : Tile<T, 1, true>(px, p.k, x_rows, p.weight, w_rows);
+          } else {
+            sums = rows == 2 ? Tile<T, 2, false>(px, p.k, x_rows, p.weight, w_rows)
+                             : Tile<T, 1, false>(px, p.k, x_rows, p.weight, w_rows);
+          }
+          const int cols = static_cast<int>(std::min<int64_t>(4, je - j));
+          if (p.bias != nullptr) {
+            const __m128 b =
+                _mm_setr_ps(LoadAsF32(p.bias, T, w_rows[0]), LoadAsF32(p.bias, T, w_rows[1]),
+                            LoadAsF32(p.bias, T, w_rows[2]), LoadAsF32(p.bias, T, w_rows[3]));
+            sums = _mm256_add_ps(sums, _mm256_set_m128(b, b));
+          }
+          sums = avx2::RoundTo(p.round_to, sums);
+          float* y0 = p.y + i * ldy + j;
+          if (cols == 4) {
+            _mm_storeu_ps(y0, _mm256_castps256_ps128(sums));
+            if (rows == 2) _mm_storeu_ps(y0 + ldy, _mm256_extractf128_ps(sums, 1));
+          } else {
+            alignas(32) float out[8];
+            _mm256_store_ps(out, sums);
+            for (int r = 0; r < rows; ++r) {
+              for (int c = 0; c < cols; ++c) y0[r * ldy + c] = out[r * 4 + c];
+            }
           }
         }
       }
@@ -237,8 +247,7 @@ void LinearMultiAvx2(const LinearParams* params, int count, ThreadPool* pool) {
       if (u_begin >= unit_begin[i + 1]) continue;
       const int64_t first = u_begin - unit_begin[i];
       const int64_t last = std::min(u_end, unit_begin[i + 1]) - unit_begin[i];
-      RunRowsAvx2(params[i], packed[i], first * kUnitRows,
-                  std::min(params[i].n, last * kUnitRows));
+      RunRowsAvx2(params[i], packed[i], first * kUnitRows, std::min(params[i].n, last * kUnitRows));
       u_begin = unit_begin[i] + last;
     }
   };

@@ -23,11 +23,11 @@
 namespace deepinfer::kernels {
 
 struct LinearParams {
-  const float* x = nullptr;     // [m, k], row stride k
-  const void* weight = nullptr; // [n, k], weight_dtype
+  const float* x = nullptr;      // [m, k], row stride k
+  const void* weight = nullptr;  // [n, k], weight_dtype
   DType weight_dtype = DType::kF32;
-  const void* bias = nullptr;   // [n], weight_dtype, optional
-  float* y = nullptr;           // [m, n], row stride ldy (>= n; 0 means n)
+  const void* bias = nullptr;  // [n], weight_dtype, optional
+  float* y = nullptr;          // [m, n], row stride ldy (>= n; 0 means n)
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;

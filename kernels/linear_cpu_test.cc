@@ -34,7 +34,8 @@ TEST(LinearCpuTest, MatchesNaiveForEveryWeightTypeWithBias) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         double ref = LoadAsF32(b.data(), wt, j);
-        for (int64_t l = 0; l < k; ++l) ref += double(x[i * k + l]) * LoadAsF32(w.data(), wt, j * k + l);
+        for (int64_t l = 0; l < k; ++l)
+          ref += double(x[i * k + l]) * LoadAsF32(w.data(), wt, j * k + l);
         EXPECT_NEAR(y[i * n + j], ref, 1e-4 * (1 + std::fabs(ref))) << DTypeName(wt);
       }
     }
@@ -90,7 +91,7 @@ TEST(LinearCpuTest, OptimisedPathsMatchTheReference) {
   struct Shape {
     int64_t m, n, k;
   };
-  const Shape shapes[] = {{1, 1, 1},   {1, 5, 15},   {2, 7, 16},    {3, 33, 47},
+  const Shape shapes[] = {{1, 1, 1},   {1, 5, 15},    {2, 7, 16},     {3, 33, 47},
                           {5, 64, 64}, {1, 128, 512}, {7, 130, 1408}, {32, 96, 512}};
   for (CpuIsa isa : isas) {
     for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {

@@ -52,8 +52,9 @@ DI_AVX2 void RmsNormAvx2(const RmsNormParams& p) {
     for (int64_t i = 0; i < p.hidden; i += 8) {
       __m256 x = _mm256_loadu_ps(in + i);
       if (p.residual != nullptr) {
-        x = avx2::RoundTo(round,
-                          _mm256_add_ps(x, _mm256_loadu_ps(static_cast<const float*>(p.residual) + base + i)));
+        x = avx2::RoundTo(
+            round,
+            _mm256_add_ps(x, _mm256_loadu_ps(static_cast<const float*>(p.residual) + base + i)));
         _mm256_storeu_ps(static_cast<float*>(p.residual_out) + base + i, x);
       }
       _mm256_storeu_ps(row.data() + i, x);

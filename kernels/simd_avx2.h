@@ -43,9 +43,9 @@ DI_AVX2 inline __m256 Hsum8x8(const __m256* v) {
 DI_AVX2 inline __m256 RoundBf16(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_and_si256(
-      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
-      _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+                       _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
   const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
   return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), v, is_nan);
 }
@@ -132,10 +132,10 @@ DI_AVX2 inline __m256 Exp(__m256 x) {
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i half1 = _mm256_srai_epi32(ni, 1);
   const __m256i half2 = _mm256_sub_epi32(ni, half1);
-  const __m256 s1 = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(half1, _mm256_set1_epi32(127)), 23));
-  const __m256 s2 = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(half2, _mm256_set1_epi32(127)), 23));
+  const __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half1, _mm256_set1_epi32(127)), 23));
+  const __m256 s2 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half2, _mm256_set1_epi32(127)), 23));
   __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   result = _mm256_blendv_ps(result, _mm256_setzero_ps(), under);
   result = _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()), over);

@@ -66,7 +66,8 @@ void ThreadPool::WorkerLoop() {
   uint32_t seen = GenerationOf(state_.load(std::memory_order_acquire));
   while (true) {
     // Poll for a new job for a while, then sleep.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    const auto spin_until =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
     uint32_t gen = GenerationOf(state_.load(std::memory_order_acquire));
     int polls = 0;
     while (gen == seen && !stop_.load(std::memory_order_relaxed)) {
@@ -77,9 +78,7 @@ void ThreadPool::WorkerLoop() {
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       sleepers_.fetch_add(1);  // seq_cst: pairs with the caller's publish-then-check
-      work_cv_.wait(lock, [&] {
-        return stop_.load() || GenerationOf(state_.load()) != seen;
-      });
+      work_cv_.wait(lock, [&] { return stop_.load() || GenerationOf(state_.load()) != seen; });
       sleepers_.fetch_sub(1);
       if (stop_.load()) return;
       gen = GenerationOf(state_.load(std::memory_order_acquire));
@@ -100,7 +99,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   }
   // Several chunks per thread balance uneven work and threads the OS preempts (a shared
   // machine), at little scheduling cost.
-  const int64_t target_chunks = std::min<int64_t>(kMaxChunks, static_cast<int64_t>(num_threads_) * 8);
+  const int64_t target_chunks =
+      std::min<int64_t>(kMaxChunks, static_cast<int64_t>(num_threads_) * 8);
   const int64_t chunk = std::max(min_chunk, (n + target_chunks - 1) / target_chunks);
   // No chunk of the previous job is claimable any more (its generation's index is exhausted and
   // all its chunks completed), so the fields can be rewritten.
