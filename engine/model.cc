@@ -439,6 +439,18 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
     max_position = std::max(max_position, batch[s].start_position + batch[s].num_tokens);
   }
   EnsureRopeTable(max_position);
+  // Where each new token's K/V goes in the cache (the same slot in every layer).
+  ws.kv_slots.resize(total);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (int64_t t = 0; t < batch[s].num_tokens; ++t) {
+      const int64_t pos = batch[s].start_position + t;
+      ws.kv_slots[offsets[s] + t] =
+          static_cast<int64_t>(batch[s].block_table[pos / kv.block_size]) *
+              cache->block_elements() +
+          (pos % kv.block_size) * kv_dim;
+    }
+  }
+  const int64_t* kv_slots = ws.kv_slots.data();
   const int64_t half = hd / 2;
   const int64_t* positions = ws.positions.data();
   // Rotates the first `heads` vectors of every token (q, then k) in one parallel region.
@@ -465,7 +477,6 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
     });
   };
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t slot_elems = kv_dim;
 
   std::vector<kernels::PagedAttentionParams> attn_params;
   // tmp holds the previous block's output until the next norm folds it into x.
@@ -502,20 +513,15 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
     // Store K/V of the new tokens into their blocks.
     void* k_layer = cache->k_layer(li);
     void* v_layer = cache->v_layer(li);
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const SequenceInput& seq = batch[s];
-      for (int64_t t = 0; t < seq.num_tokens; ++t) {
-        const int64_t pos = seq.start_position + t;
-        const int64_t elem =
-            static_cast<int64_t>(seq.block_table[pos / kv.block_size]) * cache->block_elements() +
-            (pos % kv.block_size) * slot_elems;
-        const int64_t row = offsets[s] + t;
+    pool_->ParallelFor(total, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t elem = kv_slots[row];
         for (int64_t i = 0; i < kv_dim; ++i) {
           kernels::StoreFromF32(k_layer, kv.dtype, elem + i, k[row * kv_dim + i]);
           kernels::StoreFromF32(v_layer, kv.dtype, elem + i, v[row * kv_dim + i]);
         }
       }
-    }
+    });
     attn_params.resize(batch.size());
     for (size_t s = 0; s < batch.size(); ++s) {
       const SequenceInput& seq = batch[s];

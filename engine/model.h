@@ -126,7 +126,7 @@ class Model {
   // Activation buffers reused across Forward calls (grown, never shrunk).
   struct Workspace {
     std::vector<float> x, normed, q, k, v, attn, tmp, mlp, selected;
-    std::vector<int64_t> positions, offsets;
+    std::vector<int64_t> positions, offsets, kv_slots;
   };
   Workspace ws_;
 };

@@ -57,7 +57,29 @@ struct PackedX {
   int64_t k16 = 0;  // elements covered by full blocks of 16
 };
 
-PackedX PackX(const LinearParams& p, std::vector<float>* storage) {
+// Rows [begin, end) of x, deinterleaved as PackedX describes.
+DI_AVX2 void PackRows(const float* x, int64_t k, int64_t k16, int64_t begin, int64_t end,
+                      float* out) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float* src = x + i * k;
+    float* dst = out + i * k;
+    for (int64_t b = 0; b < k16; b += 16) {
+      const __m256 a = _mm256_loadu_ps(src + b);
+      const __m256 c = _mm256_loadu_ps(src + b + 8);
+      // [a0 a2 c0 c2 | a4 a6 c4 c6] -> [a0 a2 a4 a6 c0 c2 c4 c6]; likewise the odd elements.
+      const __m256 even = _mm256_shuffle_ps(a, c, 0x88);
+      const __m256 odd = _mm256_shuffle_ps(a, c, 0xdd);
+      _mm256_storeu_ps(dst + b,
+                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xd8)));
+      _mm256_storeu_ps(dst + b + 8,
+                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xd8)));
+    }
+    std::copy(src + k16, src + k, dst + k16);
+  }
+}
+
+// Packs x for p (in parallel for large m); projections sharing an x and k share the packing.
+PackedX PackX(const LinearParams& p, std::vector<float>* storage, ThreadPool* pool) {
   PackedX px;
   px.k16 = p.k / 16 * 16;
   if (p.weight_dtype != DType::kBF16) {
@@ -66,16 +88,11 @@ PackedX PackX(const LinearParams& p, std::vector<float>* storage) {
   }
   storage->resize(p.m * p.k);
   float* out = storage->data();
-  for (int64_t i = 0; i < p.m; ++i) {
-    const float* src = p.x + i * p.k;
-    float* dst = out + i * p.k;
-    for (int64_t b = 0; b < px.k16; b += 16) {
-      for (int j = 0; j < 8; ++j) {
-        dst[b + j] = src[b + 2 * j];
-        dst[b + 8 + j] = src[b + 2 * j + 1];
-      }
-    }
-    std::copy(src + px.k16, src + p.k, dst + px.k16);
+  auto work = [&](int64_t begin, int64_t end) { PackRows(p.x, p.k, px.k16, begin, end, out); };
+  if (pool != nullptr) {
+    pool->ParallelFor(p.m, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, p.k)), work);
+  } else {
+    work(0, p.m);
   }
   px.data = out;
   return px;
@@ -238,7 +255,15 @@ void LinearMultiAvx2(const LinearParams* params, int count, ThreadPool* pool) {
   std::vector<int64_t> unit_begin(count + 1, 0);
   int64_t work_per_unit = 0;
   for (int i = 0; i < count; ++i) {
-    packed[i] = PackX(params[i], &storage[i]);
+    bool shared = false;
+    for (int j = 0; j < i && !shared; ++j) {
+      if (params[j].x == params[i].x && params[j].k == params[i].k && params[j].m == params[i].m &&
+          params[j].weight_dtype == params[i].weight_dtype) {
+        packed[i] = packed[j];
+        shared = true;
+      }
+    }
+    if (!shared) packed[i] = PackX(params[i], &storage[i], pool);
     unit_begin[i + 1] = unit_begin[i] + (params[i].n + kUnitRows - 1) / kUnitRows;
     work_per_unit = std::max(work_per_unit, params[i].m * params[i].k * kUnitRows);
   }
