@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/activation_cpu.h"
 #include "kernels/attention_cpu.h"
 #include "kernels/linear_cpu.h"
 #include "kernels/rmsnorm_cpu.h"
@@ -60,8 +61,6 @@ std::vector<float> RopeInvFreq(const ModelConfig& c) {
   return inv;
 }
 
-float Silu(float x) { return x / (1.0f + std::exp(-x)); }
-
 }  // namespace
 
 Model::Model(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, int num_threads)
@@ -91,10 +90,9 @@ absl::StatusOr<Model::Linear> Model::GetLinear(const std::string& name, int64_t 
   if (bias) {
     DI_ASSIGN_OR_RETURN(const TensorView* b, checkpoint_->Get(name + ".bias", {out}));
     if (b->dtype != w->dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(checkpoint_->dir(), ": tensor \"", b->name,
-                                                     "\" has dtype ", StDTypeName(b->dtype),
-                                                     ", expected ", StDTypeName(w->dtype),
-                                                     " like its weight"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          checkpoint_->dir(), ": tensor \"", b->name, "\" has dtype ", StDTypeName(b->dtype),
+          ", expected ", StDTypeName(w->dtype), " like its weight"));
     }
     l.b = b->data;
   }
@@ -145,15 +143,18 @@ absl::Status Model::Init() {
     L.sliding = c.layer_attention[i] == AttentionKind::kSliding;
     L.moe = c.is_moe() && !c.moe.dense_layer[i];
     if (!L.moe) {
-      DI_ASSIGN_OR_RETURN(L.mlp.gate, GetLinear(p + "mlp.gate_proj", c.intermediate_size, h, false));
+      DI_ASSIGN_OR_RETURN(L.mlp.gate,
+                          GetLinear(p + "mlp.gate_proj", c.intermediate_size, h, false));
       DI_ASSIGN_OR_RETURN(L.mlp.up, GetLinear(p + "mlp.up_proj", c.intermediate_size, h, false));
-      DI_ASSIGN_OR_RETURN(L.mlp.down, GetLinear(p + "mlp.down_proj", h, c.intermediate_size, false));
+      DI_ASSIGN_OR_RETURN(L.mlp.down,
+                          GetLinear(p + "mlp.down_proj", h, c.intermediate_size, false));
       continue;
     }
     const int64_t e_inter = c.moe.expert_intermediate_size;
     L.experts.resize(c.moe.num_experts);
     if (c.family == ModelFamily::kMixtral) {
-      DI_ASSIGN_OR_RETURN(L.router, GetLinear(p + "block_sparse_moe.gate", c.moe.num_experts, h, false));
+      DI_ASSIGN_OR_RETURN(L.router,
+                          GetLinear(p + "block_sparse_moe.gate", c.moe.num_experts, h, false));
       for (int e = 0; e < c.moe.num_experts; ++e) {
         const std::string ep = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
         DI_ASSIGN_OR_RETURN(L.experts[e].gate, GetLinear(ep + "w1", e_inter, h, false));
@@ -170,10 +171,14 @@ absl::Status Model::Init() {
       }
       if (c.moe.shared_expert_intermediate_size > 0) {
         const int64_t s = c.moe.shared_expert_intermediate_size;
-        DI_ASSIGN_OR_RETURN(L.shared_expert.gate, GetLinear(p + "mlp.shared_expert.gate_proj", s, h, false));
-        DI_ASSIGN_OR_RETURN(L.shared_expert.up, GetLinear(p + "mlp.shared_expert.up_proj", s, h, false));
-        DI_ASSIGN_OR_RETURN(L.shared_expert.down, GetLinear(p + "mlp.shared_expert.down_proj", h, s, false));
-        DI_ASSIGN_OR_RETURN(L.shared_expert_gate, GetLinear(p + "mlp.shared_expert_gate", 1, h, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert.gate,
+                            GetLinear(p + "mlp.shared_expert.gate_proj", s, h, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert.up,
+                            GetLinear(p + "mlp.shared_expert.up_proj", s, h, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert.down,
+                            GetLinear(p + "mlp.shared_expert.down_proj", h, s, false));
+        DI_ASSIGN_OR_RETURN(L.shared_expert_gate,
+                            GetLinear(p + "mlp.shared_expert_gate", 1, h, false));
       }
     }
   }
@@ -219,20 +224,75 @@ void Model::RmsNorm(const std::vector<float>& w, const float* x, int64_t rows, i
   p.eps = config_.rms_norm_eps;
   p.dtype = DType::kF32;
   p.round_to = act_dtype_;
-  // Parameters are built here from a validated config; the kernel cannot fail on them.
-  (void)kernels::RmsNormCpu(p);
+  pool_->ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
+    kernels::RmsNormParams part = p;
+    part.input = x + begin * width;
+    part.output = y + begin * width;
+    part.rows = end - begin;
+    // Parameters are built here from a validated config; the kernel cannot fail on them.
+    (void)kernels::RmsNormCpu(part);
+  });
+}
+
+void Model::AddRmsNorm(const std::vector<float>& w, const float* branch, float* x, int64_t rows,
+                       int64_t width, float* y) const {
+  kernels::RmsNormParams p;
+  p.weight = w.data();
+  p.hidden = width;
+  p.eps = config_.rms_norm_eps;
+  p.dtype = DType::kF32;
+  p.round_to = act_dtype_;
+  pool_->ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
+    kernels::RmsNormParams part = p;
+    part.input = branch + begin * width;
+    part.residual = x + begin * width;
+    part.residual_out = x + begin * width;
+    part.output = y + begin * width;
+    part.rows = end - begin;
+    (void)kernels::RmsNormCpu(part);
+  });
+}
+
+void Model::EnsureRopeTable(int64_t positions) {
+  if (positions <= rope_positions_) return;
+  // Grow geometrically so a long generation does not rebuild the table every step.
+  const int64_t target = std::max<int64_t>(positions, std::max<int64_t>(256, 2 * rope_positions_));
+  const int64_t half = config_.head_dim / 2;
+  rope_cos_.resize(target * half);
+  rope_sin_.resize(target * half);
+  for (int64_t pos = rope_positions_; pos < target; ++pos) {
+    for (int64_t i = 0; i < half; ++i) {
+      // In f32 then rounded to the activation dtype, as transformers computes and casts them.
+      const float angle = static_cast<float>(pos) * inv_freq_[i];
+      rope_cos_[pos * half + i] = RoundTo(act_dtype_, std::cos(angle));
+      rope_sin_[pos * half + i] = RoundTo(act_dtype_, std::sin(angle));
+    }
+  }
+  rope_positions_ = target;
 }
 
 void Model::RunMlp(const Mlp& mlp, const float* x, int64_t m, int64_t inter, float* out,
                    std::vector<float>* scratch) const {
-  scratch->resize(2 * m * inter);
+  if (static_cast<int64_t>(scratch->size()) < 2 * m * inter) scratch->resize(2 * m * inter);
   float* gate = scratch->data();
   float* up = gate + m * inter;
-  RunLinear(mlp.gate, x, m, gate);
-  RunLinear(mlp.up, x, m, up);
-  for (int64_t i = 0; i < m * inter; ++i) {
-    gate[i] = RoundTo(act_dtype_, RoundTo(act_dtype_, Silu(gate[i])) * up[i]);
+  // Gate and up read the same input: one parallel region for both.
+  kernels::LinearParams ps[2];
+  const Linear* ls[2] = {&mlp.gate, &mlp.up};
+  float* ys[2] = {gate, up};
+  for (int i = 0; i < 2; ++i) {
+    ps[i].x = x;
+    ps[i].weight = ls[i]->w;
+    ps[i].weight_dtype = ls[i]->dtype;
+    ps[i].bias = ls[i]->b;
+    ps[i].y = ys[i];
+    ps[i].m = m;
+    ps[i].n = ls[i]->out;
+    ps[i].k = ls[i]->in;
+    ps[i].round_to = act_dtype_;
   }
+  kernels::LinearCpuMulti(ps, 2, pool_.get());
+  kernels::SwiGluCpu(gate, up, gate, m * inter, act_dtype_, pool_.get());
   RunLinear(mlp.down, gate, m, out);
 }
 
@@ -325,8 +385,8 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
     const int64_t needed = (end + kv.block_size - 1) / kv.block_size;
     if (seq.block_table == nullptr || seq.num_blocks < needed) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": block_table has ", seq.num_blocks,
-                                                     " blocks, positions up to ", end,
-                                                     " need ", needed));
+                                                     " blocks, positions up to ", end, " need ",
+                                                     needed));
     }
     // Models whose every layer uses a sliding window never read keys older than the window:
     // those blocks may have been released (-1).
@@ -334,9 +394,9 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
         all_sliding_ ? std::max<int64_t>(0, seq.start_position - c.sliding_window + 1) : 0;
     for (int64_t b = first_needed / kv.block_size; b < needed; ++b) {
       if (seq.block_table[b] < 0 || seq.block_table[b] >= kv.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b, "] = ",
-                                                       seq.block_table[b], " is outside [0, ",
-                                                       kv.num_blocks, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b,
+                                                       "] = ", seq.block_table[b],
+                                                       " is outside [0, ", kv.num_blocks, ")"));
       }
     }
     for (int64_t t = 0; t < seq.num_tokens; ++t) {
@@ -354,79 +414,126 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * hd;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * hd;
 
-  std::vector<float> x(total * h), normed(total * h), q(total * q_dim), k(total * kv_dim),
-      v(total * kv_dim), attn(total * q_dim), tmp(total * h), scratch;
-  std::vector<int64_t> positions(total);
+  Workspace& ws = ws_;
+  auto ensure = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  ensure(ws.x, total * h);
+  ensure(ws.normed, total * h);
+  ensure(ws.q, total * q_dim);
+  ensure(ws.k, total * kv_dim);
+  ensure(ws.v, total * kv_dim);
+  ensure(ws.attn, total * q_dim);
+  ensure(ws.tmp, total * h);
+  float* x = ws.x.data();
+  float* normed = ws.normed.data();
+  float* q = ws.q.data();
+  float* k = ws.k.data();
+  float* v = ws.v.data();
+  float* attn = ws.attn.data();
+  float* tmp = ws.tmp.data();
+  ws.positions.resize(total);
+  int64_t max_position = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     for (int64_t t = 0; t < batch[s].num_tokens; ++t) {
-      positions[offsets[s] + t] = batch[s].start_position + t;
+      ws.positions[offsets[s] + t] = batch[s].start_position + t;
       const int64_t token = batch[s].tokens[t];
-      float* dst = x.data() + (offsets[s] + t) * h;
-      for (int64_t i = 0; i < h; ++i) dst[i] = kernels::LoadAsF32(embed_.w, embed_.dtype, token * h + i);
+      float* dst = x + (offsets[s] + t) * h;
+      for (int64_t i = 0; i < h; ++i)
+        dst[i] = kernels::LoadAsF32(embed_.w, embed_.dtype, token * h + i);
+    }
+    max_position = std::max(max_position, batch[s].start_position + batch[s].num_tokens);
+  }
+  EnsureRopeTable(max_position);
+  // Where each new token's K/V goes in the cache (the same slot in every layer).
+  ws.kv_slots.resize(total);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    for (int64_t t = 0; t < batch[s].num_tokens; ++t) {
+      const int64_t pos = batch[s].start_position + t;
+      ws.kv_slots[offsets[s] + t] =
+          static_cast<int64_t>(batch[s].block_table[pos / kv.block_size]) *
+              cache->block_elements() +
+          (pos % kv.block_size) * kv_dim;
     }
   }
-  // cos/sin per token position, in f32 then rounded to the activation dtype (as transformers
-  // casts them).
+  const int64_t* kv_slots = ws.kv_slots.data();
   const int64_t half = hd / 2;
-  std::vector<float> cos_t(total * half), sin_t(total * half);
-  for (int64_t t = 0; t < total; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(positions[t]) * inv_freq_[i];
-      cos_t[t * half + i] = RoundTo(act_dtype_, std::cos(angle));
-      sin_t[t * half + i] = RoundTo(act_dtype_, std::sin(angle));
-    }
-  }
-  auto apply_rope = [&](float* base, int heads) {
-    for (int64_t t = 0; t < total; ++t) {
-      for (int hh = 0; hh < heads; ++hh) {
-        float* vec = base + (t * heads + hh) * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = vec[i], b = vec[i + half];
-          const float cs = cos_t[t * half + i], sn = sin_t[t * half + i];
-          vec[i] = RoundTo(act_dtype_, RoundTo(act_dtype_, a * cs) - RoundTo(act_dtype_, b * sn));
-          vec[i + half] =
-              RoundTo(act_dtype_, RoundTo(act_dtype_, b * cs) + RoundTo(act_dtype_, a * sn));
+  const int64_t* positions = ws.positions.data();
+  // Rotates the first `heads` vectors of every token (q, then k) in one parallel region.
+  auto apply_rope = [&](float* qbase, int q_heads, float* kbase, int k_heads) {
+    pool_->ParallelFor(total, 32, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* cs = rope_cos_.data() + positions[t] * half;
+        const float* sn = rope_sin_.data() + positions[t] * half;
+        for (int which = 0; which < 2; ++which) {
+          const int heads = which == 0 ? q_heads : k_heads;
+          float* base = which == 0 ? qbase : kbase;
+          for (int hh = 0; hh < heads; ++hh) {
+            float* vec = base + (t * heads + hh) * hd;
+            for (int64_t i = 0; i < half; ++i) {
+              const float a = vec[i], b = vec[i + half];
+              vec[i] = RoundTo(act_dtype_,
+                               RoundTo(act_dtype_, a * cs[i]) - RoundTo(act_dtype_, b * sn[i]));
+              vec[i + half] = RoundTo(
+                  act_dtype_, RoundTo(act_dtype_, b * cs[i]) + RoundTo(act_dtype_, a * sn[i]));
+            }
+          }
         }
       }
-    }
+    });
   };
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t slot_elems = kv_dim;
 
+  std::vector<kernels::PagedAttentionParams> attn_params;
+  // tmp holds the previous block's output until the next norm folds it into x.
+  bool residual_pending = false;
   for (int li = 0; li < c.num_layers; ++li) {
     const Layer& L = layers_[li];
-    RmsNorm(L.input_norm, x.data(), total, h, normed.data());
-    RunLinear(L.q, normed.data(), total, q.data());
-    RunLinear(L.k, normed.data(), total, k.data());
-    RunLinear(L.v, normed.data(), total, v.data());
-    if (c.qk_norm) {
-      RmsNorm(L.q_norm, q.data(), total * c.num_heads, hd, q.data());
-      RmsNorm(L.k_norm, k.data(), total * c.num_kv_heads, hd, k.data());
+    if (residual_pending) {
+      AddRmsNorm(L.input_norm, tmp, x, total, h, normed);
+    } else {
+      RmsNorm(L.input_norm, x, total, h, normed);
     }
-    apply_rope(q.data(), c.num_heads);
-    apply_rope(k.data(), c.num_kv_heads);
+    {
+      kernels::LinearParams ps[3];
+      const Linear* ls[3] = {&L.q, &L.k, &L.v};
+      float* ys[3] = {q, k, v};
+      for (int i = 0; i < 3; ++i) {
+        ps[i].x = normed;
+        ps[i].weight = ls[i]->w;
+        ps[i].weight_dtype = ls[i]->dtype;
+        ps[i].bias = ls[i]->b;
+        ps[i].y = ys[i];
+        ps[i].m = total;
+        ps[i].n = ls[i]->out;
+        ps[i].k = ls[i]->in;
+        ps[i].round_to = act_dtype_;
+      }
+      kernels::LinearCpuMulti(ps, 3, pool_.get());
+    }
+    if (c.qk_norm) {
+      RmsNorm(L.q_norm, q, total * c.num_heads, hd, q);
+      RmsNorm(L.k_norm, k, total * c.num_kv_heads, hd, k);
+    }
+    apply_rope(q, c.num_heads, k, c.num_kv_heads);
     // Store K/V of the new tokens into their blocks.
     void* k_layer = cache->k_layer(li);
     void* v_layer = cache->v_layer(li);
-    for (size_t s = 0; s < batch.size(); ++s) {
-      const SequenceInput& seq = batch[s];
-      for (int64_t t = 0; t < seq.num_tokens; ++t) {
-        const int64_t pos = seq.start_position + t;
-        const int64_t elem = static_cast<int64_t>(seq.block_table[pos / kv.block_size]) *
-                                 cache->block_elements() +
-                             (pos % kv.block_size) * slot_elems;
-        const int64_t row = offsets[s] + t;
+    pool_->ParallelFor(total, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t elem = kv_slots[row];
         for (int64_t i = 0; i < kv_dim; ++i) {
           kernels::StoreFromF32(k_layer, kv.dtype, elem + i, k[row * kv_dim + i]);
           kernels::StoreFromF32(v_layer, kv.dtype, elem + i, v[row * kv_dim + i]);
         }
       }
-    }
+    });
+    attn_params.resize(batch.size());
     for (size_t s = 0; s < batch.size(); ++s) {
       const SequenceInput& seq = batch[s];
-      kernels::PagedAttentionParams ap;
-      ap.q = q.data() + offsets[s] * q_dim;
-      ap.out = attn.data() + offsets[s] * q_dim;
+      kernels::PagedAttentionParams& ap = attn_params[s];
+      ap.q = q + offsets[s] * q_dim;
+      ap.out = attn + offsets[s] * q_dim;
       ap.num_tokens = seq.num_tokens;
       ap.start_position = seq.start_position;
       ap.num_heads = c.num_heads;
@@ -441,31 +548,36 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       ap.sliding_window = L.sliding ? c.sliding_window : 0;
       ap.scale = scale;
       ap.round_to = act_dtype_;
-      kernels::PagedAttentionCpu(ap, pool_.get());
     }
-    RunLinear(L.o, attn.data(), total, tmp.data());
-    for (int64_t i = 0; i < total * h; ++i) x[i] = RoundTo(act_dtype_, x[i] + tmp[i]);
-    RmsNorm(L.post_norm, x.data(), total, h, normed.data());
+    kernels::PagedAttentionBatchCpu(attn_params.data(), static_cast<int>(attn_params.size()),
+                                    pool_.get());
+    RunLinear(L.o, attn, total, tmp);
+    AddRmsNorm(L.post_norm, tmp, x, total, h, normed);
     if (L.moe) {
-      RunMoe(L, normed.data(), total, tmp.data());
+      RunMoe(L, normed, total, tmp);
     } else {
-      RunMlp(L.mlp, normed.data(), total, c.intermediate_size, tmp.data(), &scratch);
+      RunMlp(L.mlp, normed, total, c.intermediate_size, tmp, &ws.mlp);
     }
-    for (int64_t i = 0; i < total * h; ++i) x[i] = RoundTo(act_dtype_, x[i] + tmp[i]);
+    residual_pending = true;
   }
-  // Final norm and LM head on the rows that want logits.
-  std::vector<float> selected(out_rows * h);
+  // Final residual add, norm and LM head on the rows that want logits.
+  ensure(ws.selected, out_rows * h);
+  float* selected = ws.selected.data();
   int64_t r = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const int64_t first = batch[s].all_logits ? 0 : batch[s].num_tokens - 1;
     for (int64_t t = first; t < batch[s].num_tokens; ++t, ++r) {
-      std::copy(x.data() + (offsets[s] + t) * h, x.data() + (offsets[s] + t + 1) * h,
-                selected.data() + r * h);
+      const int64_t row = offsets[s] + t;
+      for (int64_t i = 0; i < h; ++i) {
+        selected[r * h + i] = residual_pending
+                                  ? RoundTo(act_dtype_, x[row * h + i] + tmp[row * h + i])
+                                  : x[row * h + i];
+      }
     }
   }
-  RmsNorm(final_norm_, selected.data(), out_rows, h, selected.data());
+  RmsNorm(final_norm_, selected, out_rows, h, selected);
   logits->resize(out_rows * static_cast<int64_t>(c.vocab_size));
-  RunLinear(lm_head_, selected.data(), out_rows, logits->data());
+  RunLinear(lm_head_, selected, out_rows, logits->data());
   return absl::OkStatus();
 }
 

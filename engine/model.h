@@ -6,10 +6,11 @@
 // tokens' K/V into their blocks and returns logits for the last new token of each sequence (or
 // for every new token when asked).
 //
-// Numerics: weights stay in their stored precision and are widened on the fly; accumulation is
-// f32; activations are rounded to the model's dtype (config torch_dtype) at the same points as
-// Hugging Face transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16
-// checkpoints to bf16 rounding noise.
+// Numerics: weights stay in their stored precision and are widened on the fly (by the best CPU
+// kernels for this machine, see kernels/cpu_features.h); accumulation is f32; activations are
+// rounded to the model's dtype (config torch_dtype) at the same points as Hugging Face
+// transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16 checkpoints to
+// bf16 rounding noise.
 //
 // Thread-safety: Forward() may be called by one thread at a time (it uses the model's pool);
 // the model is otherwise immutable. Not copyable or movable (owns the checkpoint mapping).
@@ -40,7 +41,7 @@ struct SequenceInput {
   int64_t num_tokens = 0;           // >= 1
   int64_t start_position = 0;       // tokens of this sequence already in the KV cache
   const int32_t* block_table = nullptr;
-  int64_t num_blocks = 0;  // entries in block_table; must cover start_position + num_tokens
+  int64_t num_blocks = 0;   // entries in block_table; must cover start_position + num_tokens
   bool all_logits = false;  // logits for every new token instead of only the last
 };
 
@@ -87,11 +88,11 @@ class Model {
   struct Layer {
     std::vector<float> input_norm, post_norm, q_norm, k_norm;
     Linear q, k, v, o;
-    Mlp mlp;                       // dense layers
-    Linear router;                 // MoE: [experts, hidden]
-    std::vector<Mlp> experts;      // MoE
-    Mlp shared_expert;             // Qwen2-MoE
-    Linear shared_expert_gate;     // Qwen2-MoE: [1, hidden]
+    Mlp mlp;                    // dense layers
+    Linear router;              // MoE: [experts, hidden]
+    std::vector<Mlp> experts;   // MoE
+    Mlp shared_expert;          // Qwen2-MoE
+    Linear shared_expert_gate;  // Qwen2-MoE: [1, hidden]
     bool moe = false;
     bool sliding = false;
   };
@@ -107,6 +108,11 @@ class Model {
   void RunMoe(const Layer& layer, const float* x, int64_t m, float* out) const;
   void RmsNorm(const std::vector<float>& w, const float* x, int64_t rows, int64_t width,
                float* y) const;
+  // y = RmsNorm(x := round(x + branch)), also updating x (the fused residual add).
+  void AddRmsNorm(const std::vector<float>& w, const float* branch, float* x, int64_t rows,
+                  int64_t width, float* y) const;
+  // Grows the cos/sin tables to cover positions [0, positions).
+  void EnsureRopeTable(int64_t positions);
 
   const ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;
@@ -118,6 +124,16 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;  // RoPE, head_dim / 2
   bool all_sliding_ = false;
+  // cos/sin of position * inv_freq, rounded to the activation dtype: [position][head_dim / 2].
+  // Grown by Forward (which runs on one thread at a time).
+  std::vector<float> rope_cos_, rope_sin_;
+  int64_t rope_positions_ = 0;
+  // Activation buffers reused across Forward calls (grown, never shrunk).
+  struct Workspace {
+    std::vector<float> x, normed, q, k, v, attn, tmp, mlp, selected;
+    std::vector<int64_t> positions, offsets, kv_slots;
+  };
+  Workspace ws_;
 };
 
 }  // namespace deepinfer::engine

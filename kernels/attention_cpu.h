@@ -11,15 +11,16 @@
 
 #include <cstdint>
 
+#include "kernels/cpu_features.h"
 #include "kernels/dtype.h"
 #include "kernels/thread_pool.h"
 
 namespace deepinfer::kernels {
 
 struct PagedAttentionParams {
-  const float* q = nullptr;  // [num_tokens, num_heads, head_dim]
-  float* out = nullptr;      // [num_tokens, num_heads, head_dim]
-  int64_t num_tokens = 0;    // new tokens of this sequence
+  const float* q = nullptr;    // [num_tokens, num_heads, head_dim]
+  float* out = nullptr;        // [num_tokens, num_heads, head_dim]
+  int64_t num_tokens = 0;      // new tokens of this sequence
   int64_t start_position = 0;  // position of q row 0; keys cover [0, start_position + num_tokens)
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -30,12 +31,26 @@ struct PagedAttentionParams {
   int64_t block_stride = 0;  // elements between consecutive blocks
   int block_size = 0;
   const int32_t* block_table = nullptr;  // >= ceil((start_position + num_tokens) / block_size)
-  int sliding_window = 0;  // 0: full causal; else keys with pos > q_pos - window
+  int sliding_window = 0;                // 0: full causal; else keys with pos > q_pos - window
   float scale = 1.0f;
   DType round_to = DType::kF32;
 };
 
+// Best path for this CPU. The AVX2 path (head_dim a multiple of 8) runs one task per (token,
+// KV head) that serves all query heads of the group, so each K/V row is read and widened once
+// per token rather than once per query head; exp is vectorised. It differs from the reference
+// only by f32 summation order and exp's last-ulp error.
 void PagedAttentionCpu(const PagedAttentionParams& p, ThreadPool* pool);
+
+// Several sequences (e.g. a decode batch) in one parallel region; each computed exactly as
+// PagedAttentionCpu would.
+void PagedAttentionBatchCpu(const PagedAttentionParams* params, int count, ThreadPool* pool);
+
+// A specific path (must be supported by this CPU); for tests and benchmarks.
+void PagedAttentionCpuWithIsa(const PagedAttentionParams& p, ThreadPool* pool, CpuIsa isa);
+
+// The portable reference path, the baseline the optimised paths are tested against.
+void PagedAttentionCpuReference(const PagedAttentionParams& p, ThreadPool* pool);
 
 }  // namespace deepinfer::kernels
 

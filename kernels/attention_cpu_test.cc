@@ -11,8 +11,8 @@ namespace {
 
 // Dense reference: K/V as [pos][kv_head][dim].
 std::vector<float> Reference(const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int64_t tokens, int64_t start,
-                             int heads, int kv_heads, int dim, int window) {
+                             const std::vector<float>& v, int64_t tokens, int64_t start, int heads,
+                             int kv_heads, int dim, int window) {
   std::vector<float> out(tokens * heads * dim, 0.0f);
   const float scale = 1.0f / std::sqrt(float(dim));
   for (int64_t t = 0; t < tokens; ++t) {
@@ -24,7 +24,8 @@ std::vector<float> Reference(const std::vector<float>& q, const std::vector<floa
       for (int64_t p = 0; p <= qp; ++p) {
         if (window > 0 && p <= qp - window) continue;
         double d = 0;
-        for (int i = 0; i < dim; ++i) d += q[(t * heads + h) * dim + i] * k[(p * kv_heads + kvh) * dim + i];
+        for (int i = 0; i < dim; ++i)
+          d += q[(t * heads + h) * dim + i] * k[(p * kv_heads + kvh) * dim + i];
         s.push_back(d * scale);
         pos.push_back(p);
       }
@@ -59,8 +60,10 @@ TEST(PagedAttentionCpuTest, MatchesDenseReferenceThroughAShuffledBlockTable) {
   std::vector<float> kc(num_blocks * block_stride, NAN), vc(num_blocks * block_stride, NAN);
   for (int64_t p = 0; p < total; ++p) {
     for (int64_t i = 0; i < kv_heads * dim; ++i) {
-      kc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] = kd[p * kv_heads * dim + i];
-      vc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] = vd[p * kv_heads * dim + i];
+      kc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] =
+          kd[p * kv_heads * dim + i];
+      vc[table[p / block] * block_stride + (p % block) * kv_heads * dim + i] =
+          vd[p * kv_heads * dim + i];
     }
   }
   auto pool = ThreadPool::Create(2);
@@ -82,7 +85,8 @@ TEST(PagedAttentionCpuTest, MatchesDenseReferenceThroughAShuffledBlockTable) {
     p.sliding_window = window;
     p.scale = 1.0f / std::sqrt(float(dim));
     PagedAttentionCpu(p, pool.get());
-    const std::vector<float> ref = Reference(q, kd, vd, tokens, start, heads, kv_heads, dim, window);
+    const std::vector<float> ref =
+        Reference(q, kd, vd, tokens, start, heads, kv_heads, dim, window);
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_FALSE(std::isnan(out[i])) << "read an unwritten slot";
       EXPECT_NEAR(out[i], ref[i], 1e-5) << "window " << window << " element " << i;
@@ -117,6 +121,119 @@ TEST(PagedAttentionCpuTest, Bf16CacheIsReadAsBf16) {
   p.round_to = DType::kBF16;
   PagedAttentionCpu(p, nullptr);
   for (int i = 0; i < dim; ++i) EXPECT_EQ(out[i], vals[i]);
+}
+
+// Every optimised path against the reference path: KV types, activation rounding, GQA groups,
+// sliding windows, spans with and without a tail of 8, paged through a shuffled block table.
+TEST(PagedAttentionCpuTest, OptimisedPathsMatchTheReference) {
+  std::vector<CpuIsa> isas = {CpuIsa::kScalar};
+  if (CpuSupports(CpuIsa::kAvx2)) isas.push_back(CpuIsa::kAvx2);
+  auto pool = ThreadPool::Create(2);
+  struct Case {
+    int heads, kv_heads, dim, window;
+    int64_t start, tokens;
+  };
+  const Case cases[] = {{4, 2, 8, 0, 9, 6},
+                        {8, 2, 64, 0, 0, 37},
+                        {8, 2, 64, 0, 70, 1},
+                        {2, 2, 16, 5, 3, 20},
+                        {4, 1, 32, 0, 100, 3}};
+  for (CpuIsa isa : isas) {
+    for (DType kv : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (DType act : {DType::kF32, DType::kBF16}) {
+        for (const Case& c : cases) {
+          std::mt19937 rng(5);
+          std::normal_distribution<float> dist;
+          const int block = 16;
+          const int64_t total = c.start + c.tokens;
+          const int64_t nblocks = (total + block - 1) / block;
+          std::vector<int32_t> table(nblocks);
+          for (int64_t b = 0; b < nblocks; ++b) table[b] = static_cast<int32_t>(nblocks - 1 - b);
+          const int64_t stride = static_cast<int64_t>(block) * c.kv_heads * c.dim;
+          std::vector<uint8_t> kc(nblocks * stride * DTypeSize(kv)), vc(kc.size());
+          for (int64_t i = 0; i < nblocks * stride; ++i) {
+            StoreFromF32(kc.data(), kv, i, dist(rng));
+            StoreFromF32(vc.data(), kv, i, dist(rng));
+          }
+          std::vector<float> q(c.tokens * c.heads * c.dim);
+          for (float& x : q) x = RoundTo(act, dist(rng));
+          std::vector<float> want(q.size()), got(q.size());
+          PagedAttentionParams p;
+          p.q = q.data();
+          p.num_tokens = c.tokens;
+          p.start_position = c.start;
+          p.num_heads = c.heads;
+          p.num_kv_heads = c.kv_heads;
+          p.head_dim = c.dim;
+          p.k_base = kc.data();
+          p.v_base = vc.data();
+          p.kv_dtype = kv;
+          p.block_stride = stride;
+          p.block_size = block;
+          p.block_table = table.data();
+          p.sliding_window = c.window;
+          p.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+          p.round_to = act;
+          p.out = want.data();
+          PagedAttentionCpuReference(p, nullptr);
+          p.out = got.data();
+          PagedAttentionCpuWithIsa(p, pool.get(), isa);
+          // Summation order and exp's last ulp; in bf16 a score or probability may round the
+          // other way, which moves an output by about one bf16 ulp of the values.
+          const float tol = act == DType::kBF16 ? 0.03f : 2e-5f;
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+                << CpuIsaName(isa) << " kv " << DTypeName(kv) << " act " << DTypeName(act)
+                << " dim " << c.dim << " tokens " << c.tokens << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The batched entry computes every sequence exactly as a single call does.
+TEST(PagedAttentionCpuTest, BatchMatchesSingleCalls) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist;
+  const int heads = 8, kv_heads = 2, dim = 64, block = 16;
+  const int64_t starts[3] = {0, 40, 17}, tokens[3] = {20, 1, 3};
+  const int64_t blocks_per_seq = 4;
+  const int64_t stride = static_cast<int64_t>(block) * kv_heads * dim;
+  std::vector<uint16_t> kc(3 * blocks_per_seq * stride), vc(kc.size());
+  for (auto& x : kc) x = F32ToBf16(dist(rng));
+  for (auto& x : vc) x = F32ToBf16(dist(rng));
+  std::vector<std::vector<int32_t>> tables(3);
+  std::vector<std::vector<float>> qs(3), want(3), got(3);
+  std::vector<PagedAttentionParams> ps(3);
+  for (int s = 0; s < 3; ++s) {
+    for (int b = 0; b < blocks_per_seq; ++b) tables[s].push_back(s * blocks_per_seq + b);
+    qs[s].resize(tokens[s] * heads * dim);
+    for (float& x : qs[s]) x = RoundTo(DType::kBF16, dist(rng));
+    want[s].resize(qs[s].size());
+    got[s].resize(qs[s].size());
+    PagedAttentionParams& p = ps[s];
+    p.q = qs[s].data();
+    p.num_tokens = tokens[s];
+    p.start_position = starts[s];
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = dim;
+    p.k_base = kc.data();
+    p.v_base = vc.data();
+    p.kv_dtype = DType::kBF16;
+    p.block_stride = stride;
+    p.block_size = block;
+    p.block_table = tables[s].data();
+    p.scale = 0.125f;
+    p.round_to = DType::kBF16;
+    p.out = want[s].data();
+    PagedAttentionCpu(p, nullptr);
+    p.out = got[s].data();
+  }
+  auto pool = ThreadPool::Create(2);
+  PagedAttentionBatchCpu(ps.data(), 3, pool.get());
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(got[s], want[s]) << "sequence " << s;
 }
 
 }  // namespace

@@ -4,23 +4,30 @@
 // The result is rounded to `round_to` (the model's activation dtype), which reproduces what a
 // bf16/f16 framework stores after the same matmul.
 //
+// Paths: LinearCpu picks the best one for this CPU (see kernels/cpu_features.h). The AVX2 path
+// blocks 2 rows of x against 4 rows of W, widening 16 weights per step; every output element is
+// accumulated in the same order whatever m, the tile or the thread split, so a row's result does
+// not depend on which batch it was computed in. Results differ from the scalar reference only by
+// f32 summation order.
+//
 // Thread-safety: thread-compatible; parallelises internally on `pool` (may be null).
 #ifndef DEEPINFER_KERNELS_LINEAR_CPU_H_
 #define DEEPINFER_KERNELS_LINEAR_CPU_H_
 
 #include <cstdint>
 
+#include "kernels/cpu_features.h"
 #include "kernels/dtype.h"
 #include "kernels/thread_pool.h"
 
 namespace deepinfer::kernels {
 
 struct LinearParams {
-  const float* x = nullptr;     // [m, k], row stride k
-  const void* weight = nullptr; // [n, k], weight_dtype
+  const float* x = nullptr;      // [m, k], row stride k
+  const void* weight = nullptr;  // [n, k], weight_dtype
   DType weight_dtype = DType::kF32;
-  const void* bias = nullptr;   // [n], weight_dtype, optional
-  float* y = nullptr;           // [m, n], row stride ldy (>= n; 0 means n)
+  const void* bias = nullptr;  // [n], weight_dtype, optional
+  float* y = nullptr;          // [m, n], row stride ldy (>= n; 0 means n)
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
@@ -28,7 +35,18 @@ struct LinearParams {
   DType round_to = DType::kF32;
 };
 
+// Best path for this CPU.
 void LinearCpu(const LinearParams& p, ThreadPool* pool);
+
+// Several independent projections (e.g. Q, K and V of one input) in one parallel region, which
+// saves the per-call hand-off to the pool. Each entry is computed exactly as LinearCpu would.
+void LinearCpuMulti(const LinearParams* params, int count, ThreadPool* pool);
+
+// A specific path (must be supported by this CPU: CpuSupports(isa)); for tests and benchmarks.
+void LinearCpuWithIsa(const LinearParams& p, ThreadPool* pool, CpuIsa isa);
+
+// The portable reference path, the baseline the optimised paths are tested against.
+void LinearCpuReference(const LinearParams& p, ThreadPool* pool);
 
 }  // namespace deepinfer::kernels
 

@@ -130,5 +130,48 @@ TEST(RmsNormCpuTest, RejectsBadParamsNamingTheField) {
   EXPECT_NE(RmsNormCpu(p).message().find("weight"), absl::string_view::npos);
 }
 
+// Every optimised path against the reference path: rounding types, fused residual (in place),
+// Gemma's offset, widths with several vectors.
+TEST(RmsNormCpuTest, OptimisedPathsMatchTheReference) {
+  if (!CpuSupports(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist;
+  const int64_t rows = 5;
+  for (int64_t hidden : {8, 64, 512}) {
+    for (DType rt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (bool residual : {false, true}) {
+        for (float offset : {0.0f, 1.0f}) {
+          std::vector<float> x(rows * hidden), res(rows * hidden), w(hidden);
+          for (float& v : x) v = RoundTo(rt, dist(rng));
+          for (float& v : res) v = RoundTo(rt, dist(rng));
+          for (float& v : w) v = RoundTo(rt, dist(rng));
+          std::vector<float> y_ref(x.size()), y_opt(x.size()), res_ref = res, res_opt = res;
+          RmsNormParams p;
+          p.input = x.data();
+          p.weight = w.data();
+          p.rows = rows;
+          p.hidden = hidden;
+          p.eps = 1e-5f;
+          p.weight_offset = offset;
+          p.dtype = DType::kF32;
+          p.round_to = rt;
+          p.output = y_ref.data();
+          if (residual) p.residual = p.residual_out = res_ref.data();
+          ASSERT_TRUE(RmsNormCpuWithIsa(p, CpuIsa::kScalar).ok());
+          p.output = y_opt.data();
+          if (residual) p.residual = p.residual_out = res_opt.data();
+          ASSERT_TRUE(RmsNormCpuWithIsa(p, CpuIsa::kAvx2).ok());
+          EXPECT_EQ(res_opt, res_ref);
+          const float ulp = rt == DType::kF32 ? 2e-7f : (rt == DType::kBF16 ? 8e-3f : 1e-3f);
+          for (size_t i = 0; i < y_ref.size(); ++i) {
+            ASSERT_NEAR(y_opt[i], y_ref[i], ulp * std::fabs(y_ref[i]) + 1e-30f)
+                << DTypeName(rt) << " hidden " << hidden << " residual " << residual;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::kernels
