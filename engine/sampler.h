@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace deepinfer::engine {
 
@@ -55,6 +56,42 @@ struct SampleResult {
   std::vector<TokenLogprob> top;    // `logprobs` best, descending
 };
 
+// The next-token distribution a request samples from: penalties over the request's history,
+// then temperature, top-k, top-p and min-p. The Sampler draws from it; speculative verification
+// (engine/spec) uses the very same object, so both see one distribution.
+class LogitsProcessor {
+ public:
+  // `params` must be valid (ValidateSamplingParams).
+  explicit LogitsProcessor(const SamplingParams& params);
+
+  void AddPromptTokens(const int32_t* tokens, int64_t n);
+  void AddOutputToken(int32_t token);
+
+  // Fills `probs` with `vocab` probabilities summing to 1: the next-token distribution for
+  // `logits` after the history plus `pending` (output tokens not yet recorded, e.g. the drafts
+  // before this position). Temperature 0 gives a point mass at the arg-max.
+  void Distribution(const float* logits, int vocab, absl::Span<const int32_t> pending,
+                    std::vector<double>* probs);
+  // Arg-max of the penalised logits (the greedy choice), lowest id on ties.
+  int32_t Greedy(const float* logits, int vocab, absl::Span<const int32_t> pending);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  // Penalised logits into penalised_.
+  void Penalise(const float* logits, int vocab, absl::Span<const int32_t> pending);
+
+  SamplingParams params_;
+  bool uses_history_ = false;  // any penalty set
+  std::unordered_map<int32_t, int> output_counts_;
+  std::vector<int32_t> seen_;  // prompt + output, for the repetition penalty
+  // Workspace, reused between calls.
+  std::vector<uint8_t> seen_mask_;
+  std::vector<float> penalised_;
+  std::vector<int32_t> order_;
+  std::vector<double> sorted_probs_;
+};
+
 class Sampler {
  public:
   // `params` must be valid. Without a seed, one is drawn from std::random_device.
@@ -76,9 +113,8 @@ class Sampler {
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::unordered_map<int32_t, int> output_counts_;
-  std::vector<int32_t> seen_;  // prompt + output, for repetition penalty
-  std::vector<uint8_t> seen_mask_;
+  LogitsProcessor processor_;
+  std::vector<double> probs_;  // workspace
 };
 
 }  // namespace deepinfer::engine

@@ -56,40 +56,9 @@ class SpecRng {
   uint64_t s_[4];
 };
 
-// The distribution Sampler::Sample draws from, as numbers: same penalties and order of
-// operations (sampler.h). Keeps the request's history for the penalties.
-class TargetProcessor {
- public:
-  // `params` must be valid (ValidateSamplingParams).
-  explicit TargetProcessor(const SamplingParams& params);
+// The target distribution p_t: the serving sampler's own processing (engine/sampler.h).
+using TargetProcessor = ::deepinfer::engine::LogitsProcessor;
 
-  void AddPromptTokens(const int32_t* tokens, int64_t n);
-  void AddOutputToken(int32_t token);
-
-  // Fills `probs` with `vocab` probabilities summing to 1: the next-token distribution for
-  // `logits` after the history plus `pending` (output tokens not yet recorded, e.g. the drafts
-  // before this position). Temperature 0 gives a point mass at the arg-max.
-  void Distribution(const float* logits, int vocab, absl::Span<const int32_t> pending,
-                    std::vector<double>* probs);
-  // Arg-max of the penalised logits (the greedy choice), lowest id on ties.
-  int32_t Greedy(const float* logits, int vocab, absl::Span<const int32_t> pending);
-
-  const SamplingParams& params() const { return params_; }
-
- private:
-  // Penalised logits into penalised_.
-  void Penalise(const float* logits, int vocab, absl::Span<const int32_t> pending);
-
-  SamplingParams params_;
-  bool uses_history_ = false;  // any penalty set
-  std::unordered_map<int32_t, int> output_counts_;
-  std::vector<int32_t> seen_;  // prompt + output, for the repetition penalty
-  // Workspace, reused between calls.
-  std::vector<uint8_t> seen_mask_;
-  std::vector<float> penalised_;
-  std::vector<int32_t> order_;
-  std::vector<double> sorted_probs_;
-};
 
 struct VerifyResult {
   int accepted = 0;  // draft tokens accepted, 0..k
