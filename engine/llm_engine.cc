@@ -24,7 +24,7 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 }  // namespace
 
 struct LlmEngine::Sequence {
-  enum class State { kWaiting, kRunning, kFinished };
+  enum class State { kWaiting, kRunning, kAwaitingKv, kHeld, kFinished };
   uint64_t id = 0;
   std::string request_id;
   std::vector<int32_t> tokens;  // prompt + generated
@@ -55,6 +55,9 @@ struct LlmEngine::Sequence {
   bool scheduled_once = false;
   bool first_token_seen = false;
   bool aborted = false;
+  bool abort_pending = false;  // aborted while awaiting KV or held: ends on the caller's call
+  bool prefill_only = false;
+  PrefillCallback prefill_done;
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
@@ -75,6 +78,7 @@ struct LlmEngine::Step {
   absl::Status status;
   double forward_seconds = 0.0;
   Clock::time_point done_at;
+  bool external = false;  // a token computed elsewhere (remote prefill): not a step of ours
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -127,7 +131,8 @@ void LlmEngine::Stop() {
   if (executor_.joinable()) executor_.join();
 }
 
-absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) {
+absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
+    EngineRequest request, OutputCallback on_output) {
   const ModelConfig& c = model_->config();
   if (request.request_id.empty()) {
     return absl::InvalidArgumentError("request_id: expected a non-empty id");
@@ -194,6 +199,12 @@ absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) 
   seq->root_hash = RootBlockHash(options_.hash_seed, request.cache_salt);
   seq->arrived = Clock::now();
   seq->usage.prompt_tokens = seq->prompt_len;
+  return seq;
+}
+
+absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) {
+  DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
+                      MakeSequence(std::move(request), std::move(on_output)));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
@@ -210,6 +221,176 @@ absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) 
   }
   wake_.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status LlmEngine::RunOnScheduler(std::function<absl::Status()> fn) {
+  auto promise = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = promise->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
+    commands_.push_back([fn = std::move(fn), promise] { promise->set_value(fn()); });
+  }
+  wake_.notify_all();
+  return result.get();
+}
+
+LlmEngine::Sequence* LlmEngine::FindIn(std::list<std::unique_ptr<Sequence>>& list,
+                                       const std::string& id) {
+  for (auto& s : list) {
+    if (s->request_id == id) return s.get();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<KvReservation> LlmEngine::ReserveForRemotePrefill(EngineRequest request,
+                                                                  OutputCallback on_output) {
+  DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> owned,
+                      MakeSequence(std::move(request), std::move(on_output)));
+  KvReservation reservation;
+  absl::Status status = RunOnScheduler([&]() -> absl::Status {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (live_.count(owned->request_id) != 0) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("request_id: \"", owned->request_id, "\" is already running"));
+      }
+    }
+    Sequence* seq = owned.get();
+    seq->id = next_seq_id_++;
+    seq->arrival = arrival_counter_++;
+    std::vector<uint64_t> hashes;
+    if (options_.enable_prefix_cache) {
+      hashes = BlockHashes(seq->root_hash, seq->tokens, options_.block_size);
+    }
+    DI_ASSIGN_OR_RETURN(int64_t cached, blocks_.AllocateSequence(
+                                            seq->id, static_cast<int64_t>(seq->tokens.size()),
+                                            hashes));
+    seq->has_blocks = true;
+    seq->usage.cached_prompt_tokens = cached;
+    seq->counted_cache = true;
+    seq->scheduled_once = true;
+    seq->state = Sequence::State::kAwaitingKv;
+    if (options_.enable_prefix_cache) {
+      hashes.resize(cached / options_.block_size);
+      seq->block_hashes = hashes;
+    }
+    const std::vector<int32_t>& table = *blocks_.Table(seq->id);
+    const int64_t prompt_blocks =
+        (seq->prompt_len + options_.block_size - 1) / options_.block_size;
+    reservation.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
+    reservation.cached_tokens = cached;
+    reservation.block_size = options_.block_size;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_[seq->request_id] = seq;
+    }
+    awaiting_kv_.push_back(std::move(owned));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return reservation;
+}
+
+absl::Status LlmEngine::CompleteRemotePrefill(const std::string& request_id,
+                                              const StepOutput& first) {
+  return RunOnScheduler([&]() -> absl::Status {
+    Sequence* seq = FindIn(awaiting_kv_, request_id);
+    if (seq == nullptr) {
+      return absl::NotFoundError(absl::StrCat("request_id: \"", request_id,
+                                              "\" is not awaiting a remote prefill"));
+    }
+    if (first.token < 0 || first.token >= model_->config().vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("first_token_id: expected [0, ",
+                                                     model_->config().vocab_size, "), got ",
+                                                     first.token));
+    }
+    // The KV is there either way; an abort that arrived meanwhile ends the request now.
+    seq->computed = seq->scheduled_end = seq->prompt_len;
+    CommitBlocks(seq);
+    auto it = std::find_if(awaiting_kv_.begin(), awaiting_kv_.end(),
+                           [&](const auto& s) { return s.get() == seq; });
+    std::unique_ptr<Sequence> owned = std::move(*it);
+    awaiting_kv_.erase(it);
+    seq->state = Sequence::State::kRunning;
+    running_.push_back(std::move(owned));
+    if (seq->abort_pending) {
+      Finish(seq, FinishReason::kAborted, absl::CancelledError("aborted"));
+      return absl::OkStatus();
+    }
+    // Emit the prefill node's token exactly as if it had been sampled here.
+    Planned p;
+    p.seq = seq;
+    p.start = seq->prompt_len - 1;
+    p.count = 1;
+    p.sample = true;
+    p.result.token = first.token;
+    p.result.logprob = first.logprob;
+    p.result.top = first.top;
+    seq->sampler->AddOutputToken(first.token);
+    ++seq->in_flight;
+    ++seq->pending_samples;
+    Step step;
+    step.external = true;
+    step.items.push_back(std::move(p));
+    Process(step);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LlmEngine::FailRemotePrefill(const std::string& request_id, absl::Status status) {
+  return RunOnScheduler([&]() -> absl::Status {
+    Sequence* seq = FindIn(awaiting_kv_, request_id);
+    if (seq == nullptr) {
+      return absl::NotFoundError(absl::StrCat("request_id: \"", request_id,
+                                              "\" is not awaiting a remote prefill"));
+    }
+    Finish(seq, FinishReason::kAborted,
+           seq->abort_pending ? absl::CancelledError("aborted") : status);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LlmEngine::SubmitPrefill(EngineRequest request, PrefillCallback done) {
+  request.sampling.max_tokens = 1;
+  DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
+                      MakeSequence(std::move(request), [](const EngineOutput&) {}));
+  PrefillCallback report = std::move(done);
+  seq->prefill_only = true;
+  // Failures before the first token (abort, engine stop, forward error) reach `done` too.
+  seq->on_output = [report](const EngineOutput& out) {
+    if (out.finished && !out.status.ok()) report(out.status);
+  };
+  seq->prefill_done = std::move(report);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
+    if (live_.count(seq->request_id) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request_id: \"", seq->request_id, "\" is already running"));
+    }
+    if (stats_.waiting + static_cast<int64_t>(incoming_.size()) >= options_.max_waiting) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "queue full: ", options_.max_waiting, " requests waiting; retry later"));
+    }
+    live_[seq->request_id] = seq.get();
+    incoming_.push_back(std::move(seq));
+  }
+  wake_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::ReleasePrefilled(const std::string& request_id) {
+  return RunOnScheduler([&]() -> absl::Status {
+    Sequence* seq = FindIn(held_, request_id);
+    if (seq == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("request_id: \"", request_id, "\" holds no prefilled blocks"));
+    }
+    seq->on_output = [](const EngineOutput&) {};  // `done` was already called
+    Finish(seq, FinishReason::kLength, absl::OkStatus());
+    return absl::OkStatus();
+  });
 }
 
 bool LlmEngine::Abort(const std::string& request_id) {
@@ -258,7 +439,10 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   out.status = std::move(status);
   out.usage = seq->usage;
   seq->on_output(out);
-  auto& from = was == Sequence::State::kWaiting ? waiting_ : running_;
+  auto& from = was == Sequence::State::kWaiting      ? waiting_
+               : was == Sequence::State::kAwaitingKv ? awaiting_kv_
+               : was == Sequence::State::kHeld       ? held_
+                                                     : running_;
   for (auto it = from.begin(); it != from.end(); ++it) {
     if (it->get() == seq) {
       finished_pending_free_.push_back(std::move(*it));
@@ -282,6 +466,8 @@ void LlmEngine::HandleAborts() {
     for (auto& s : running_) {
       if (s->request_id == id) seq = s.get();
     }
+    if (Sequence* pinned = FindIn(awaiting_kv_, id); pinned != nullptr) pinned->abort_pending = true;
+    if (Sequence* pinned = FindIn(held_, id); pinned != nullptr) pinned->abort_pending = true;
     if (seq != nullptr) {
       seq->aborted = true;
       Finish(seq, FinishReason::kAborted, absl::CancelledError("aborted"));
@@ -537,6 +723,25 @@ void LlmEngine::Process(Step& step) {
     }
     seq->last_token_at = now;
     StepOutput out{token, p.result.logprob, std::move(p.result.top)};
+    if (seq->prefill_only) {
+      // Hold the prompt's blocks for the transfer; the caller releases them.
+      PrefillResult result;
+      result.first_token = token;
+      result.first_logprob = out.logprob;
+      result.first_top = std::move(out.top);
+      const int64_t prompt_blocks =
+          (seq->prompt_len + options_.block_size - 1) / options_.block_size;
+      const std::vector<int32_t>& table = *blocks_.Table(seq->id);
+      result.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
+      result.cached_tokens = seq->usage.cached_prompt_tokens;
+      auto it = std::find_if(running_.begin(), running_.end(),
+                             [&](const auto& s) { return s.get() == seq; });
+      held_.push_back(std::move(*it));
+      running_.erase(it);
+      seq->state = Sequence::State::kHeld;
+      seq->prefill_done(std::move(result));
+      continue;
+    }
     std::string delta;
     if (seq->text != nullptr) {
       absl::StatusOr<std::string> d = seq->text->Push(token);
@@ -575,6 +780,7 @@ void LlmEngine::Process(Step& step) {
     o.text_delta = std::move(delta);
     seq->on_output(o);
   }
+  if (step.external) return;
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
   stats_.step_tokens += tokens;
@@ -604,11 +810,19 @@ void LlmEngine::SchedulerLoop() {
       }
       stopping = stopping_;
     }
+    std::deque<std::function<void()>> commands;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      commands.swap(commands_);
+    }
+    for (auto& command : commands) command();
     HandleAborts();
     if (stopping) {
       std::vector<Sequence*> all;
       for (auto& s : waiting_) all.push_back(s.get());
       for (auto& s : running_) all.push_back(s.get());
+      for (auto& s : awaiting_kv_) all.push_back(s.get());
+      for (auto& s : held_) all.push_back(s.get());
       for (Sequence* s : all) Finish(s, FinishReason::kAborted, absl::CancelledError("engine stopped"));
     }
 
@@ -677,7 +891,7 @@ void LlmEngine::SchedulerLoop() {
       std::unique_lock<std::mutex> lock(mu_);
       const bool runnable = !waiting_.empty() || !running_.empty();
       wake_.wait_for(lock, std::chrono::milliseconds(runnable ? 1 : 50), [&] {
-        return stopping_ || !incoming_.empty() || !abort_requests_.empty();
+        return stopping_ || !incoming_.empty() || !abort_requests_.empty() || !commands_.empty();
       });
     }
   }

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <list>
 #include <map>
 #include <memory>
@@ -114,6 +115,23 @@ struct EngineOutput {
 
 using OutputCallback = std::function<void(const EngineOutput&)>;
 
+// Disaggregated serving (decode side): blocks reserved for a prompt whose KV another node writes.
+struct KvReservation {
+  std::vector<int32_t> block_ids;  // one per block_size prompt tokens, in prompt order
+  int64_t cached_tokens = 0;       // leading tokens already present here (prefix cache)
+  int block_size = 0;
+};
+
+// Disaggregated serving (prefill side): the prompt's KV is computed and held for transfer.
+struct PrefillResult {
+  int32_t first_token = 0;
+  float first_logprob = 0.0f;
+  std::vector<TokenLogprob> first_top;
+  std::vector<int32_t> block_ids;  // the prompt's blocks in this engine's KV cache
+  int64_t cached_tokens = 0;       // prompt tokens this engine served from its prefix cache
+};
+using PrefillCallback = std::function<void(absl::StatusOr<PrefillResult>)>;
+
 struct EngineStats {
   int64_t running = 0;
   int64_t waiting = 0;
@@ -151,7 +169,37 @@ class LlmEngine {
   absl::Status Submit(EngineRequest request, OutputCallback on_output);
 
   // Aborts a request (waiting or running); its final output has kAborted. False if unknown.
+  // Requests reserved for a remote prefill or held after a local prefill are only marked: their
+  // blocks may be the source or target of a transfer in flight, so they end (aborted) when the
+  // caller calls FailRemotePrefill / CompleteRemotePrefill / ReleasePrefilled.
   bool Abort(const std::string& request_id);
+
+  // ---- Disaggregated prefill/decode (thread-safe; they wait for the scheduler thread) ----
+
+  // Decode side: validates `request` as Submit does and reserves KV blocks for its prompt, reusing
+  // this engine's prefix cache (those leading blocks need no transfer). The request then waits,
+  // outside the batch, until CompleteRemotePrefill or FailRemotePrefill. kResourceExhausted when
+  // the blocks cannot be reserved now.
+  absl::StatusOr<KvReservation> ReserveForRemotePrefill(EngineRequest request,
+                                                        OutputCallback on_output);
+  // Every reserved block now holds the prompt's KV (the transfer's notification arrived) and the
+  // prefill node sampled `first.token`: the request emits it and joins the running batch.
+  absl::Status CompleteRemotePrefill(const std::string& request_id, const StepOutput& first);
+  // The remote prefill failed or was cancelled, and no write into the reservation can still land
+  // (the caller waited for the transfer to be terminal): frees the blocks and ends the request
+  // with `status`.
+  absl::Status FailRemotePrefill(const std::string& request_id, absl::Status status);
+
+  // Prefill side: computes the prompt's KV (reusing the prefix cache) and samples the first
+  // token; `done` receives the blocks, which stay allocated (for the transfer) until
+  // ReleasePrefilled. `done` runs on the scheduler thread and must not block.
+  absl::Status SubmitPrefill(EngineRequest request, PrefillCallback done);
+  // Releases a held prefill's blocks (their KV stays in the prefix cache). kNotFound if unknown.
+  absl::Status ReleasePrefilled(const std::string& request_id);
+
+  // The KV cache, for registering its memory with a transfer engine. Valid for the engine's
+  // lifetime; blocks are addressed as KvCache documents.
+  KvCache* kv_cache() const { return cache_.get(); }
 
   EngineStats GetStats() const;
 
@@ -175,6 +223,11 @@ class LlmEngine {
   // Fills step inputs from the now-known tokens and runs it (inline without overlap, else on the
   // executor). Returns true when the step was handed to the executor.
   bool FinalizeAndSubmit(std::unique_ptr<Step> step);
+  absl::StatusOr<std::unique_ptr<Sequence>> MakeSequence(EngineRequest request,
+                                                          OutputCallback on_output);
+  // Runs `fn` on the scheduler thread and waits for it. kFailedPrecondition when not running.
+  absl::Status RunOnScheduler(std::function<absl::Status()> fn);
+  Sequence* FindIn(std::list<std::unique_ptr<Sequence>>& list, const std::string& id);
   void Process(Step& step);
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void HandleAborts();
@@ -195,6 +248,7 @@ class LlmEngine {
   std::deque<std::unique_ptr<Sequence>> incoming_;
   std::vector<std::string> abort_requests_;
   std::deque<KvEvent> kv_events_;
+  std::deque<std::function<void()>> commands_;
   std::unordered_map<std::string, Sequence*> live_;  // all requests not yet finished
   bool started_ = false;
   bool stopping_ = false;
@@ -203,6 +257,8 @@ class LlmEngine {
   // Scheduler thread state.
   std::list<std::unique_ptr<Sequence>> waiting_;
   std::list<std::unique_ptr<Sequence>> running_;
+  std::list<std::unique_ptr<Sequence>> awaiting_kv_;  // reserved for a remote prefill
+  std::list<std::unique_ptr<Sequence>> held_;         // prefilled here, blocks held for transfer
   std::vector<std::unique_ptr<Sequence>> finished_pending_free_;
   uint64_t next_seq_id_ = 1;
   uint64_t arrival_counter_ = 0;

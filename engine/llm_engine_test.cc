@@ -5,7 +5,9 @@
 #include "engine/llm_engine.h"
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
+#include <future>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -393,6 +395,122 @@ TEST(SlidingWindowEngineTest, ReleasesBlocksBehindTheWindowWithoutChangingOutput
     EXPECT_GT(s.window_released_blocks, 0);
     EXPECT_EQ(s.preemptions, 0);
   }
+}
+
+// Disaggregated serving with two engines in one process: the prefill engine computes and holds
+// the prompt's KV, the "transfer" copies the blocks into the decode engine's reservation (only
+// blocks the decode engine does not already have cached), and the decode engine continues.
+// Outputs must equal the single-engine reference; no block may stay reserved.
+TEST_F(LlmEngineTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) {
+  EngineOptions o;
+  o.num_blocks = 128;
+  o.block_size = 4;
+  auto prefill = LlmEngine::Create(model_, o).value();
+  auto decode = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(prefill->Start().ok());
+  ASSERT_TRUE(decode->Start().ok());
+  KvCache* src = prefill->kv_cache();
+  KvCache* dst = decode->kv_cache();
+  const size_t block_bytes = src->block_bytes();
+  int64_t decode_cached = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < 4; ++i) {
+      const std::string id = "d" + std::to_string(round) + "_" + std::to_string(i);
+      EngineRequest req;
+      req.request_id = id;
+      req.prompt = prompts_[i];
+      req.sampling = Greedy(12);
+      std::promise<absl::StatusOr<PrefillResult>> done;
+      ASSERT_TRUE(prefill->SubmitPrefill(req, [&](absl::StatusOr<PrefillResult> r) {
+        done.set_value(std::move(r));
+      }).ok());
+      absl::StatusOr<PrefillResult> pre = done.get_future().get();
+      ASSERT_TRUE(pre.ok()) << pre.status();
+      Collector c;
+      absl::StatusOr<KvReservation> res = decode->ReserveForRemotePrefill(req, c.Callback());
+      ASSERT_TRUE(res.ok()) << res.status();
+      ASSERT_EQ(res->block_ids.size(), pre->block_ids.size());
+      decode_cached += res->cached_tokens;
+      for (size_t b = res->cached_tokens / res->block_size; b < res->block_ids.size(); ++b) {
+        for (int l = 0; l < model_->config().num_layers; ++l) {
+          std::memcpy(static_cast<char*>(dst->k_layer(l)) + res->block_ids[b] * block_bytes,
+                      static_cast<char*>(src->k_layer(l)) + pre->block_ids[b] * block_bytes,
+                      block_bytes);
+          std::memcpy(static_cast<char*>(dst->v_layer(l)) + res->block_ids[b] * block_bytes,
+                      static_cast<char*>(src->v_layer(l)) + pre->block_ids[b] * block_bytes,
+                      block_bytes);
+        }
+      }
+      ASSERT_TRUE(prefill->ReleasePrefilled(id).ok());
+      StepOutput first{pre->first_token, pre->first_logprob, {}};
+      ASSERT_TRUE(decode->CompleteRemotePrefill(id, first).ok());
+      ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+      auto r = c.results()[id];
+      EXPECT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.tokens, expected_[i]) << id;
+    }
+  }
+  EXPECT_GT(decode_cached, 0);  // round 2 reused the decode engine's own prefix cache
+  EXPECT_EQ(prefill->ReleasePrefilled("d0_0").code(), absl::StatusCode::kNotFound);
+  for (LlmEngine* e : {prefill.get(), decode.get()}) {
+    EngineStats s;
+    for (int i = 0; i < 200; ++i) {
+      s = e->GetStats();
+      if (s.blocks.used_blocks == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(s.blocks.used_blocks, 0);
+  }
+}
+
+TEST_F(LlmEngineTest, FailedOrAbortedRemotePrefillFreesTheReservation) {
+  EngineOptions o;
+  o.num_blocks = 32;
+  o.block_size = 4;
+  auto decode = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(decode->Start().ok());
+  Collector c;
+  EngineRequest req;
+  req.request_id = "fail";
+  req.prompt = prompts_[0];
+  req.sampling = Greedy(4);
+  auto res = decode->ReserveForRemotePrefill(req, c.Callback());
+  ASSERT_TRUE(res.ok()) << res.status();
+  // The scheduler publishes stats once per loop; the reservation shows up as used blocks.
+  int64_t used = 0;
+  for (int i = 0; i < 200 && used == 0; ++i) {
+    used = decode->GetStats().blocks.used_blocks;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(used, static_cast<int64_t>(res->block_ids.size()));
+  ASSERT_TRUE(decode->FailRemotePrefill("fail", absl::UnavailableError("prefill node gone")).ok());
+  ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(10)));
+  EXPECT_EQ(c.results()["fail"].status.code(), absl::StatusCode::kUnavailable);
+
+  // Abort while the transfer may be in flight: nothing ends until the caller says the writes
+  // are over.
+  req.request_id = "abort";
+  ASSERT_TRUE(decode->ReserveForRemotePrefill(req, c.Callback()).ok());
+  EXPECT_TRUE(decode->Abort("abort"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(c.results().count("abort"), 0u);
+  ASSERT_TRUE(decode->FailRemotePrefill("abort", absl::CancelledError("transfer cancelled")).ok());
+  ASSERT_TRUE(c.WaitFor(2, std::chrono::seconds(10)));
+  EXPECT_EQ(c.results()["abort"].finish, FinishReason::kAborted);
+  EXPECT_EQ(decode->FailRemotePrefill("abort", absl::OkStatus()).code(), absl::StatusCode::kNotFound);
+  EngineStats s;
+  for (int i = 0; i < 200; ++i) {
+    s = decode->GetStats();
+    if (s.blocks.used_blocks == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(s.blocks.used_blocks, 0);
+  // Reserving more than the cache holds is refused without side effects.
+  req.request_id = "huge";
+  req.prompt.assign(140, 1);  // 36 blocks > 32
+  req.sampling = Greedy(4);
+  EXPECT_EQ(decode->ReserveForRemotePrefill(req, c.Callback()).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(LlmEngineTest, ChatMessagesTextDeltasStopStringsAndItl) {
