@@ -7,7 +7,9 @@
 
 namespace deepinfer::engine {
 
-absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheConfig& c) {
+namespace {
+
+absl::Status CheckConfig(const KvCacheConfig& c) {
   if (c.num_layers <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 || c.block_size <= 0 ||
       c.num_blocks <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -15,8 +17,31 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheConfig& c)
         "got ", c.num_layers, ", ", c.num_kv_heads, ", ", c.head_dim, ", ", c.block_size, ", ",
         c.num_blocks));
   }
-  const size_t bytes = static_cast<size_t>(c.num_layers) * c.num_blocks * c.block_size *
-                       c.num_kv_heads * c.head_dim * kernels::DTypeSize(c.dtype);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t KvCache::PoolBytes(const KvCacheConfig& c) {
+  return static_cast<size_t>(c.num_layers) * c.num_blocks * c.block_size * c.num_kv_heads *
+         c.head_dim * kernels::DTypeSize(c.dtype);
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CreateOnMemory(const KvCacheConfig& c, void* k,
+                                                                 void* v) {
+  if (absl::Status s = CheckConfig(c); !s.ok()) return s;
+  if (k == nullptr || v == nullptr || reinterpret_cast<uintptr_t>(k) % 64 != 0 ||
+      reinterpret_cast<uintptr_t>(v) % 64 != 0) {
+    return absl::InvalidArgumentError("kv cache: external K/V memory must be non-null and 64-byte aligned");
+  }
+  std::memset(k, 0, PoolBytes(c));
+  std::memset(v, 0, PoolBytes(c));
+  return std::unique_ptr<KvCache>(new KvCache(c, k, v, /*owned=*/false));
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheConfig& c) {
+  if (absl::Status s = CheckConfig(c); !s.ok()) return s;
+  const size_t bytes = PoolBytes(c);
   // 64-byte alignment for vector loads; zeroed so unused slots are never NaN garbage.
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* k = std::aligned_alloc(64, rounded);
@@ -29,16 +54,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheConfig& c)
   }
   std::memset(k, 0, rounded);
   std::memset(v, 0, rounded);
-  return std::unique_ptr<KvCache>(new KvCache(c, k, v));
+  return std::unique_ptr<KvCache>(new KvCache(c, k, v, /*owned=*/true));
 }
 
-KvCache::KvCache(const KvCacheConfig& c, void* k, void* v)
+KvCache::KvCache(const KvCacheConfig& c, void* k, void* v, bool owned)
     : config_(c),
       block_elements_(static_cast<int64_t>(c.block_size) * c.num_kv_heads * c.head_dim),
       k_(k),
-      v_(v) {}
+      v_(v),
+      owned_(owned) {}
 
 KvCache::~KvCache() {
+  if (!owned_) return;
   std::free(k_);
   std::free(v_);
 }

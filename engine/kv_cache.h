@@ -34,6 +34,15 @@ class KvCache {
   // kInvalidArgument for non-positive sizes; kResourceExhausted when the allocation fails.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheConfig& config);
 
+  // Bytes of each of the K and V pools for `config`.
+  static size_t PoolBytes(const KvCacheConfig& config);
+
+  // A cache on memory the caller owns (e.g. pools a transfer engine allocated so that peers can
+  // write into them): `k` and `v` must each hold PoolBytes(config) bytes, be 64-byte aligned and
+  // outlive the cache. The memory is zeroed here.
+  static absl::StatusOr<std::unique_ptr<KvCache>> CreateOnMemory(const KvCacheConfig& config,
+                                                                 void* k, void* v);
+
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
   ~KvCache();
@@ -51,12 +60,13 @@ class KvCache {
   size_t bytes_per_pool() const;
 
  private:
-  KvCache(const KvCacheConfig& config, void* k, void* v);
+  KvCache(const KvCacheConfig& config, void* k, void* v, bool owned);
 
   const KvCacheConfig config_;
   const int64_t block_elements_;
   void* k_;
   void* v_;
+  const bool owned_;
 };
 
 }  // namespace deepinfer::engine

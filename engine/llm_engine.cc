@@ -89,9 +89,14 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         "engine options: num_blocks, block_size, max_batch_tokens, max_running and max_waiting "
         "must be positive");
   }
-  DI_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
-                      KvCache::Create(model->MakeKvCacheConfig(options.num_blocks,
-                                                               options.block_size)));
+  const KvCacheConfig kv = model->MakeKvCacheConfig(options.num_blocks, options.block_size);
+  std::unique_ptr<KvCache> cache;
+  if (options.kv_memory) {
+    DI_ASSIGN_OR_RETURN(auto pools, options.kv_memory(KvCache::PoolBytes(kv)));
+    DI_ASSIGN_OR_RETURN(cache, KvCache::CreateOnMemory(kv, pools.first, pools.second));
+  } else {
+    DI_ASSIGN_OR_RETURN(cache, KvCache::Create(kv));
+  }
   return std::unique_ptr<LlmEngine>(new LlmEngine(model, options, std::move(cache)));
 }
 

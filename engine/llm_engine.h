@@ -74,6 +74,11 @@ struct EngineOptions {
   // may carry chat messages instead of token ids. `template_context` (bos_token, eos_token, ...)
   // is merged into every render.
   const tokenizer::Tokenizer* tokenizer = nullptr;
+  // Optional: where the KV pools live. Called once by Create with the bytes of each pool (K, V);
+  // returns two 64-byte aligned buffers that outlive the engine (e.g. from
+  // kv_transfer::TransferAgent::AllocateMemory, so peers can write blocks straight into them).
+  // Unset: the engine allocates them itself.
+  std::function<absl::StatusOr<std::pair<void*, void*>>(size_t pool_bytes)> kv_memory;
   const ChatTemplate* chat_template = nullptr;
   nlohmann::ordered_json template_context = nlohmann::ordered_json::object();
 };
