@@ -217,11 +217,12 @@ absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) 
       return absl::AlreadyExistsError(
           absl::StrCat("request_id: \"", seq->request_id, "\" is already running"));
     }
-    if (stats_.waiting + static_cast<int64_t>(incoming_.size()) >= options_.max_waiting) {
+    if (queued_ >= options_.max_waiting) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "queue full: ", options_.max_waiting, " requests waiting; retry later"));
     }
     live_[seq->request_id] = seq.get();
+    ++queued_;
     incoming_.push_back(std::move(seq));
   }
   wake_.notify_all();
@@ -374,11 +375,12 @@ absl::Status LlmEngine::SubmitPrefill(EngineRequest request, PrefillCallback don
       return absl::AlreadyExistsError(
           absl::StrCat("request_id: \"", seq->request_id, "\" is already running"));
     }
-    if (stats_.waiting + static_cast<int64_t>(incoming_.size()) >= options_.max_waiting) {
+    if (queued_ >= options_.max_waiting) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "queue full: ", options_.max_waiting, " requests waiting; retry later"));
     }
     live_[seq->request_id] = seq.get();
+    ++queued_;
     incoming_.push_back(std::move(seq));
   }
   wake_.notify_all();
@@ -435,6 +437,7 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
     std::lock_guard<std::mutex> lock(mu_);
     live_.erase(seq->request_id);
     ++stats_.finished;
+    if (was == Sequence::State::kWaiting) --queued_;
   }
   EngineOutput out;
   out.request_id = seq->request_id;
@@ -494,6 +497,7 @@ void LlmEngine::Preempt(Sequence* seq) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.preemptions;
+    ++queued_;
   }
   for (auto it = running_.begin(); it != running_.end(); ++it) {
     if (it->get() == seq) {
@@ -619,6 +623,10 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
     seq->state = Sequence::State::kRunning;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+    }
     plan(seq);
   }
   return step;

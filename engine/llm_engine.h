@@ -257,6 +257,7 @@ class LlmEngine {
   std::unordered_map<std::string, Sequence*> live_;  // all requests not yet finished
   bool started_ = false;
   bool stopping_ = false;
+  int64_t queued_ = 0;  // requests submitted and not yet admitted (incoming + waiting)
   EngineStats stats_;
 
   // Scheduler thread state.
