@@ -120,11 +120,7 @@ absl::Status LlmEngine::Start() {
 void LlmEngine::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_ || stopping_) {
-      stopping_ = true;
-    } else {
-      stopping_ = true;
-    }
+    stopping_ = true;
   }
   wake_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
