@@ -268,6 +268,7 @@ int RunFile(Model& model, const Session& s) {
   options.block_size = absl::GetFlag(FLAGS_block_size);
   options.max_running = absl::GetFlag(FLAGS_concurrency);
   options.eos_token_ids = EosIds(model, *s.tokenizer);
+  options.tokenizer = s.tokenizer;  // text deltas and stop strings
   auto engine = LlmEngine::Create(&model, options);
   if (!engine.ok() || !(*engine)->Start().ok()) {
     std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
@@ -276,6 +277,7 @@ int RunFile(Model& model, const Session& s) {
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, std::vector<StepOutput>> steps;
+  std::map<std::string, std::string> texts;
   std::map<std::string, EngineOutput> finals;
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -287,6 +289,7 @@ int RunFile(Model& model, const Session& s) {
       std::lock_guard<std::mutex> lock(mu);
       auto& v = steps[o.request_id];
       v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+      texts[o.request_id] += o.text_delta;
       if (o.finished) {
         finals[o.request_id] = o;
         cv.notify_all();
@@ -305,17 +308,14 @@ int RunFile(Model& model, const Session& s) {
   int64_t generated = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string id = std::to_string(i);
-    TextStream stream(*s.tokenizer, FlagsToSampling().stop);
-    for (const StepOutput& st : steps[id]) {
-      (void)stream.Push(st.token);
-      if (stream.stopped()) break;
-    }
-    stream.Finish();
     generated += steps[id].size();
     const EngineOutput& f = finals[id];
+    if (!f.status.ok() && f.finish_reason != FinishReason::kAborted) {
+      std::fprintf(stderr, "prompt %zu: %s\n", i, f.status.ToString().c_str());
+    }
     ojson out = {{"index", i},
-                 {"text", stream.text()},
-                 {"finish_reason", stream.stopped() ? "stop_string" : FinishReasonName(f.finish_reason)},
+                 {"text", texts[id]},
+                 {"finish_reason", FinishReasonName(f.finish_reason)},
                  {"usage", {{"prompt_tokens", f.usage.prompt_tokens},
                             {"cached_prompt_tokens", f.usage.cached_prompt_tokens},
                             {"completion_tokens", f.usage.completion_tokens},
