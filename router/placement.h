@@ -54,7 +54,7 @@ namespace deepinfer::router {
 // what the router placed there since (WorkerSnapshot::placed_*), as the caller chooses.
 struct CandidateWorker {
   std::string worker_id;  // non-empty, unique within a snapshot
-  internal::v1::WorkerRole role = internal::v1::WORKER_ROLE_UNSPECIFIED;  // PREFILL or DECODE
+  internal::v1::WorkerRole role = internal::v1::WORKER_ROLE_UNSPECIFIED;  // ENCODER: ignored
   bool can_prefill = false;         // decode workers only: may prefill locally
   int64_t queue_depth = 0;          // requests waiting to start
   int64_t queued_input_tokens = 0;  // prompt tokens still to compute

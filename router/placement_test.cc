@@ -4,6 +4,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -436,6 +437,20 @@ TEST(PlacementTest, CountsDecisionsPerOutcome) {
   EXPECT_EQ(c.remote_prefill, 1);
   EXPECT_EQ(c.local_prefill_no_prefill_worker, 1);
   EXPECT_EQ(c.tie_breaks, 0);
+}
+
+TEST(PlacementTest, ConcurrentDecisionsAreAllCounted) {
+  auto policy = CreatePlacementPolicy("cache_aware", Weights(0));
+  ASSERT_TRUE(policy.ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 250; ++i) EXPECT_TRUE((*policy)->Decide(Request(), AllTied()).ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ((*policy)->counters().remote_prefill, 1000);
+  EXPECT_EQ((*policy)->counters().tie_breaks, 1000);
 }
 
 TEST(PlacementTest, FactoryRejectsUnknownNamesAndBadOptions) {
