@@ -206,6 +206,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
 absl::Status LlmEngine::Submit(EngineRequest request, OutputCallback on_output) {
   DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
                       MakeSequence(std::move(request), std::move(on_output)));
+  return Enqueue(std::move(seq));
+}
+
+absl::Status LlmEngine::Enqueue(std::unique_ptr<Sequence> seq) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
@@ -364,23 +368,7 @@ absl::Status LlmEngine::SubmitPrefill(EngineRequest request, PrefillCallback don
     if (out.finished && !out.status.ok()) report(out.status);
   };
   seq->prefill_done = std::move(report);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
-    if (live_.count(seq->request_id) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("request_id: \"", seq->request_id, "\" is already running"));
-    }
-    if (queued_ >= options_.max_waiting) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "queue full: ", options_.max_waiting, " requests waiting; retry later"));
-    }
-    live_[seq->request_id] = seq.get();
-    ++queued_;
-    incoming_.push_back(std::move(seq));
-  }
-  wake_.notify_all();
-  return absl::OkStatus();
+  return Enqueue(std::move(seq));
 }
 
 absl::Status LlmEngine::ReleasePrefilled(const std::string& request_id) {

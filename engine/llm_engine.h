@@ -230,6 +230,9 @@ class LlmEngine {
   bool FinalizeAndSubmit(std::unique_ptr<Step> step);
   absl::StatusOr<std::unique_ptr<Sequence>> MakeSequence(EngineRequest request,
                                                           OutputCallback on_output);
+  // Admission bookkeeping shared by Submit and SubmitPrefill: the live-id check, the queue bound,
+  // then hand-off to the scheduler.
+  absl::Status Enqueue(std::unique_ptr<Sequence> seq);
   // Runs `fn` on the scheduler thread and waits for it. kFailedPrecondition when not running.
   absl::Status RunOnScheduler(std::function<absl::Status()> fn);
   Sequence* FindIn(std::list<std::unique_ptr<Sequence>>& list, const std::string& id);

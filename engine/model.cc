@@ -199,7 +199,8 @@ KvCacheConfig Model::MakeKvCacheConfig(int num_blocks, int block_size) const {
   return kv;
 }
 
-void Model::RunLinear(const Linear& l, const float* x, int64_t m, float* y) const {
+kernels::LinearParams Model::LinearFor(const Linear& l, const float* x, int64_t m,
+                                       float* y) const {
   kernels::LinearParams p;
   p.x = x;
   p.weight = l.w;
@@ -210,7 +211,11 @@ void Model::RunLinear(const Linear& l, const float* x, int64_t m, float* y) cons
   p.n = l.out;
   p.k = l.in;
   p.round_to = act_dtype_;
-  kernels::LinearCpu(p, pool_.get());
+  return p;
+}
+
+void Model::RunLinear(const Linear& l, const float* x, int64_t m, float* y) const {
+  kernels::LinearCpu(LinearFor(l, x, m, y), pool_.get());
 }
 
 void Model::RmsNorm(const std::vector<float>& w, const float* x, int64_t rows, int64_t width,
@@ -277,20 +282,8 @@ void Model::RunMlp(const Mlp& mlp, const float* x, int64_t m, int64_t inter, flo
   float* gate = scratch->data();
   float* up = gate + m * inter;
   // Gate and up read the same input: one parallel region for both.
-  kernels::LinearParams ps[2];
-  const Linear* ls[2] = {&mlp.gate, &mlp.up};
-  float* ys[2] = {gate, up};
-  for (int i = 0; i < 2; ++i) {
-    ps[i].x = x;
-    ps[i].weight = ls[i]->w;
-    ps[i].weight_dtype = ls[i]->dtype;
-    ps[i].bias = ls[i]->b;
-    ps[i].y = ys[i];
-    ps[i].m = m;
-    ps[i].n = ls[i]->out;
-    ps[i].k = ls[i]->in;
-    ps[i].round_to = act_dtype_;
-  }
+  const kernels::LinearParams ps[2] = {LinearFor(mlp.gate, x, m, gate),
+                                       LinearFor(mlp.up, x, m, up)};
   kernels::LinearCpuMulti(ps, 2, pool_.get());
   kernels::SwiGluCpu(gate, up, gate, m * inter, act_dtype_, pool_.get());
   RunLinear(mlp.down, gate, m, out);
@@ -495,20 +488,9 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       RmsNorm(L.input_norm, x, total, h, normed);
     }
     {
-      kernels::LinearParams ps[3];
-      const Linear* ls[3] = {&L.q, &L.k, &L.v};
-      float* ys[3] = {q, k, v};
-      for (int i = 0; i < 3; ++i) {
-        ps[i].x = normed;
-        ps[i].weight = ls[i]->w;
-        ps[i].weight_dtype = ls[i]->dtype;
-        ps[i].bias = ls[i]->b;
-        ps[i].y = ys[i];
-        ps[i].m = total;
-        ps[i].n = ls[i]->out;
-        ps[i].k = ls[i]->in;
-        ps[i].round_to = act_dtype_;
-      }
+      const kernels::LinearParams ps[3] = {LinearFor(L.q, normed, total, q),
+                                           LinearFor(L.k, normed, total, k),
+                                           LinearFor(L.v, normed, total, v)};
       kernels::LinearCpuMulti(ps, 3, pool_.get());
     }
     if (c.qk_norm) {

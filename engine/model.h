@@ -27,6 +27,7 @@
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "kernels/dtype.h"
+#include "kernels/linear_cpu.h"
 #include "kernels/thread_pool.h"
 
 namespace deepinfer::engine {
@@ -102,6 +103,8 @@ class Model {
   absl::StatusOr<Linear> GetLinear(const std::string& name, int64_t out, int64_t in,
                                    bool bias) const;
   absl::StatusOr<std::vector<float>> GetNorm(const std::string& name, int64_t size) const;
+  // Kernel parameters for y[m, out] = x[m, in] · l^T, rounded to the activation dtype.
+  kernels::LinearParams LinearFor(const Linear& l, const float* x, int64_t m, float* y) const;
   void RunLinear(const Linear& l, const float* x, int64_t m, float* y) const;
   void RunMlp(const Mlp& mlp, const float* x, int64_t m, int64_t inter, float* out,
               std::vector<float>* scratch) const;

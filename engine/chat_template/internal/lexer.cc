@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/internal/utf8.h"
 
 namespace deepinfer::engine::jinja {
 namespace {
@@ -20,23 +21,11 @@ std::string RStrip(absl::string_view s) {
   return std::string(s.substr(0, n));
 }
 
+// \u/\U escapes: surrogates and values beyond U+10FFFF become U+FFFD, as Python does when
+// encoding them for output.
 void AppendUtf8(std::string* out, uint32_t cp) {
   if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  tokenizer::internal::AppendUtf8(static_cast<char32_t>(cp), out);
 }
 
 int HexDigit(char c) {
