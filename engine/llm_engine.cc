@@ -873,6 +873,8 @@ void LlmEngine::SchedulerLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.running = static_cast<int64_t>(running_.size());
       stats_.waiting = static_cast<int64_t>(waiting_.size());
+      stats_.awaiting_kv = static_cast<int64_t>(awaiting_kv_.size());
+      stats_.held = static_cast<int64_t>(held_.size());
       stats_.blocks = blocks_.stats();
       for (const KvEvent& e : blocks_.DrainEvents()) {
         if (kv_events_.size() >= kMaxPendingKvEvents) {

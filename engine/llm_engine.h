@@ -140,6 +140,8 @@ using PrefillCallback = std::function<void(absl::StatusOr<PrefillResult>)>;
 struct EngineStats {
   int64_t running = 0;
   int64_t waiting = 0;
+  int64_t awaiting_kv = 0;  // reserved for a remote prefill (ReserveForRemotePrefill)
+  int64_t held = 0;         // prefilled here, blocks held for transfer (SubmitPrefill)
   BlockManagerStats blocks;
   int64_t steps = 0;
   int64_t step_tokens = 0;          // tokens computed over all steps
