@@ -1,0 +1,166 @@
+// deepinfer benchmark client: drives a router's public gRPC API with a reproducible workload and
+// prints TTFT / TPOT / ITL / E2E, throughput and goodput (see tools/bench/report.h), or compares
+// two routers on the same workload (--target_b), alternating runs so machine noise hits both.
+//
+//   bazel run //tools/bench -- --target=127.0.0.1:50051 --workload=coding --rate=2 --sessions=40
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "tools/bench/report.h"
+#include "tools/bench/runner.h"
+#include "tools/bench/workload.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Router host:port (side A).");
+ABSL_FLAG(std::string, target_b, "",
+          "Comparison mode: a second router host:port (side B); runs alternate A, B, A, B...");
+ABSL_FLAG(std::string, label_a, "A", "Name of side A in reports.");
+ABSL_FLAG(std::string, label_b, "B", "Name of side B in reports.");
+ABSL_FLAG(int, repeats, 1, "Comparison mode: runs per side (alternating).");
+ABSL_FLAG(std::string, model, "", "Model id; empty = the router's only model.");
+ABSL_FLAG(std::string, workload, "chat", "chat | coding | summarize (see workload.h).");
+ABSL_FLAG(int, sessions, 50, "Sessions (conversations) in the workload, warm-up included.");
+ABSL_FLAG(uint64_t, seed, 1, "Workload and arrival seed.");
+ABSL_FLAG(std::string, mode, "open", "open (arrivals at --rate) | closed (--concurrency).");
+ABSL_FLAG(double, rate, 1.0, "Open loop: session arrivals per second.");
+ABSL_FLAG(double, burstiness, 1.0, "Open loop: gamma shape of inter-arrival gaps (1 = Poisson).");
+ABSL_FLAG(int, concurrency, 4, "Closed loop: sessions in flight; also warm-up parallelism.");
+ABSL_FLAG(int, max_in_flight, 256, "Open loop: cap on sessions in flight.");
+ABSL_FLAG(int, warmup_sessions, 2, "Sessions run first and left out of the figures.");
+ABSL_FLAG(absl::Duration, duration, absl::InfiniteDuration(),
+          "Stop starting sessions after this long (default: run the whole workload).");
+ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(5), "Deadline of each request.");
+ABSL_FLAG(double, slo_ttft_ms, 1000, "Goodput SLO: TTFT at most this (ms).");
+ABSL_FLAG(double, slo_tpot_ms, 100, "Goodput SLO: TPOT at most this (ms).");
+ABSL_FLAG(int, chat_input_words, 120, "chat: median input words.");
+ABSL_FLAG(int, chat_output_tokens, 100, "chat: median output tokens.");
+ABSL_FLAG(int, coding_context_words, 600, "coding: shared context words per session.");
+ABSL_FLAG(int, coding_turns, 4, "coding: turns per session.");
+ABSL_FLAG(int, coding_answer_tokens, 64, "coding: answer tokens per turn.");
+ABSL_FLAG(double, coding_think_time_s, 0.0, "coding: pause between turns (s).");
+ABSL_FLAG(int, summarize_document_words, 1200, "summarize: document words.");
+ABSL_FLAG(int, summarize_output_tokens, 32, "summarize: summary tokens.");
+ABSL_FLAG(int, max_input_words, 1500, "Clamp on generated input lengths (words).");
+ABSL_FLAG(int, max_output_tokens, 512, "Clamp on output lengths (tokens).");
+ABSL_FLAG(bool, json, false, "Print the summary (and comparison) as JSON instead of tables.");
+ABSL_FLAG(std::string, records_out, "",
+          "Write every request record as JSON lines here (for tools/bench/plot.py).");
+
+namespace deepinfer::bench {
+namespace {
+
+int Main() {
+  WorkloadOptions w;
+  w.kind = absl::GetFlag(FLAGS_workload);
+  w.seed = absl::GetFlag(FLAGS_seed);
+  w.sessions = absl::GetFlag(FLAGS_sessions);
+  w.chat_input_words = absl::GetFlag(FLAGS_chat_input_words);
+  w.chat_output_tokens = absl::GetFlag(FLAGS_chat_output_tokens);
+  w.coding_context_words = absl::GetFlag(FLAGS_coding_context_words);
+  w.coding_turns = absl::GetFlag(FLAGS_coding_turns);
+  w.coding_answer_tokens = absl::GetFlag(FLAGS_coding_answer_tokens);
+  w.coding_think_time_s = absl::GetFlag(FLAGS_coding_think_time_s);
+  w.summarize_document_words = absl::GetFlag(FLAGS_summarize_document_words);
+  w.summarize_output_tokens = absl::GetFlag(FLAGS_summarize_output_tokens);
+  w.max_input_words = absl::GetFlag(FLAGS_max_input_words);
+  w.max_output_tokens = absl::GetFlag(FLAGS_max_output_tokens);
+  auto sessions = GenerateWorkload(w);
+  if (!sessions.ok()) {
+    std::fprintf(stderr, "error: %s\n", sessions.status().ToString().c_str());
+    return 2;
+  }
+  RunnerOptions r;
+  r.model = absl::GetFlag(FLAGS_model);
+  r.mode = absl::GetFlag(FLAGS_mode);
+  r.rate = absl::GetFlag(FLAGS_rate);
+  r.burstiness = absl::GetFlag(FLAGS_burstiness);
+  r.concurrency = absl::GetFlag(FLAGS_concurrency);
+  r.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  r.warmup_sessions = absl::GetFlag(FLAGS_warmup_sessions);
+  r.duration = absl::GetFlag(FLAGS_duration);
+  r.request_timeout = absl::GetFlag(FLAGS_request_timeout);
+  r.seed = absl::GetFlag(FLAGS_seed);
+  const double slo_ttft = absl::GetFlag(FLAGS_slo_ttft_ms);
+  const double slo_tpot = absl::GetFlag(FLAGS_slo_tpot_ms);
+
+  std::vector<std::pair<std::string, std::string>> sides = {
+      {absl::GetFlag(FLAGS_label_a), absl::GetFlag(FLAGS_target)}};
+  const bool compare = !absl::GetFlag(FLAGS_target_b).empty();
+  if (compare) sides.push_back({absl::GetFlag(FLAGS_label_b), absl::GetFlag(FLAGS_target_b)});
+  const int repeats = compare ? std::max(1, absl::GetFlag(FLAGS_repeats)) : 1;
+
+  std::vector<std::vector<RequestRecord>> all(sides.size());
+  std::ofstream records_out;
+  if (!absl::GetFlag(FLAGS_records_out).empty()) {
+    records_out.open(absl::GetFlag(FLAGS_records_out));
+    if (!records_out) {
+      std::fprintf(stderr, "error: --records_out: cannot write %s\n",
+                   absl::GetFlag(FLAGS_records_out).c_str());
+      return 2;
+    }
+  }
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (size_t s = 0; s < sides.size(); ++s) {
+      r.target = sides[s].second;
+      RunStats stats;
+      std::fprintf(stderr, "run %d/%d: %s (%s) ...\n", rep + 1, repeats, sides[s].first.c_str(),
+                   r.target.c_str());
+      auto records = RunWorkload(*sessions, r, &stats);
+      if (!records.ok()) {
+        std::fprintf(stderr, "error: %s\n", records.status().ToString().c_str());
+        return 1;
+      }
+      if (stats.arrivals_delayed > 0) {
+        std::fprintf(stderr, "warning: %lld arrivals waited for --max_in_flight\n",
+                     static_cast<long long>(stats.arrivals_delayed));
+      }
+      for (RequestRecord& rec : *records) {
+        if (records_out.is_open()) {
+          nlohmann::json j = RecordJson(rec);
+          j["side"] = sides[s].first;
+          j["repeat"] = rep;
+          records_out << j.dump() << "\n";
+        }
+        all[s].push_back(std::move(rec));
+      }
+    }
+  }
+  std::vector<Summary> summaries;
+  for (const auto& recs : all) summaries.push_back(Summarize(recs, slo_ttft, slo_tpot));
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t s = 0; s < sides.size(); ++s) out[sides[s].first] = SummaryJson(summaries[s]);
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    for (size_t s = 0; s < sides.size(); ++s) {
+      std::printf("%s", FormatSummary(summaries[s], absl::StrCat("Serving Benchmark Result: ",
+                                                                 sides[s].first))
+                            .c_str());
+    }
+    if (compare) {
+      std::printf("%s", FormatComparison(summaries[0], sides[0].first, summaries[1],
+                                         sides[1].first)
+                            .c_str());
+    }
+  }
+  for (const Summary& s : summaries) {
+    if (s.completed == 0) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace deepinfer::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Benchmark a deepinfer router: TTFT, ITL, throughput, goodput; --target_b compares two.");
+  absl::ParseCommandLine(argc, argv);
+  return deepinfer::bench::Main();
+}

@@ -1,0 +1,202 @@
+#include "tools/bench/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace deepinfer::bench {
+
+Distribution Summarize(std::vector<double> v) {
+  Distribution d;
+  d.count = static_cast<int64_t>(v.size());
+  if (v.empty()) return d;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  d.mean = sum / v.size();
+  auto pct = [&](double p) {
+    const double rank = p / 100.0 * (v.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(rank));
+    const size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (rank - lo);
+  };
+  d.median = pct(50);
+  d.p90 = pct(90);
+  d.p99 = pct(99);
+  d.max = v.back();
+  return d;
+}
+
+Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
+                  double slo_tpot_ms) {
+  Summary s;
+  s.slo_ttft_ms = slo_ttft_ms;
+  s.slo_tpot_ms = slo_tpot_ms;
+  std::vector<double> ttft, tpot, itl, e2e;
+  double first = 0, last = 0;
+  bool any = false;
+  int64_t good = 0;
+  std::set<std::string> errors;
+  for (const RequestRecord& r : records) {
+    if (r.warmup) continue;
+    if (!any || r.send_s < first) first = r.send_s;
+    if (!any || r.end_s > last) last = r.end_s;
+    any = true;
+    if (!r.ok) {
+      ++s.failed;
+      if (errors.size() < 5) errors.insert(r.error);
+      continue;
+    }
+    ++s.completed;
+    s.input_tokens += r.prompt_tokens;
+    s.cached_input_tokens += r.cached_prompt_tokens;
+    s.output_tokens += r.completion_tokens;
+    const double e = (r.end_s - r.send_s) * 1e3;
+    e2e.push_back(e);
+    if (r.chunk_times_s.empty()) continue;
+    const double t = (r.chunk_times_s[0] - r.send_s) * 1e3;
+    ttft.push_back(t);
+    for (size_t i = 0; i < r.chunk_times_s.size(); ++i) {
+      if (i > 0) itl.push_back((r.chunk_times_s[i] - r.chunk_times_s[i - 1]) * 1e3);
+      for (int k = 1; k < r.chunk_tokens[i]; ++k) itl.push_back(0.0);
+    }
+    double per_token = 0;
+    if (r.completion_tokens >= 2) {
+      per_token = (e - t) / static_cast<double>(r.completion_tokens - 1);
+      tpot.push_back(per_token);
+    }
+    if (t <= slo_ttft_ms && per_token <= slo_tpot_ms) ++good;
+  }
+  s.duration_s = any ? std::max(last - first, 1e-9) : 0;
+  if (s.duration_s > 0) {
+    s.request_throughput = s.completed / s.duration_s;
+    s.output_token_throughput = s.output_tokens / s.duration_s;
+    s.total_token_throughput = (s.input_tokens + s.output_tokens) / s.duration_s;
+    s.goodput = good / s.duration_s;
+  }
+  s.prefix_cache_hit_ratio =
+      s.input_tokens > 0 ? static_cast<double>(s.cached_input_tokens) / s.input_tokens : 0;
+  s.ttft_ms = Summarize(std::move(ttft));
+  s.tpot_ms = Summarize(std::move(tpot));
+  s.itl_ms = Summarize(std::move(itl));
+  s.e2e_ms = Summarize(std::move(e2e));
+  s.errors.assign(errors.begin(), errors.end());
+  return s;
+}
+
+namespace {
+
+void Line(std::string* out, const std::string& name, const std::string& value) {
+  absl::StrAppendFormat(out, "%-40s%10s\n", name, value);
+}
+std::string F(double v) { return absl::StrFormat("%.2f", v); }
+
+void Dist(std::string* out, const std::string& title, const std::string& name,
+          const Distribution& d) {
+  absl::StrAppendFormat(out, "%s\n", std::string(15, '-') + title + std::string(15, '-'));
+  Line(out, "Mean " + name + " (ms):", F(d.mean));
+  Line(out, "Median " + name + " (ms):", F(d.median));
+  Line(out, "P90 " + name + " (ms):", F(d.p90));
+  Line(out, "P99 " + name + " (ms):", F(d.p99));
+}
+
+}  // namespace
+
+std::string FormatSummary(const Summary& s, const std::string& title) {
+  std::string out;
+  absl::StrAppendFormat(&out, "%s\n", std::string(16, '=') + " " + title + " " +
+                                          std::string(16, '='));
+  Line(&out, "Successful requests:", absl::StrCat(s.completed));
+  Line(&out, "Failed requests:", absl::StrCat(s.failed));
+  Line(&out, "Benchmark duration (s):", F(s.duration_s));
+  Line(&out, "Total input tokens:", absl::StrCat(s.input_tokens));
+  Line(&out, "Total cached input tokens:", absl::StrCat(s.cached_input_tokens));
+  Line(&out, "Total generated tokens:", absl::StrCat(s.output_tokens));
+  Line(&out, "Request throughput (req/s):", F(s.request_throughput));
+  Line(&out, "Request goodput (req/s):", F(s.goodput));
+  Line(&out, "Output token throughput (tok/s):", F(s.output_token_throughput));
+  Line(&out, "Total token throughput (tok/s):", F(s.total_token_throughput));
+  Line(&out, "Prefix cache hit ratio:", F(s.prefix_cache_hit_ratio));
+  Line(&out, "SLO TTFT / TPOT (ms):", absl::StrCat(F(s.slo_ttft_ms), " / ", F(s.slo_tpot_ms)));
+  Dist(&out, "Time to First Token", "TTFT", s.ttft_ms);
+  Dist(&out, "Time per Output Token (excl. 1st token)", "TPOT", s.tpot_ms);
+  Dist(&out, "Inter-token Latency", "ITL", s.itl_ms);
+  Dist(&out, "End-to-end Latency", "E2EL", s.e2e_ms);
+  for (const std::string& e : s.errors) absl::StrAppend(&out, "error: ", e, "\n");
+  absl::StrAppend(&out, std::string(50, '='), "\n");
+  return out;
+}
+
+namespace {
+nlohmann::json DistJson(const Distribution& d) {
+  return {{"mean", d.mean}, {"median", d.median}, {"p90", d.p90},
+          {"p99", d.p99},   {"max", d.max},       {"count", d.count}};
+}
+}  // namespace
+
+nlohmann::json SummaryJson(const Summary& s) {
+  return {{"completed", s.completed},
+          {"failed", s.failed},
+          {"duration_s", s.duration_s},
+          {"input_tokens", s.input_tokens},
+          {"cached_input_tokens", s.cached_input_tokens},
+          {"output_tokens", s.output_tokens},
+          {"request_throughput", s.request_throughput},
+          {"output_token_throughput", s.output_token_throughput},
+          {"total_token_throughput", s.total_token_throughput},
+          {"goodput", s.goodput},
+          {"slo_ttft_ms", s.slo_ttft_ms},
+          {"slo_tpot_ms", s.slo_tpot_ms},
+          {"prefix_cache_hit_ratio", s.prefix_cache_hit_ratio},
+          {"ttft_ms", DistJson(s.ttft_ms)},
+          {"tpot_ms", DistJson(s.tpot_ms)},
+          {"itl_ms", DistJson(s.itl_ms)},
+          {"e2e_ms", DistJson(s.e2e_ms)},
+          {"errors", s.errors}};
+}
+
+nlohmann::json RecordJson(const RequestRecord& r) {
+  return {{"session", r.session},
+          {"turn", r.turn},
+          {"warmup", r.warmup},
+          {"send_s", r.send_s},
+          {"chunk_times_s", r.chunk_times_s},
+          {"chunk_tokens", r.chunk_tokens},
+          {"end_s", r.end_s},
+          {"ok", r.ok},
+          {"error", r.error},
+          {"finish_reason", r.finish_reason},
+          {"prompt_tokens", r.prompt_tokens},
+          {"cached_prompt_tokens", r.cached_prompt_tokens},
+          {"completion_tokens", r.completion_tokens}};
+}
+
+std::string FormatComparison(const Summary& a, const std::string& name_a, const Summary& b,
+                             const std::string& name_b) {
+  std::string out;
+  absl::StrAppendFormat(&out, "%-32s%14s%14s%10s\n", "metric", name_a, name_b, "b/a");
+  auto row = [&](const std::string& name, double x, double y) {
+    absl::StrAppendFormat(&out, "%-32s%14.2f%14.2f%10s\n", name, x, y,
+                          x != 0 ? absl::StrFormat("%.3f", y / x) : std::string("-"));
+  };
+  row("completed", a.completed, b.completed);
+  row("failed", a.failed, b.failed);
+  row("request throughput (req/s)", a.request_throughput, b.request_throughput);
+  row("goodput (req/s)", a.goodput, b.goodput);
+  row("output tok/s", a.output_token_throughput, b.output_token_throughput);
+  row("prefix cache hit ratio", a.prefix_cache_hit_ratio, b.prefix_cache_hit_ratio);
+  row("TTFT mean (ms)", a.ttft_ms.mean, b.ttft_ms.mean);
+  row("TTFT p90 (ms)", a.ttft_ms.p90, b.ttft_ms.p90);
+  row("TTFT p99 (ms)", a.ttft_ms.p99, b.ttft_ms.p99);
+  row("TPOT p90 (ms)", a.tpot_ms.p90, b.tpot_ms.p90);
+  row("ITL mean (ms)", a.itl_ms.mean, b.itl_ms.mean);
+  row("ITL p90 (ms)", a.itl_ms.p90, b.itl_ms.p90);
+  row("ITL p99 (ms)", a.itl_ms.p99, b.itl_ms.p99);
+  row("E2E p90 (ms)", a.e2e_ms.p90, b.e2e_ms.p90);
+  return out;
+}
+
+}  // namespace deepinfer::bench

@@ -1,0 +1,82 @@
+// Per-request records of a benchmark run and the summary computed from them, in the layout
+// `vllm bench serve` users know (TTFT, TPOT, ITL, E2E: mean / median / p90 / p99; request and
+// token throughput; goodput under a TTFT and a TPOT SLO), plus the prefix-cache hit ratio.
+//
+// Definitions (all latencies in milliseconds in the report):
+//   TTFT  send -> first chunk carrying a token.
+//   ITL   gaps between consecutive chunks carrying tokens (a chunk with k tokens contributes one
+//         gap then k - 1 zero gaps, as vLLM counts speculative bursts).
+//   TPOT  (E2E - TTFT) / (completion_tokens - 1), per request with >= 2 tokens.
+//   E2E   send -> last chunk.
+//   goodput  successful requests with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms (a request with
+//         one token passes the TPOT SLO), divided by the run's duration.
+//   duration  first send -> last completion, excluding warm-up requests.
+//
+// Thread-safety: pure functions.
+#ifndef DEEPINFER_TOOLS_BENCH_REPORT_H_
+#define DEEPINFER_TOOLS_BENCH_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace deepinfer::bench {
+
+struct RequestRecord {
+  uint64_t session = 0;
+  int turn = 0;
+  bool warmup = false;
+  double send_s = 0.0;                // seconds since the run started
+  std::vector<double> chunk_times_s;  // arrival of each chunk carrying tokens
+  std::vector<int> chunk_tokens;      // tokens in that chunk
+  double end_s = 0.0;                 // last chunk or error
+  bool ok = false;
+  std::string error;          // "CODE: message" when !ok
+  std::string finish_reason;  // "stop", "length", ...
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+struct Distribution {
+  double mean = 0, median = 0, p90 = 0, p99 = 0, max = 0;
+  int64_t count = 0;
+};
+
+// Percentiles by linear interpolation between closest ranks (numpy's default).
+Distribution Summarize(std::vector<double> values);
+
+struct Summary {
+  int64_t completed = 0;
+  int64_t failed = 0;
+  double duration_s = 0;
+  int64_t input_tokens = 0;
+  int64_t cached_input_tokens = 0;
+  int64_t output_tokens = 0;
+  double request_throughput = 0;       // completed / s
+  double output_token_throughput = 0;  // tokens / s
+  double total_token_throughput = 0;   // (input + output) / s
+  double goodput = 0;                  // requests / s meeting both SLOs
+  double slo_ttft_ms = 0, slo_tpot_ms = 0;
+  double prefix_cache_hit_ratio = 0;   // cached / input tokens
+  Distribution ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  std::vector<std::string> errors;  // first few distinct errors
+};
+
+Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
+                  double slo_tpot_ms);
+
+// The human-readable report (vllm bench serve layout), titled `title`.
+std::string FormatSummary(const Summary& s, const std::string& title);
+nlohmann::json SummaryJson(const Summary& s);
+nlohmann::json RecordJson(const RequestRecord& r);
+
+// Side-by-side table of two summaries with ratios b / a for every figure.
+std::string FormatComparison(const Summary& a, const std::string& name_a, const Summary& b,
+                             const std::string& name_b);
+
+}  // namespace deepinfer::bench
+
+#endif  // DEEPINFER_TOOLS_BENCH_REPORT_H_

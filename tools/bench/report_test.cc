@@ -1,0 +1,68 @@
+#include "tools/bench/report.h"
+
+#include "gtest/gtest.h"
+
+namespace deepinfer::bench {
+namespace {
+
+TEST(ReportTest, PercentilesInterpolateLikeNumpy) {
+  Distribution d = Summarize(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  EXPECT_DOUBLE_EQ(d.mean, 5.5);
+  EXPECT_DOUBLE_EQ(d.median, 5.5);
+  EXPECT_NEAR(d.p90, 9.1, 1e-12);
+  EXPECT_NEAR(d.p99, 9.91, 1e-12);
+  EXPECT_DOUBLE_EQ(d.max, 10);
+  EXPECT_EQ(Summarize(std::vector<double>{}).count, 0);
+}
+
+RequestRecord Rec(double send, std::vector<double> chunks, std::vector<int> tokens, bool ok = true) {
+  RequestRecord r;
+  r.send_s = send;
+  r.chunk_times_s = chunks;
+  r.chunk_tokens = tokens;
+  r.end_s = chunks.empty() ? send : chunks.back();
+  r.ok = ok;
+  r.finish_reason = ok ? "length" : "";
+  int n = 0;
+  for (int t : tokens) n += t;
+  r.completion_tokens = n;
+  r.prompt_tokens = 100;
+  r.cached_prompt_tokens = 50;
+  return r;
+}
+
+TEST(ReportTest, LatenciesThroughputAndGoodput) {
+  std::vector<RequestRecord> recs;
+  // TTFT 100 ms, then 4 tokens at 10 ms gaps: TPOT 10 ms.
+  recs.push_back(Rec(0.0, {0.1, 0.11, 0.12, 0.13, 0.14}, {1, 1, 1, 1, 1}));
+  // TTFT 500 ms (misses a 200 ms TTFT SLO), one 2-token chunk: ITL gaps 0.05 then 0.
+  recs.push_back(Rec(0.5, {1.0, 1.05}, {1, 2}));
+  RequestRecord warm = Rec(0.0, {5.0}, {1});
+  warm.warmup = true;  // ignored entirely
+  recs.push_back(warm);
+  RequestRecord bad = Rec(1.0, {}, {}, /*ok=*/false);
+  bad.end_s = 2.0;
+  bad.error = "14: unavailable";
+  recs.push_back(bad);
+  Summary s = Summarize(recs, /*slo_ttft_ms=*/200, /*slo_tpot_ms=*/50);
+  EXPECT_EQ(s.completed, 2);
+  EXPECT_EQ(s.failed, 1);
+  EXPECT_DOUBLE_EQ(s.duration_s, 2.0);  // first send 0 -> last end 2.0
+  EXPECT_EQ(s.output_tokens, 8);
+  EXPECT_DOUBLE_EQ(s.request_throughput, 1.0);
+  EXPECT_DOUBLE_EQ(s.goodput, 0.5);  // only the first meets TTFT <= 200 ms
+  EXPECT_DOUBLE_EQ(s.prefix_cache_hit_ratio, 0.5);
+  EXPECT_NEAR(s.ttft_ms.mean, 300, 1e-9);
+  // TPOT: (140 - 100) / 4 = 10 and (550 - 500) / 2 = 25.
+  EXPECT_NEAR(s.tpot_ms.median, 17.5, 1e-9);
+  // ITL values: 10,10,10,10 (first) and 50, 0 (second).
+  EXPECT_EQ(s.itl_ms.count, 6);
+  EXPECT_NEAR(s.itl_ms.max, 50, 1e-9);
+  ASSERT_EQ(s.errors.size(), 1u);
+  EXPECT_NE(FormatSummary(s, "t").find("Request goodput (req/s):"), std::string::npos);
+  EXPECT_NE(FormatComparison(s, "a", s, "b").find("1.000"), std::string::npos);
+  EXPECT_EQ(SummaryJson(s)["completed"], 2);
+}
+
+}  // namespace
+}  // namespace deepinfer::bench
