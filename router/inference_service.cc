@@ -100,9 +100,8 @@ absl::StatusOr<std::unique_ptr<InferenceService>> InferenceService::Create(
                                                    options.colocated_prefill_tokens));
   }
   if (options.default_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("default_timeout: expected > 0; got ",
-                     absl::FormatDuration(options.default_timeout)));
+    return absl::InvalidArgumentError(absl::StrCat("default_timeout: expected > 0; got ",
+                                                   absl::FormatDuration(options.default_timeout)));
   }
   DI_ASSIGN_OR_RETURN(GenerationDefaults defaults,
                       ParseGenerationDefaults(assets->generation_config()));
@@ -128,9 +127,8 @@ InferenceService::InferenceService(WorkerRegistry* registry, const engine::Model
 
 absl::Status InferenceService::CheckModel(absl::string_view model) const {
   if (model.empty() || model == options_.model_id) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("model: unknown model ", Quote(model),
-                                                 "; this router serves ",
-                                                 Quote(options_.model_id)));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model: unknown model ", Quote(model), "; this router serves ", Quote(options_.model_id)));
 }
 
 std::string InferenceService::NewRequestId(absl::string_view prefix) {
@@ -242,8 +240,8 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
       if (attempt == 0) return ToGrpcStatus(placement.status());
       // The retry found nowhere to go: the client sees the failure that caused it.
       return grpc::Status(first_failure.error_code(),
-                          absl::StrCat(first_failure.error_message(), " (retry not placed: ",
-                                       placement.status().message(), ")"));
+                          absl::StrCat(first_failure.error_message(),
+                                       " (retry not placed: ", placement.status().message(), ")"));
     }
     outcome->attempts = attempt + 1;
     outcome->decode_worker = placement->decode.info.worker_id();
@@ -270,8 +268,7 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
       if (live->aborted) return finish_aborted();
       live->call = call.get();
     }
-    std::unique_ptr<internal::v1::Decode::Stub> stub =
-        DecodeStub(placement->decode.info.address());
+    std::unique_ptr<internal::v1::Decode::Stub> stub = DecodeStub(placement->decode.info.address());
     std::unique_ptr<grpc::ClientReader<v1::GenerateChunk>> reader =
         stub->Generate(call.get(), decode_request);
 
@@ -289,9 +286,8 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
       if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         finished = true;
         v1::Timing* timing = chunk.mutable_usage()->mutable_timing();
-        if (outcome->first_token_us >= 0) {
-          timing->set_first_token_us(static_cast<uint64_t>(outcome->first_token_us));
-        }
+        timing->set_first_token_us(
+            static_cast<uint64_t>(std::max<int64_t>(0, outcome->first_token_us)));
         timing->set_total_us(static_cast<uint64_t>(MicrosSince(received)));
       }
       ++relayed;
@@ -341,15 +337,16 @@ void InferenceService::LogFinished(absl::string_view request_id, absl::Time rece
   } else if (status.ok()) {
     result = "OK";
   } else {
-    result = absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(
-                              status.error_code())),
-                          ": ", status.error_message());
+    result =
+        absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                     ": ", status.error_message());
   }
   spdlog::info(
       "[req={}] finished: decode={} prefill={} prompt_tokens={} completion_tokens={} ttft={} "
       "total={:.1f}ms attempts={} outcome={}",
-      std::string(request_id), outcome.decode_worker, outcome.prefill_worker, prompt_tokens,
-      outcome.completion_tokens, ttft, MicrosSince(received) / 1e3, outcome.attempts, result);
+      request_id.empty() ? std::string("-") : std::string(request_id), outcome.decode_worker,
+      outcome.prefill_worker, prompt_tokens, outcome.completion_tokens, ttft,
+      MicrosSince(received) / 1e3, outcome.attempts, result);
 }
 
 grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
@@ -374,8 +371,8 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
                                               static_cast<int64_t>(ids.size()))
                            .status());
     prepared.prompt_token_ids.assign(ids.begin(), ids.end());
-    prepared.request_id = request->request_id().empty() ? NewRequestId("chat")
-                                                        : request->request_id();
+    prepared.request_id =
+        request->request_id().empty() ? NewRequestId("chat") : request->request_id();
     prepared.sampling = &request->sampling();
     prepared.cache_salt = request->cache_salt();
     prepared.priority = request->priority();
@@ -389,11 +386,9 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
              !live.ok()) {
     status = ToGrpcStatus(live.status());
   } else {
-    status = Forward(context, received, prepared, *live,
-                     [writer](v1::GenerateChunk& chunk) {
-                       return writer->Write(ToChatChunk(chunk));
-                     },
-                     &outcome);
+    status = Forward(
+        context, received, prepared, *live,
+        [writer](v1::GenerateChunk& chunk) { return writer->Write(ToChatChunk(chunk)); }, &outcome);
   }
   LogFinished(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
               static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
@@ -416,8 +411,8 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                            .status());
     prepared.prompt_token_ids.assign(request->prompt_token_ids().begin(),
                                      request->prompt_token_ids().end());
-    prepared.request_id = request->request_id().empty() ? NewRequestId("gen")
-                                                        : request->request_id();
+    prepared.request_id =
+        request->request_id().empty() ? NewRequestId("gen") : request->request_id();
     prepared.sampling = &request->sampling();
     prepared.cache_salt = request->cache_salt();
     prepared.priority = request->priority();
@@ -431,9 +426,9 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
              !live.ok()) {
     status = ToGrpcStatus(live.status());
   } else {
-    status = Forward(context, received, prepared, *live,
-                     [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); },
-                     &outcome);
+    status = Forward(
+        context, received, prepared, *live,
+        [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); }, &outcome);
   }
   LogFinished(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
               static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
@@ -441,8 +436,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
 }
 
 grpc::Status InferenceService::Abort(grpc::ServerContext* /*context*/,
-                                     const v1::AbortRequest* request,
-                                     v1::AbortResponse* response) {
+                                     const v1::AbortRequest* request, v1::AbortResponse* response) {
   if (request->request_id().empty()) {
     return ToGrpcStatus(
         absl::InvalidArgumentError("request_id: expected the id of a running request; got \"\""));

@@ -86,9 +86,9 @@ class InferenceService final : public v1::Inference::Service {
   // `registry` and `assets` are not owned and must outlive the service. kInvalidArgument for an
   // empty model_id, a negative colocated_prefill_tokens, a non-positive default_timeout, or a
   // generation_config.json whose defaults do not parse (naming generation_config.<key>).
-  static absl::StatusOr<std::unique_ptr<InferenceService>> Create(
-      WorkerRegistry* registry, const engine::ModelAssets* assets,
-      InferenceServiceOptions options);
+  static absl::StatusOr<std::unique_ptr<InferenceService>> Create(WorkerRegistry* registry,
+                                                                  const engine::ModelAssets* assets,
+                                                                  InferenceServiceOptions options);
 
   InferenceService(const InferenceService&) = delete;
   InferenceService& operator=(const InferenceService&) = delete;
@@ -158,9 +158,9 @@ class InferenceService final : public v1::Inference::Service {
   absl::StatusOr<Placement> Place(int64_t prompt_tokens, absl::Span<const std::string> exclude);
   std::unique_ptr<internal::v1::Decode::Stub> DecodeStub(const std::string& address);
   // Places and forwards `request`, relaying chunks through `write` (false: the client is gone).
-  grpc::Status Forward(grpc::ServerContext* context, absl::Time received,
-                       const Prepared& request, LiveRequest* live,
-                       absl::FunctionRef<bool(v1::GenerateChunk&)> write, Outcome* outcome);
+  grpc::Status Forward(grpc::ServerContext* context, absl::Time received, const Prepared& request,
+                       LiveRequest* live, absl::FunctionRef<bool(v1::GenerateChunk&)> write,
+                       Outcome* outcome);
   void LogFinished(absl::string_view request_id, absl::Time received, int64_t prompt_tokens,
                    const Outcome& outcome, const grpc::Status& status) const;
 

@@ -1,6 +1,6 @@
 // //router:router — the cluster's public endpoint.
 //
-//   router --model engine/testdata/models/llama --listen 127.0.0.1:50051 --port_file /tmp/router.port
+//   router --model engine/testdata/models/llama --listen 127.0.0.1:0 --port_file /tmp/r.port
 //
 // Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels) for one model, the
 // deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with, and
@@ -52,8 +52,7 @@ ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10),
           "Deadline of a request whose client sets none.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long calls in flight get to finish before the server stops.");
-ABSL_FLAG(std::string, log_level, "info",
-          "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
 
 namespace deepinfer::router {
 namespace {
@@ -101,8 +100,8 @@ int Main() {
   }
   const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   if (drain_timeout < absl::ZeroDuration()) {
-    return Fail(FlagError("drain_timeout", absl::StrCat("expected >= 0; got ",
-                                                        absl::FormatDuration(drain_timeout))));
+    return Fail(FlagError(
+        "drain_timeout", absl::StrCat("expected >= 0; got ", absl::FormatDuration(drain_timeout))));
   }
   std::string model_id = absl::GetFlag(FLAGS_model_id);
   if (model_id.empty()) {
