@@ -71,7 +71,7 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& sampling, int voca
 // request_id (empty, or 1..128 printable ASCII bytes), messages (at least one; role; content
 // parts; UTF-8 text; images as described above, decoded size <= limits.max_image_bytes),
 // sampling, cache_salt (<= 256 bytes) and priority (-100..100). `model` is not checked here (an
-// unknown model is kNotFound, decided by the caller).
+// unknown model is kInvalidArgument naming `model`, decided by the caller).
 absl::Status ValidateChatRequest(const v1::ChatRequest& request, const RequestLimits& limits);
 
 // request_id, prompt_token_ids (at least one; each < limits.vocab_size), sampling, cache_salt,

@@ -98,6 +98,17 @@ absl::Status ValidateWorkerInfo(const WorkerInfo& w) {
   return absl::OkStatus();
 }
 
+// " (excluding \"a\", \"b\")" for the messages of picks that skipped workers; "" otherwise.
+std::string ExcludedSuffix(absl::Span<const std::string> exclude) {
+  if (exclude.empty()) return "";
+  std::string out = " (excluding ";
+  for (size_t i = 0; i < exclude.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ", Quote(exclude[i]));
+  }
+  out += ")";
+  return out;
+}
+
 absl::Status ValidateBatch(const KvEventBatch& batch) {
   if (batch.sequence() == 0) {
     return absl::InvalidArgumentError("sequence: expected >= 1 (consecutive from 1); got 0");
@@ -490,12 +501,13 @@ int WorkerRegistry::Sweep() {
   return n;
 }
 
-std::vector<WorkerRegistry::Entry*> WorkerRegistry::CandidatesLocked(WorkerRole role,
-                                                                     absl::string_view model,
-                                                                     absl::Time now) {
+std::vector<WorkerRegistry::Entry*> WorkerRegistry::CandidatesLocked(
+    WorkerRole role, absl::string_view model, absl::Span<const std::string> exclude,
+    absl::Time now) {
   std::vector<Entry*> out;
   for (auto& [id, entry] : workers_) {
-    if (entry->info.role() == role && entry->info.model() == model && Alive(*entry, now)) {
+    if (entry->info.role() == role && entry->info.model() == model && Alive(*entry, now) &&
+        std::find(exclude.begin(), exclude.end(), id) == exclude.end()) {
       out.push_back(entry.get());
     }
   }
@@ -530,16 +542,18 @@ WorkerRegistry::Entry* WorkerRegistry::ChooseLocked(const std::vector<Entry*>& c
 }
 
 absl::StatusOr<WorkerSnapshot> WorkerRegistry::PickPrefill(absl::string_view model,
-                                                           int64_t input_tokens) {
+                                                           int64_t input_tokens,
+                                                           absl::Span<const std::string> exclude) {
   if (input_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("input_tokens: expected >= 0; got ", input_tokens));
   }
   absl::MutexLock lock(&mu_);
   const std::vector<Entry*> candidates =
-      CandidatesLocked(internal::v1::WORKER_ROLE_PREFILL, model, Now());
+      CandidatesLocked(internal::v1::WORKER_ROLE_PREFILL, model, exclude, Now());
   if (candidates.empty()) {
-    return absl::UnavailableError(absl::StrCat("no live prefill worker for model ", Quote(model)));
+    return absl::UnavailableError(
+        absl::StrCat("no live prefill worker for model ", Quote(model), ExcludedSuffix(exclude)));
   }
   auto key = [](const Entry& e) {
     return std::make_pair(static_cast<int64_t>(e.load.queued_input_tokens()) + e.placed_tokens,
@@ -556,15 +570,18 @@ absl::StatusOr<WorkerSnapshot> WorkerRegistry::PickPrefill(absl::string_view mod
 }
 
 absl::StatusOr<WorkerSnapshot> WorkerRegistry::PickDecode(absl::string_view model,
-                                                          int64_t blocks_needed) {
+                                                          int64_t blocks_needed,
+                                                          absl::Span<const std::string> exclude) {
   if (blocks_needed < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("blocks_needed: expected >= 0; got ", blocks_needed));
   }
   absl::MutexLock lock(&mu_);
-  std::vector<Entry*> candidates = CandidatesLocked(internal::v1::WORKER_ROLE_DECODE, model, Now());
+  std::vector<Entry*> candidates =
+      CandidatesLocked(internal::v1::WORKER_ROLE_DECODE, model, exclude, Now());
   if (candidates.empty()) {
-    return absl::UnavailableError(absl::StrCat("no live decode worker for model ", Quote(model)));
+    return absl::UnavailableError(
+        absl::StrCat("no live decode worker for model ", Quote(model), ExcludedSuffix(exclude)));
   }
   int64_t most_free = 0;
   std::vector<Entry*> with_room;

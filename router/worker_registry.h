@@ -145,13 +145,17 @@ class WorkerRegistry {
   int Sweep();
 
   // The least loaded live prefill worker of `model` (see the file comment), recording
-  // `input_tokens` placed on it. kUnavailable when there is none.
-  absl::StatusOr<WorkerSnapshot> PickPrefill(absl::string_view model, int64_t input_tokens);
+  // `input_tokens` placed on it. Workers whose worker_id is in `exclude` are never chosen (a
+  // retry after a failure there). kUnavailable when there is none.
+  absl::StatusOr<WorkerSnapshot> PickPrefill(absl::string_view model, int64_t input_tokens,
+                                             absl::Span<const std::string> exclude = {});
 
   // The live decode worker of `model` with the most free KV blocks among those with at least
-  // `blocks_needed` free, recording the blocks placed on it. kUnavailable when the model has no
-  // live decode worker, kResourceExhausted when none has room.
-  absl::StatusOr<WorkerSnapshot> PickDecode(absl::string_view model, int64_t blocks_needed);
+  // `blocks_needed` free, recording the blocks placed on it; workers in `exclude` are skipped.
+  // kUnavailable when the model has no live decode worker (outside `exclude`),
+  // kResourceExhausted when none has room.
+  absl::StatusOr<WorkerSnapshot> PickDecode(absl::string_view model, int64_t blocks_needed,
+                                            absl::Span<const std::string> exclude = {});
 
   std::optional<WorkerSnapshot> Get(absl::string_view worker_id) const;
   // Every registered worker (live or not yet swept), ordered by worker_id.
@@ -181,9 +185,10 @@ class WorkerRegistry {
   bool Alive(const Entry& entry, absl::Time now) const;
   static WorkerSnapshot Snapshot(const Entry& entry);
   void Notify(std::vector<Removed> removed);
-  // Live workers of `role` serving `model`.
+  // Live workers of `role` serving `model`, except those in `exclude`.
   std::vector<Entry*> CandidatesLocked(internal::v1::WorkerRole role, absl::string_view model,
-                                       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                       absl::Span<const std::string> exclude, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The best of `candidates` (non-empty) by `compare(a, b)` (< 0: a better, 0: tie), ties
   // broken as the file comment says; marks it as chosen now.
   template <typename Compare>

@@ -603,6 +603,42 @@ TEST_F(WorkerRegistryTest, PickDecodeMostFreeBlocksThenFewestRunning) {
   EXPECT_EQ(registry_->PickDecode("other", 1).status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST_F(WorkerRegistryTest, PickSkipsExcludedWorkers) {
+  for (const char* id : {"p0", "p1"}) ASSERT_TRUE(registry_->Register(Prefill(id)).ok());
+  for (const char* id : {"d0", "d1"}) ASSERT_TRUE(registry_->Register(Decode(id)).ok());
+  LoadReport p1 = Load("p1", 100, 1);
+  p1.set_queued_input_tokens(5000);  // p0 would win on load
+  ASSERT_TRUE(registry_->ReportLoad(p1).known());
+  LoadReport d1 = Load("d1", 100, 1);
+  d1.set_free_kv_blocks(10);  // d0 would win on room
+  ASSERT_TRUE(registry_->ReportLoad(d1).known());
+
+  const std::vector<std::string> not_p0 = {"p0"};
+  absl::StatusOr<WorkerSnapshot> prefill = registry_->PickPrefill("m", 10, not_p0);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ(prefill->info.worker_id(), "p1");
+  const std::vector<std::string> not_d0 = {"d0", "unknown"};
+  absl::StatusOr<WorkerSnapshot> decode = registry_->PickDecode("m", 5, not_d0);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  EXPECT_EQ(decode->info.worker_id(), "d1");
+  // Room is judged among the workers left: d1 has 5 free now.
+  EXPECT_EQ(registry_->PickDecode("m", 6, not_d0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Without the exclusion the best worker is back.
+  EXPECT_EQ(registry_->PickDecode("m", 5)->info.worker_id(), "d0");
+
+  const std::vector<std::string> all_prefill = {"p0", "p1"};
+  absl::StatusOr<WorkerSnapshot> none = registry_->PickPrefill("m", 1, all_prefill);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(none.status().message(),
+            "no live prefill worker for model \"m\" (excluding \"p0\", \"p1\")");
+  const std::vector<std::string> all_decode = {"d1", "d0"};
+  absl::StatusOr<WorkerSnapshot> no_decode = registry_->PickDecode("m", 1, all_decode);
+  EXPECT_EQ(no_decode.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(no_decode.status().message(),
+            "no live decode worker for model \"m\" (excluding \"d1\", \"d0\")");
+}
+
 TEST_F(WorkerRegistryTest, PickDecodeUsesCapacityBeforeTheFirstReport) {
   WorkerInfo small = Decode("d0");
   small.set_kv_capacity_blocks(50);

@@ -1,0 +1,187 @@
+// The router's public front door: deepinfer.v1.Inference (proto/deepinfer/v1/inference.proto)
+// over one model, forwarding each request to a decode node (internal::v1::Decode) chosen from a
+// WorkerRegistry.
+//
+// A Chat or Generate call, in order:
+//   1. refused with kUnavailable "router is draining" after BeginDrain();
+//   2. `model`: empty selects the served model; anything else -> kInvalidArgument naming model;
+//   3. validation (router/request_validation.h), kInvalidArgument naming the field. Chat: the
+//      messages are converted and rendered with the model's chat template, then tokenized
+//      (kFailedPrecondition when the model has none); an image part is refused, naming
+//      messages[i].content[j].image, since this router has no encoder pool. Both: the sampling
+//      parameters are checked against the model's generation defaults and context
+//      (sampling.max_tokens when prompt + max_tokens exceeds it);
+//   4. an empty request_id is replaced by a generated one ("chat-<16 hex>" / "gen-<16 hex>"); an
+//      id that is already running -> kAlreadyExists naming request_id;
+//   5. placement: the decode worker with the most KV room for ceil((prompt + 1) / block_size)
+//      blocks (block_size of the model's registered decode workers, else 16). The decode worker
+//      prefills itself (DecodeRequest.prefill_address = "") when it can_prefill and either the
+//      prompt has at most colocated_prefill_tokens tokens or no prefill worker is live;
+//      otherwise the least loaded prefill worker's address is sent. No decode worker ->
+//      kUnavailable "no decode worker for model ..."; no room -> kResourceExhausted; no prefill
+//      worker and a decode worker that cannot prefill -> kUnavailable;
+//   6. Decode.Generate on the chosen worker (one cached channel per address), with the client's
+//      sampling parameters as given, deadline_unix_us from the client's deadline (else now +
+//      default_timeout) and the same deadline on the call; cancellation of the client's call
+//      propagates to it. Every chunk is relayed with the client's request id; the last chunk's
+//      usage.timing gets first_token_us and total_us as the router saw them (microseconds since
+//      it received the request; queued_us and prefill_us stay the decode node's);
+//   7. one retry: when the decode call ends kUnavailable before any chunk was relayed, placement
+//      runs again without the failed decode and prefill workers and the request is sent once
+//      more with request_id "<id>#r1". Any other error, or one after the first chunk, ends the
+//      client's call with the decode node's status (codes map 1:1).
+// Abort(request_id) cancels the running decode call; that request's stream then ends with a last
+// chunk whose finish_reason is ABORTED, and status OK.
+//
+// Every finished Chat/Generate call logs one info line: request id, decode and prefill worker,
+// prompt and completion tokens, TTFT, attempts and outcome.
+//
+// Thread-safety: every method is thread-safe; the gRPC server calls them from its threads.
+#ifndef DEEPINFER_ROUTER_INFERENCE_SERVICE_H_
+#define DEEPINFER_ROUTER_INFERENCE_SERVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/model_assets.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/server_context.h"
+#include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
+#include "proto/deepinfer/v1/inference.grpc.pb.h"
+#include "router/request_validation.h"
+#include "router/worker_registry.h"
+
+namespace deepinfer::router {
+
+struct InferenceServiceOptions {
+  // The id clients name in ChatRequest.model / GenerateRequest.model and that workers register
+  // with (WorkerInfo.model); non-empty.
+  std::string model_id;
+  // Prompts of at most this many tokens are prefilled on the decode worker itself when it
+  // can_prefill; 0 = only when no prefill worker is live. >= 0.
+  int colocated_prefill_tokens = 0;
+  // Largest decoded image, bytes (images are refused anyway without an encoder pool, but the
+  // size is checked first).
+  size_t max_image_bytes = size_t{20} << 20;
+  // Deadline of a request whose client set none; > 0.
+  absl::Duration default_timeout = absl::Minutes(10);
+  // Largest message on the channels to decode workers, bytes.
+  int max_message_bytes = 64 << 20;
+};
+
+class InferenceService final : public v1::Inference::Service {
+ public:
+  // `registry` and `assets` are not owned and must outlive the service. kInvalidArgument for an
+  // empty model_id, a negative colocated_prefill_tokens, a non-positive default_timeout, or a
+  // generation_config.json whose defaults do not parse (naming generation_config.<key>).
+  static absl::StatusOr<std::unique_ptr<InferenceService>> Create(WorkerRegistry* registry,
+                                                                  const engine::ModelAssets* assets,
+                                                                  InferenceServiceOptions options);
+
+  InferenceService(const InferenceService&) = delete;
+  InferenceService& operator=(const InferenceService&) = delete;
+
+  grpc::Status Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
+                    grpc::ServerWriter<v1::ChatChunk>* writer) override;
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateChunk>* writer) override;
+  // kInvalidArgument naming request_id when it is empty; found=false for an id not running.
+  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                     v1::AbortResponse* response) override;
+  // One model: id, max_context_tokens (config max_position_embeddings), supports_images=false,
+  // architecture, vocab_size.
+  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* response) override;
+
+  // From now on Chat and Generate are refused with kUnavailable; calls already admitted go on.
+  // Abort and ListModels are still served. Idempotent.
+  void BeginDrain();
+  bool draining() const;
+  // Waits until no Chat/Generate call is in flight, at most `timeout`; true when idle.
+  bool WaitIdle(absl::Duration timeout);
+  // Chat/Generate calls admitted and not yet finished.
+  int in_flight() const;
+
+  const v1::ModelInfo& model_info() const { return model_info_; }
+
+ private:
+  // A request ready to forward.
+  struct Prepared {
+    std::string request_id;
+    std::vector<uint32_t> prompt_token_ids;
+    const v1::SamplingParams* sampling = nullptr;
+    std::string cache_salt;
+    int32_t priority = 0;
+    bool detokenize = false;
+  };
+  // What a finished call did, for its log line.
+  struct Outcome {
+    std::string decode_worker = "-";
+    std::string prefill_worker = "-";
+    int attempts = 0;
+    int64_t completion_tokens = 0;
+    int64_t first_token_us = -1;
+    bool aborted = false;
+  };
+  // Where one attempt goes.
+  struct Placement {
+    WorkerSnapshot decode;
+    std::string prefill_worker_id;  // empty: colocated
+    std::string prefill_address;    // empty: colocated
+  };
+  // A running request, by its client-facing id (for Abort).
+  struct LiveRequest {
+    absl::Mutex mu;
+    grpc::ClientContext* call ABSL_GUARDED_BY(mu) = nullptr;
+    bool aborted ABSL_GUARDED_BY(mu) = false;
+  };
+  class Admission;
+
+  InferenceService(WorkerRegistry* registry, const engine::ModelAssets* assets,
+                   InferenceServiceOptions options, GenerationDefaults defaults);
+
+  absl::Status CheckModel(absl::string_view model) const;
+  std::string NewRequestId(absl::string_view prefix);
+  int64_t BlockSize() const;
+  absl::StatusOr<Placement> Place(int64_t prompt_tokens, absl::Span<const std::string> exclude);
+  std::unique_ptr<internal::v1::Decode::Stub> DecodeStub(const std::string& address);
+  // Places and forwards `request`, relaying chunks through `write` (false: the client is gone).
+  grpc::Status Forward(grpc::ServerContext* context, absl::Time received, const Prepared& request,
+                       LiveRequest* live, absl::FunctionRef<bool(v1::GenerateChunk&)> write,
+                       Outcome* outcome);
+  void LogFinished(absl::string_view request_id, absl::Time received, int64_t prompt_tokens,
+                   const Outcome& outcome, const grpc::Status& status) const;
+
+  WorkerRegistry* const registry_;
+  const engine::ModelAssets* const assets_;
+  const InferenceServiceOptions options_;
+  const GenerationDefaults defaults_;
+  const RequestLimits limits_;
+  v1::ModelInfo model_info_;
+
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::shared_ptr<LiveRequest>> live_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex channels_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_
+      ABSL_GUARDED_BY(channels_mu_);
+};
+
+}  // namespace deepinfer::router
+
+#endif  // DEEPINFER_ROUTER_INFERENCE_SERVICE_H_

@@ -1,0 +1,742 @@
+#include "router/inference_service.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/grpc_server.h"
+#include "engine/model_assets.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
+#include "proto/deepinfer/v1/inference.grpc.pb.h"
+#include "router/request_validation.h"
+#include "router/worker_registry.h"
+
+namespace deepinfer::router {
+namespace {
+
+using internal::v1::DecodeRequest;
+using internal::v1::WorkerInfo;
+using v1::ChatChunk;
+using v1::ChatRequest;
+using v1::GenerateChunk;
+using v1::GenerateRequest;
+
+constexpr char kModelDir[] = "engine/testdata/models/llama";
+constexpr char kModelId[] = "llama";
+constexpr uint64_t kQueuedUs = 7;
+constexpr uint64_t kPrefillUs = 11;
+
+// The tokens the fake decode worker streams for a prompt of `prompt_size` tokens.
+uint32_t FakeToken(size_t prompt_size, int i) {
+  return static_cast<uint32_t>((prompt_size * 7 + static_cast<size_t>(i)) % 700 + 1);
+}
+
+// What a fake decode worker does with the next requests.
+struct Script {
+  // Tokens streamed when sampling.max_tokens is 0 (else max_tokens).
+  int tokens = 4;
+  // When not OK: end the call with this code after `chunks_before_failure` chunks.
+  grpc::StatusCode fail_code = grpc::StatusCode::OK;
+  int chunks_before_failure = 0;
+  // Pause before each token (a slow stream); cancellation is checked between tokens.
+  absl::Duration per_token_delay = absl::ZeroDuration();
+};
+
+// A real gRPC server implementing internal::v1::Decode: streams deterministic tokens (one chunk
+// per token, then a last chunk with usage), records every DecodeRequest, fails or streams slowly
+// as its Script says, and notes when a call's context is cancelled.
+class FakeDecodeWorker final : public internal::v1::Decode::Service {
+ public:
+  explicit FakeDecodeWorker(std::string id) : id_(std::move(id)) {
+    GrpcServerOptions options;
+    options.services = {this};
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  ~FakeDecodeWorker() override { server_->Shutdown(absl::ZeroDuration()); }
+
+  WorkerInfo Info(bool can_prefill, uint64_t capacity_blocks = 1000) const {
+    WorkerInfo w;
+    w.set_worker_id(id_);
+    w.set_role(internal::v1::WORKER_ROLE_DECODE);
+    w.set_address(server_->address());
+    w.set_model(kModelId);
+    w.set_incarnation(1);
+    w.set_block_size(16);
+    w.set_kv_capacity_blocks(capacity_blocks);
+    w.set_max_context_tokens(2048);
+    w.set_can_prefill(can_prefill);
+    return w;
+  }
+
+  void SetScript(Script script) {
+    absl::MutexLock lock(&mu_);
+    script_ = script;
+  }
+  std::vector<DecodeRequest> requests() const {
+    absl::MutexLock lock(&mu_);
+    return requests_;
+  }
+  // True once a call of this worker saw its context cancelled within `timeout`.
+  bool WaitForCancel(absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&saw_cancel_), timeout);
+  }
+  bool WaitIdle(absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_ == 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+  }
+
+  grpc::Status Generate(grpc::ServerContext* context, const DecodeRequest* request,
+                        grpc::ServerWriter<GenerateChunk>* writer) override {
+    Script script;
+    {
+      absl::MutexLock lock(&mu_);
+      requests_.push_back(*request);
+      script = script_;
+      ++active_;
+    }
+    grpc::Status status = Stream(context, *request, script, writer);
+    absl::MutexLock lock(&mu_);
+    --active_;
+    return status;
+  }
+
+  grpc::Status Abort(grpc::ServerContext*, const internal::v1::DecodeAbortRequest*,
+                     internal::v1::DecodeAbortResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "the router cancels the stream instead");
+  }
+
+ private:
+  grpc::Status Stream(grpc::ServerContext* context, const DecodeRequest& request,
+                      const Script& script, grpc::ServerWriter<GenerateChunk>* writer) {
+    const int n = request.sampling().max_tokens() > 0
+                      ? static_cast<int>(request.sampling().max_tokens())
+                      : script.tokens;
+    const size_t prompt = static_cast<size_t>(request.prompt_token_ids_size());
+    for (int i = 0; i < n; ++i) {
+      if (script.fail_code != grpc::StatusCode::OK && i == script.chunks_before_failure) {
+        return grpc::Status(script.fail_code, absl::StrCat(id_, " fails on purpose"));
+      }
+      const absl::Time wake = absl::Now() + script.per_token_delay;
+      while (absl::Now() < wake && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(2));
+      if (context->IsCancelled()) {
+        absl::MutexLock lock(&mu_);
+        saw_cancel_ = true;
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
+      GenerateChunk chunk;
+      chunk.set_request_id(request.request_id());
+      chunk.add_token_ids(FakeToken(prompt, i));
+      if (request.detokenize()) chunk.set_text_delta(absl::StrCat("t", FakeToken(prompt, i)));
+      writer->Write(chunk);
+    }
+    if (script.fail_code != grpc::StatusCode::OK) {
+      return grpc::Status(script.fail_code, absl::StrCat(id_, " fails on purpose"));
+    }
+    GenerateChunk last;
+    last.set_request_id(request.request_id());
+    last.set_finish_reason(v1::FINISH_REASON_LENGTH);
+    v1::Usage* usage = last.mutable_usage();
+    usage->set_prompt_tokens(static_cast<uint32_t>(prompt));
+    usage->set_completion_tokens(static_cast<uint32_t>(n));
+    usage->mutable_timing()->set_queued_us(kQueuedUs);
+    usage->mutable_timing()->set_prefill_us(kPrefillUs);
+    usage->mutable_timing()->set_first_token_us(999'999'999);  // the router's view replaces it
+    usage->mutable_timing()->set_total_us(999'999'999);
+    writer->Write(last);
+    return grpc::Status::OK;
+  }
+
+  const std::string id_;
+  std::unique_ptr<GrpcServer> server_;
+  mutable absl::Mutex mu_;
+  Script script_ ABSL_GUARDED_BY(mu_);
+  std::vector<DecodeRequest> requests_ ABSL_GUARDED_BY(mu_);
+  bool saw_cancel_ ABSL_GUARDED_BY(mu_) = false;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+WorkerInfo PrefillInfo(absl::string_view id, int port) {
+  WorkerInfo w;
+  w.set_worker_id(std::string(id));
+  w.set_role(internal::v1::WORKER_ROLE_PREFILL);
+  w.set_address(absl::StrCat("127.0.0.1:", port));  // never contacted by the router
+  w.set_model(kModelId);
+  w.set_incarnation(1);
+  w.set_block_size(16);
+  w.set_kv_capacity_blocks(1000);
+  w.set_max_context_tokens(2048);
+  return w;
+}
+
+ChatRequest SimpleChat(absl::string_view request_id = "") {
+  ChatRequest r;
+  r.set_request_id(std::string(request_id));
+  v1::ChatMessage* system = r.add_messages();
+  system->set_role("system");
+  system->add_content()->set_text("You are terse.");
+  v1::ChatMessage* user = r.add_messages();
+  user->set_role("user");
+  user->add_content()->set_text("Hello there, how are you?");
+  return r;
+}
+
+GenerateRequest SimpleGenerate(absl::string_view request_id = "", int prompt_tokens = 5) {
+  GenerateRequest r;
+  r.set_request_id(std::string(request_id));
+  for (int i = 0; i < prompt_tokens; ++i) r.add_prompt_token_ids(static_cast<uint32_t>(i + 3));
+  return r;
+}
+
+// The classic 1x1 grey PNG.
+std::string Png() {
+  std::string out;
+  EXPECT_TRUE(
+      absl::Base64Unescape("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjC"
+                           "B0C8AAAAASUVORK5CYII=",
+                           &out));
+  return out;
+}
+
+template <typename Chunk>
+struct Result {
+  std::vector<Chunk> chunks;
+  grpc::Status status;
+
+  std::vector<uint32_t> Tokens() const {
+    std::vector<uint32_t> out;
+    for (const Chunk& c : chunks) out.insert(out.end(), c.token_ids().begin(), c.token_ids().end());
+    return out;
+  }
+};
+
+class InferenceServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<engine::ModelAssets>> assets =
+        engine::ModelAssets::Load(kModelDir);
+    ASSERT_TRUE(assets.ok()) << assets.status();
+    assets_ = std::move(*assets);
+    WorkerRegistry::Options registry_options;
+    registry_options.heartbeat_interval = absl::Seconds(60);  // no expiry during a test
+    registry_options.rng_seed = 1;
+    absl::StatusOr<std::unique_ptr<WorkerRegistry>> registry =
+        WorkerRegistry::Create(registry_options);
+    ASSERT_TRUE(registry.ok()) << registry.status();
+    registry_ = std::move(*registry);
+    StartService(InferenceServiceOptions{.model_id = kModelId});
+  }
+
+  void StartService(InferenceServiceOptions options) {
+    stub_.reset();
+    server_.reset();
+    absl::StatusOr<std::unique_ptr<InferenceService>> service =
+        InferenceService::Create(registry_.get(), assets_.get(), std::move(options));
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = std::move(*service);
+    GrpcServerOptions server_options;
+    server_options.services = {service_.get()};
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(server_options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = v1::Inference::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  FakeDecodeWorker* AddDecode(absl::string_view id, bool can_prefill,
+                              uint64_t capacity_blocks = 1000) {
+    decode_workers_.push_back(std::make_unique<FakeDecodeWorker>(std::string(id)));
+    FakeDecodeWorker* worker = decode_workers_.back().get();
+    absl::StatusOr<internal::v1::RegisterResponse> registered =
+        registry_->Register(worker->Info(can_prefill, capacity_blocks));
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return worker;
+  }
+
+  std::string AddPrefill(absl::string_view id, int port) {
+    WorkerInfo info = PrefillInfo(id, port);
+    absl::StatusOr<internal::v1::RegisterResponse> registered = registry_->Register(info);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return info.address();
+  }
+
+  // An infinite `timeout` sets no deadline.
+  static void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+    if (timeout != absl::InfiniteDuration()) {
+      context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    }
+  }
+
+  Result<ChatChunk> Chat(const ChatRequest& request, absl::Duration timeout = absl::Seconds(20)) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    Result<ChatChunk> result;
+    std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub_->Chat(&context, request);
+    ChatChunk chunk;
+    while (reader->Read(&chunk)) result.chunks.push_back(chunk);
+    result.status = reader->Finish();
+    return result;
+  }
+
+  Result<GenerateChunk> Generate(const GenerateRequest& request,
+                                 absl::Duration timeout = absl::Seconds(20)) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    Result<GenerateChunk> result;
+    std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader = stub_->Generate(&context, request);
+    GenerateChunk chunk;
+    while (reader->Read(&chunk)) result.chunks.push_back(chunk);
+    result.status = reader->Finish();
+    return result;
+  }
+
+  // Decode workers first, so that they outlive the router's server and service.
+  std::vector<std::unique_ptr<FakeDecodeWorker>> decode_workers_;
+  std::unique_ptr<engine::ModelAssets> assets_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<v1::Inference::Stub> stub_;
+};
+
+TEST_F(InferenceServiceTest, CreateRefusesBadOptions) {
+  EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(), {}).status().message(),
+            "model_id: expected a non-empty id; got \"\"");
+  EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(),
+                                     {.model_id = "m", .colocated_prefill_tokens = -1})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(),
+                                     {.model_id = "m", .default_timeout = absl::ZeroDuration()})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(InferenceServiceTest, ListModels) {
+  grpc::ClientContext context;
+  v1::ListModelsResponse response;
+  ASSERT_TRUE(stub_->ListModels(&context, {}, &response).ok());
+  ASSERT_EQ(response.models_size(), 1);
+  const v1::ModelInfo& m = response.models(0);
+  EXPECT_EQ(m.id(), kModelId);
+  EXPECT_EQ(m.max_context_tokens(), 2048u);
+  EXPECT_FALSE(m.supports_images());
+  EXPECT_EQ(m.architecture(), "LlamaForCausalLM");
+  EXPECT_EQ(m.vocab_size(), 768u);
+}
+
+TEST_F(InferenceServiceTest, ChatTokenizesWithTheTemplateAndRelaysTheStream) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/false);
+  const std::string prefill_address = AddPrefill("p0", 9);
+  ChatRequest request = SimpleChat();
+  request.mutable_sampling()->set_temperature(0.5f);
+  request.mutable_sampling()->set_max_tokens(5);
+  request.mutable_sampling()->add_stop("zz");
+  request.set_cache_salt("tenant-a");
+  request.set_priority(3);
+
+  const absl::Time before = absl::Now();
+  Result<ChatChunk> result = Chat(request, absl::InfiniteDuration());
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+
+  // The decode worker got the prompt as ModelAssets renders and tokenizes the same messages.
+  absl::StatusOr<ChatPrompt> prompt = ConvertChatMessages(request, RequestLimits{768, 2048});
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  absl::StatusOr<std::vector<int32_t>> expected_ids =
+      assets_->RenderAndTokenize(prompt->messages, /*add_generation_prompt=*/true);
+  ASSERT_TRUE(expected_ids.ok()) << expected_ids.status();
+  ASSERT_FALSE(expected_ids->empty());
+  const std::vector<DecodeRequest> sent = decode->requests();
+  ASSERT_EQ(sent.size(), 1u);
+  const DecodeRequest& d = sent[0];
+  EXPECT_EQ(std::vector<uint32_t>(d.prompt_token_ids().begin(), d.prompt_token_ids().end()),
+            std::vector<uint32_t>(expected_ids->begin(), expected_ids->end()));
+  // A generated id; sampling exactly as the client gave it; the chosen prefill worker.
+  EXPECT_TRUE(absl::StartsWith(d.request_id(), "chat-")) << d.request_id();
+  EXPECT_EQ(d.request_id().size(), 5u + 16u) << d.request_id();
+  EXPECT_EQ(d.sampling().SerializeAsString(), request.sampling().SerializeAsString());
+  EXPECT_EQ(d.cache_salt(), "tenant-a");
+  EXPECT_EQ(d.priority(), 3);
+  EXPECT_EQ(d.prefill_address(), prefill_address);
+  EXPECT_TRUE(d.detokenize());
+  // No client deadline: now + the default 10 minutes.
+  const absl::Time deadline = absl::FromUnixMicros(d.deadline_unix_us());
+  EXPECT_GE(deadline, before + absl::Minutes(10));
+  EXPECT_LE(deadline, absl::Now() + absl::Minutes(10));
+
+  // Five token chunks and the last one, all under the request's id.
+  ASSERT_EQ(result.chunks.size(), 6u);
+  std::vector<uint32_t> expected_tokens;
+  for (int i = 0; i < 5; ++i) expected_tokens.push_back(FakeToken(expected_ids->size(), i));
+  EXPECT_EQ(result.Tokens(), expected_tokens);
+  for (const ChatChunk& c : result.chunks) EXPECT_EQ(c.request_id(), d.request_id());
+  EXPECT_EQ(result.chunks[0].text_delta(), absl::StrCat("t", expected_tokens[0]));
+  const ChatChunk& last = result.chunks.back();
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(last.usage().prompt_tokens(), expected_ids->size());
+  EXPECT_EQ(last.usage().completion_tokens(), 5u);
+  // The decode node's queue and prefill times stay; TTFT and total are the router's.
+  EXPECT_EQ(last.usage().timing().queued_us(), kQueuedUs);
+  EXPECT_EQ(last.usage().timing().prefill_us(), kPrefillUs);
+  EXPECT_GT(last.usage().timing().first_token_us(), 0u);
+  EXPECT_LE(last.usage().timing().first_token_us(), last.usage().timing().total_us());
+  EXPECT_LT(last.usage().timing().total_us(),
+            static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - before)) + 1);
+  EXPECT_EQ(service_->in_flight(), 0);
+}
+
+TEST_F(InferenceServiceTest, GenerateForwardsTokensDetokenizeAndTheClientDeadline) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  GenerateRequest request = SimpleGenerate("gen-client-1", 7);
+  request.set_model(kModelId);
+  const absl::Time before = absl::Now();
+  Result<GenerateChunk> result = Generate(request, absl::Seconds(30));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  const std::vector<DecodeRequest> sent = decode->requests();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].request_id(), "gen-client-1");
+  EXPECT_EQ(sent[0].prompt_token_ids_size(), 7);
+  EXPECT_EQ(sent[0].prompt_token_ids(6), 9u);
+  EXPECT_FALSE(sent[0].detokenize());
+  EXPECT_EQ(sent[0].prefill_address(), "");  // colocated: no prefill worker
+  const absl::Time deadline = absl::FromUnixMicros(sent[0].deadline_unix_us());
+  // gRPC sends the deadline as a timeout and rebuilds it on the server: allow for rounding.
+  EXPECT_GE(deadline, before + absl::Seconds(29));
+  EXPECT_LE(deadline, absl::Now() + absl::Seconds(31));
+  ASSERT_EQ(result.chunks.size(), 5u);  // 4 tokens (the script's default) + last
+  EXPECT_EQ(result.chunks[0].text_delta(), "");
+  EXPECT_EQ(result.chunks.back().finish_reason(), v1::FINISH_REASON_LENGTH);
+
+  // With detokenize the decode node is asked for text.
+  request.set_request_id("gen-client-2");
+  request.set_detokenize(true);
+  result = Generate(request);
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_TRUE(decode->requests().back().detokenize());
+  EXPECT_EQ(result.chunks[0].text_delta(), absl::StrCat("t", FakeToken(7, 0)));
+}
+
+TEST_F(InferenceServiceTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  struct ChatCase {
+    const char* name;
+    std::function<void(ChatRequest&)> mutate;
+    std::string message_prefix;
+  };
+  const std::vector<ChatCase> chat_cases = {
+      {"no_messages", [](ChatRequest& r) { r.clear_messages(); }, "messages: "},
+      {"bad_role", [](ChatRequest& r) { r.mutable_messages(1)->set_role("robot"); },
+       "messages[1].role: "},
+      {"top_p", [](ChatRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }, "sampling.top_p: "},
+      {"temperature", [](ChatRequest& r) { r.mutable_sampling()->set_temperature(-1.0f); },
+       "sampling.temperature: "},
+      {"top_k", [](ChatRequest& r) { r.mutable_sampling()->set_top_k(-5); }, "sampling.top_k: "},
+      {"unknown_model", [](ChatRequest& r) { r.set_model("gpt-9"); },
+       "model: unknown model \"gpt-9\"; this router serves \"llama\""},
+      {"beyond_context", [](ChatRequest& r) { r.mutable_sampling()->set_max_tokens(2040); },
+       "sampling.max_tokens: "},
+      {"priority", [](ChatRequest& r) { r.set_priority(101); }, "priority: "},
+      {"request_id", [](ChatRequest& r) { r.set_request_id(std::string(129, 'x')); },
+       "request_id: "},
+      {"image",
+       [](ChatRequest& r) {
+         r.mutable_messages(1)->add_content()->mutable_image()->set_data(Png());
+       },
+       "messages[1].content[1].image: model \"llama\" accepts no images (no encoder pool)"},
+  };
+  for (const ChatCase& c : chat_cases) {
+    ChatRequest request = SimpleChat();
+    c.mutate(request);
+    Result<ChatChunk> result = Chat(request);
+    EXPECT_EQ(result.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_TRUE(absl::StartsWith(result.status.error_message(), c.message_prefix))
+        << c.name << ": " << result.status.error_message();
+    EXPECT_TRUE(result.chunks.empty()) << c.name;
+  }
+
+  struct GenerateCase {
+    const char* name;
+    std::function<void(GenerateRequest&)> mutate;
+    std::string message_prefix;
+  };
+  const std::vector<GenerateCase> generate_cases = {
+      {"no_prompt", [](GenerateRequest& r) { r.clear_prompt_token_ids(); }, "prompt_token_ids: "},
+      {"id_beyond_vocab", [](GenerateRequest& r) { r.set_prompt_token_ids(2, 768); },
+       "prompt_token_ids[2]: "},
+      {"beyond_context",
+       [](GenerateRequest& r) {
+         for (int i = 0; i < 2040; ++i) r.add_prompt_token_ids(1);
+         r.mutable_sampling()->set_max_tokens(100);
+       },
+       "sampling.max_tokens: "},
+      {"stop_token_beyond_vocab",
+       [](GenerateRequest& r) { r.mutable_sampling()->add_stop_token_ids(900); },
+       "sampling.stop_token_ids[0]: "},
+      {"min_p", [](GenerateRequest& r) { r.mutable_sampling()->set_min_p(2.0f); },
+       "sampling.min_p: "},
+      {"unknown_model", [](GenerateRequest& r) { r.set_model("other"); }, "model: "},
+  };
+  for (const GenerateCase& c : generate_cases) {
+    GenerateRequest request = SimpleGenerate();
+    c.mutate(request);
+    Result<GenerateChunk> result = Generate(request);
+    EXPECT_EQ(result.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_TRUE(absl::StartsWith(result.status.error_message(), c.message_prefix))
+        << c.name << ": " << result.status.error_message();
+  }
+
+  grpc::ClientContext abort_context;
+  v1::AbortResponse abort_response;
+  grpc::Status abort_status = stub_->Abort(&abort_context, {}, &abort_response);
+  EXPECT_EQ(abort_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(abort_status.error_message(), "request_id: "))
+      << abort_status.error_message();
+
+  // Nothing reached the decode worker, and the router still serves.
+  EXPECT_TRUE(decode->requests().empty());
+  EXPECT_TRUE(Chat(SimpleChat()).status.ok());
+  EXPECT_TRUE(Generate(SimpleGenerate()).status.ok());
+  EXPECT_EQ(decode->requests().size(), 2u);
+  EXPECT_EQ(service_->in_flight(), 0);
+}
+
+TEST_F(InferenceServiceTest, RetriesOnceElsewhereWhenTheDecodeWorkerIsUnavailable) {
+  // d0 has more room, so it is picked first; it fails before any chunk.
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/false, 2000);
+  FakeDecodeWorker* d1 = AddDecode("d1", /*can_prefill=*/false, 1000);
+  d0->SetScript({.fail_code = grpc::StatusCode::UNAVAILABLE});
+  AddPrefill("p0", 9);
+  AddPrefill("p1", 10);
+
+  Result<GenerateChunk> result = Generate(SimpleGenerate("r-1"));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  ASSERT_EQ(d0->requests().size(), 1u);
+  ASSERT_EQ(d1->requests().size(), 1u);
+  EXPECT_EQ(d0->requests()[0].request_id(), "r-1");
+  EXPECT_EQ(d1->requests()[0].request_id(), "r-1#r1");
+  // The retry avoids the prefill worker of the failed attempt too.
+  EXPECT_NE(d1->requests()[0].prefill_address(), d0->requests()[0].prefill_address());
+  EXPECT_EQ(result.Tokens().size(), 4u);
+  for (const GenerateChunk& c : result.chunks) EXPECT_EQ(c.request_id(), "r-1");
+}
+
+TEST_F(InferenceServiceTest, NoRetryAfterTheFirstChunk) {
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/true, 2000);
+  FakeDecodeWorker* d1 = AddDecode("d1", /*can_prefill=*/true, 1000);
+  d0->SetScript({.fail_code = grpc::StatusCode::UNAVAILABLE, .chunks_before_failure = 1});
+  Result<GenerateChunk> result = Generate(SimpleGenerate("r-2"));
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(result.status.error_message(), "d0 fails on purpose");
+  ASSERT_EQ(result.chunks.size(), 1u);
+  EXPECT_EQ(result.chunks[0].token_ids_size(), 1);
+  EXPECT_EQ(d0->requests().size(), 1u);
+  EXPECT_TRUE(d1->requests().empty());
+}
+
+TEST_F(InferenceServiceTest, OtherDecodeErrorsMapOneToOneWithoutRetry) {
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/true, 2000);
+  FakeDecodeWorker* d1 = AddDecode("d1", /*can_prefill=*/true, 1000);
+  d0->SetScript({.fail_code = grpc::StatusCode::RESOURCE_EXHAUSTED});
+  Result<GenerateChunk> result = Generate(SimpleGenerate("r-3"));
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(result.status.error_message(), "d0 fails on purpose");
+  EXPECT_TRUE(d1->requests().empty());
+}
+
+TEST_F(InferenceServiceTest, RetryWithNowhereElseToGoKeepsTheFailure) {
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/true);
+  d0->SetScript({.fail_code = grpc::StatusCode::UNAVAILABLE});
+  Result<GenerateChunk> result = Generate(SimpleGenerate("r-4"));
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StartsWith(result.status.error_message(), "d0 fails on purpose (retry not "))
+      << result.status.error_message();
+  EXPECT_EQ(d0->requests().size(), 1u);
+}
+
+TEST_F(InferenceServiceTest, AbortEndsTheStreamWithAborted) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.tokens = 1000, .per_token_delay = absl::Milliseconds(5)});
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub_->Chat(&context, SimpleChat("ab-1"));
+  ChatChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  EXPECT_EQ(chunk.token_ids_size(), 1);
+
+  {
+    grpc::ClientContext abort_context;
+    v1::AbortRequest abort;
+    abort.set_request_id("ab-1");
+    v1::AbortResponse response;
+    ASSERT_TRUE(stub_->Abort(&abort_context, abort, &response).ok());
+    EXPECT_TRUE(response.found());
+  }
+  ChatChunk last;
+  while (reader->Read(&chunk)) last = chunk;
+  grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(last.request_id(), "ab-1");
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_GE(last.usage().completion_tokens(), 1u);
+  EXPECT_LT(last.usage().completion_tokens(), 1000u);
+  EXPECT_GT(last.usage().prompt_tokens(), 0u);
+  EXPECT_TRUE(decode->WaitForCancel(absl::Seconds(5)));
+
+  // The request is gone: a second Abort finds nothing, nor does one for an unknown id.
+  for (const char* id : {"ab-1", "never-seen"}) {
+    grpc::ClientContext abort_context;
+    v1::AbortRequest abort;
+    abort.set_request_id(id);
+    v1::AbortResponse response;
+    ASSERT_TRUE(stub_->Abort(&abort_context, abort, &response).ok());
+    EXPECT_FALSE(response.found()) << id;
+  }
+}
+
+TEST_F(InferenceServiceTest, ClientCancelPropagatesToTheDecodeWorker) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.tokens = 1000, .per_token_delay = absl::Milliseconds(5)});
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader =
+      stub_->Generate(&context, SimpleGenerate("c-1"));
+  GenerateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  context.TryCancel();
+  EXPECT_TRUE(decode->WaitForCancel(absl::Seconds(5)));
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(service_->WaitIdle(absl::Seconds(5)));
+}
+
+TEST_F(InferenceServiceTest, ClientCancelBeforeTheFirstChunkPropagates) {
+  // The router is blocked reading the decode call (nothing to relay yet) when the client goes.
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.per_token_delay = absl::Seconds(30)});
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(60));
+  std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader =
+      stub_->Generate(&context, SimpleGenerate("c-2"));
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (decode->requests().empty() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(decode->requests().size(), 1u);
+  context.TryCancel();
+  EXPECT_TRUE(decode->WaitForCancel(absl::Seconds(5)));
+  GenerateChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(service_->WaitIdle(absl::Seconds(5)));
+}
+
+TEST_F(InferenceServiceTest, ColocatedSelection) {
+  // A decode worker that can prefill, and no prefill worker: it prefills itself.
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  ASSERT_TRUE(Generate(SimpleGenerate("co-1")).status.ok());
+  EXPECT_EQ(decode->requests().back().prefill_address(), "");
+
+  // With a prefill pool and the default threshold 0, the pool prefills.
+  const std::string prefill_address = AddPrefill("p0", 9);
+  ASSERT_TRUE(Generate(SimpleGenerate("co-2")).status.ok());
+  EXPECT_EQ(decode->requests().back().prefill_address(), prefill_address);
+
+  // Below the threshold the decode worker prefills; above it the pool does.
+  StartService(InferenceServiceOptions{.model_id = kModelId, .colocated_prefill_tokens = 10});
+  ASSERT_TRUE(Generate(SimpleGenerate("co-3", 10)).status.ok());
+  EXPECT_EQ(decode->requests().back().prefill_address(), "");
+  ASSERT_TRUE(Generate(SimpleGenerate("co-4", 11)).status.ok());
+  EXPECT_EQ(decode->requests().back().prefill_address(), prefill_address);
+}
+
+TEST_F(InferenceServiceTest, NoWorkerIsUnavailable) {
+  Result<GenerateChunk> none = Generate(SimpleGenerate());
+  EXPECT_EQ(none.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StartsWith(none.status.error_message(), "no decode worker for model \"llama\""))
+      << none.status.error_message();
+
+  // A decode worker that cannot prefill needs a prefill pool.
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/false);
+  Result<GenerateChunk> no_prefill = Generate(SimpleGenerate());
+  EXPECT_EQ(no_prefill.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(absl::StrContains(no_prefill.status.error_message(), "cannot prefill"))
+      << no_prefill.status.error_message();
+  EXPECT_TRUE(decode->requests().empty());
+}
+
+TEST_F(InferenceServiceTest, DrainingRefusesNewCallsAndWaitsForTheRunningOnes) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.tokens = 40, .per_token_delay = absl::Milliseconds(10)});
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader =
+      stub_->Generate(&context, SimpleGenerate("dr-1"));
+  GenerateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+
+  service_->BeginDrain();
+  EXPECT_TRUE(service_->draining());
+  Result<ChatChunk> refused = Chat(SimpleChat());
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(refused.status.error_message(), "router is draining");
+  EXPECT_EQ(Generate(SimpleGenerate()).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(service_->WaitIdle(absl::Milliseconds(20)));
+  EXPECT_EQ(service_->in_flight(), 1);
+  {
+    grpc::ClientContext list_context;
+    v1::ListModelsResponse models;
+    EXPECT_TRUE(stub_->ListModels(&list_context, {}, &models).ok());
+  }
+
+  // The running call finishes normally.
+  int tokens = chunk.token_ids_size();
+  bool finished = false;
+  while (reader->Read(&chunk)) {
+    tokens += chunk.token_ids_size();
+    finished = chunk.finish_reason() == v1::FINISH_REASON_LENGTH;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(tokens, 40);
+  EXPECT_TRUE(service_->WaitIdle(absl::Seconds(5)));
+  EXPECT_EQ(decode->requests().size(), 1u);
+}
+
+TEST_F(InferenceServiceTest, ARunningRequestIdCannotBeReused) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.tokens = 1000, .per_token_delay = absl::Milliseconds(5)});
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader =
+      stub_->Generate(&context, SimpleGenerate("dup"));
+  GenerateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  Result<GenerateChunk> second = Generate(SimpleGenerate("dup"));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_TRUE(absl::StartsWith(second.status.error_message(), "request_id: "));
+  context.TryCancel();
+  while (reader->Read(&chunk)) {
+  }
+  reader->Finish();
+  EXPECT_TRUE(service_->WaitIdle(absl::Seconds(5)));
+  EXPECT_TRUE(decode->WaitIdle(absl::Seconds(5)));
+}
+
+}  // namespace
+}  // namespace deepinfer::router

@@ -1,0 +1,187 @@
+// //router:router — the cluster's public endpoint.
+//
+//   router --model engine/testdata/models/llama --listen 127.0.0.1:0 --port_file /tmp/r.port
+//
+// Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels) for one model, the
+// deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with, and
+// grpc.health.v1.Health (SERVING once started). Only the model's assets are read (config,
+// tokenizer, chat template, generation_config.json), never its weights.
+//
+// SIGTERM / SIGINT: health goes NOT_SERVING, new Chat/Generate calls are refused with
+// UNAVAILABLE, the calls in flight get up to --drain_timeout to finish, then the server stops.
+// Invalid flags exit with status 2 and a message naming the flag.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/flags.h"
+#include "common/grpc_server.h"
+#include "common/logging.h"
+#include "common/process_lifecycle.h"
+#include "engine/model_assets.h"
+#include "router/inference_service.h"
+#include "router/worker_registry.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "host:port to serve on (Inference, WorkerRegistry, Health); port 0 picks a free port.");
+ABSL_FLAG(std::string, port_file, "",
+          "When set, the bound port is written to this file (atomically) once serving.");
+ABSL_FLAG(std::string, model, "",
+          "Hugging Face model directory; only its assets are read (config.json, tokenizer.json, "
+          "tokenizer_config.json, chat template, generation_config.json), no weights.");
+ABSL_FLAG(std::string, model_id, "",
+          "Model id clients and workers use; default: the --model directory's base name.");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
+          "How often workers send load reports (told to them at registration).");
+ABSL_FLAG(int, missed_heartbeats, 3,
+          "A worker silent for this many heartbeat intervals is dropped.");
+ABSL_FLAG(int, colocated_prefill_tokens, 0,
+          "Prompts of at most this many tokens are prefilled on the decode node itself (when it "
+          "can prefill); 0 = never, except when no prefill worker is live.");
+ABSL_FLAG(std::string, max_image_bytes, "20MiB",
+          "Largest decoded image in a Chat request (e.g. 20MiB).");
+ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10),
+          "Deadline of a request whose client sets none.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM/SIGINT, how long calls in flight get to finish before the server stops.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
+
+namespace deepinfer::router {
+namespace {
+
+absl::Status FlagError(absl::string_view flag, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", what));
+}
+
+// Exit status 2 for bad flags, 1 for everything else.
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "router: %s\n", status.ToString().c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int Main() {
+  if (absl::Status s = InitLogging("router", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    return Fail(s);
+  }
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) return Fail(FlagError("model", "expected a model directory; got \"\""));
+  absl::StatusOr<HostPort> listen =
+      ParseHostPort("listen", absl::GetFlag(FLAGS_listen), /*allow_port_zero=*/true);
+  if (!listen.ok()) return Fail(listen.status());
+  absl::StatusOr<uint64_t> max_image_bytes =
+      ParseByteSize("max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes));
+  if (!max_image_bytes.ok()) return Fail(max_image_bytes.status());
+  const absl::Duration heartbeat = absl::GetFlag(FLAGS_heartbeat_interval);
+  if (heartbeat <= absl::ZeroDuration()) {
+    return Fail(FlagError("heartbeat_interval",
+                          absl::StrCat("expected > 0; got ", absl::FormatDuration(heartbeat))));
+  }
+  const int missed = absl::GetFlag(FLAGS_missed_heartbeats);
+  if (missed < 1) {
+    return Fail(FlagError("missed_heartbeats", absl::StrCat("expected >= 1; got ", missed)));
+  }
+  const int colocated = absl::GetFlag(FLAGS_colocated_prefill_tokens);
+  if (colocated < 0) {
+    return Fail(
+        FlagError("colocated_prefill_tokens", absl::StrCat("expected >= 0; got ", colocated)));
+  }
+  const absl::Duration request_timeout = absl::GetFlag(FLAGS_request_timeout);
+  if (request_timeout <= absl::ZeroDuration()) {
+    return Fail(FlagError("request_timeout", absl::StrCat("expected > 0; got ",
+                                                          absl::FormatDuration(request_timeout))));
+  }
+  const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (drain_timeout < absl::ZeroDuration()) {
+    return Fail(FlagError(
+        "drain_timeout", absl::StrCat("expected >= 0; got ", absl::FormatDuration(drain_timeout))));
+  }
+  std::string model_id = absl::GetFlag(FLAGS_model_id);
+  if (model_id.empty()) {
+    std::filesystem::path path(model_dir);
+    if (!path.has_filename()) path = path.parent_path();  // "dir/" -> "dir"
+    model_id = path.filename().string();
+  }
+  if (model_id.empty()) {
+    return Fail(FlagError("model_id", absl::StrCat("expected an id (none derives from --model \"",
+                                                   model_dir, "\"); got \"\"")));
+  }
+
+  absl::StatusOr<std::unique_ptr<engine::ModelAssets>> assets =
+      engine::ModelAssets::Load(model_dir);
+  if (!assets.ok()) return Fail(assets.status());
+
+  WorkerRegistry::Options registry_options;
+  registry_options.heartbeat_interval = heartbeat;
+  registry_options.missed_heartbeats_allowed = missed;
+  registry_options.rng_seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  absl::StatusOr<std::unique_ptr<WorkerRegistry>> registry =
+      WorkerRegistry::Create(registry_options);
+  if (!registry.ok()) return Fail(registry.status());
+
+  InferenceServiceOptions service_options;
+  service_options.model_id = model_id;
+  service_options.colocated_prefill_tokens = colocated;
+  service_options.max_image_bytes = static_cast<size_t>(*max_image_bytes);
+  service_options.default_timeout = request_timeout;
+  absl::StatusOr<std::unique_ptr<InferenceService>> inference =
+      InferenceService::Create(registry->get(), assets->get(), service_options);
+  if (!inference.ok()) return Fail(inference.status());
+  WorkerRegistryService registry_service(registry->get());
+
+  (*registry)->Start();
+  GrpcServerOptions server_options;
+  server_options.listen_address = listen->ToString();
+  server_options.services = {inference->get(), &registry_service};
+  server_options.health_service_names = {v1::Inference::service_full_name(),
+                                         internal::v1::WorkerRegistry::service_full_name()};
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(server_options);
+  if (!server.ok()) {
+    (*registry)->Stop();
+    return Fail(server.status());
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, (*server)->port()); !s.ok()) {
+      (*server)->Shutdown(absl::ZeroDuration());
+      (*registry)->Stop();
+      return Fail(s);
+    }
+  }
+  (*server)->SetServing(true);
+  spdlog::info("serving model {} ({}, vocab {}, context {}) on {}", model_id,
+               (*assets)->architecture(), (*assets)->config().vocab_size,
+               (*assets)->config().max_position_embeddings, (*server)->address());
+
+  const int signal = WaitForShutdownSignal();
+  spdlog::info("shutting down (signal {}): draining for up to {}", signal,
+               absl::FormatDuration(drain_timeout));
+  (*server)->SetServing(false);
+  (*inference)->BeginDrain();
+  if (!(*inference)->WaitIdle(drain_timeout)) {
+    spdlog::warn("drain timeout: cancelling {} calls still in flight", (*inference)->in_flight());
+  }
+  (*server)->Shutdown(absl::Seconds(1));
+  (*registry)->Stop();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace deepinfer::router
+
+int main(int argc, char** argv) {
+  // Before any thread starts, so that every thread inherits the blocked signals.
+  deepinfer::InstallShutdownSignalHandlers();
+  absl::SetProgramUsageMessage(
+      "The deepinfer router: router --model DIR [--listen host:port] [--port_file FILE]");
+  absl::ParseCommandLine(argc, argv);
+  return deepinfer::router::Main();
+}
