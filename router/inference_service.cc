@@ -156,8 +156,14 @@ absl::StatusOr<InferenceService::Placement> InferenceService::Place(
   const int64_t block_size = BlockSize();
   // The prompt plus the first generated token.
   const int64_t blocks_needed = (prompt_tokens + 1 + block_size - 1) / block_size;
+  // `exclude` (the workers of a failed attempt) is a preference: the decode node cannot tell
+  // whether it or its prefill node failed, so when excluding leaves no candidate the pick falls
+  // back to every live worker (a dead one has stopped heartbeating by then, or fails again fast).
   absl::StatusOr<WorkerSnapshot> decode =
       registry_->PickDecode(options_.model_id, blocks_needed, exclude);
+  if (!decode.ok() && !exclude.empty()) {
+    decode = registry_->PickDecode(options_.model_id, blocks_needed);
+  }
   if (!decode.ok()) {
     if (decode.status().code() == absl::StatusCode::kUnavailable) {
       return absl::UnavailableError(absl::StrCat("no decode worker for model ",
@@ -172,6 +178,9 @@ absl::StatusOr<InferenceService::Placement> InferenceService::Place(
   if (can_prefill && prompt_tokens <= options_.colocated_prefill_tokens) return placement;
   absl::StatusOr<WorkerSnapshot> prefill =
       registry_->PickPrefill(options_.model_id, prompt_tokens, exclude);
+  if (!prefill.ok() && !exclude.empty()) {
+    prefill = registry_->PickPrefill(options_.model_id, prompt_tokens);
+  }
   if (prefill.ok()) {
     placement.prefill_worker_id = prefill->info.worker_id();
     placement.prefill_address = prefill->info.address();

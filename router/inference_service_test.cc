@@ -560,14 +560,19 @@ TEST_F(InferenceServiceTest, OtherDecodeErrorsMapOneToOneWithoutRetry) {
   EXPECT_TRUE(d1->requests().empty());
 }
 
-TEST_F(InferenceServiceTest, RetryWithNowhereElseToGoKeepsTheFailure) {
-  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/true);
+TEST_F(InferenceServiceTest, RetryFallsBackToTheOnlyWorkerWhenExclusionLeavesNone) {
+  // The decode node cannot say whether it or its prefill node failed, so with a single decode
+  // worker the retry goes to it again (with a prefill node other than the failed attempt's).
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/false);
+  AddPrefill("p0", 9);
+  AddPrefill("p1", 10);
   d0->SetScript({.fail_code = grpc::StatusCode::UNAVAILABLE});
   Result<GenerateChunk> result = Generate(SimpleGenerate("r-4"));
   EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_TRUE(absl::StartsWith(result.status.error_message(), "d0 fails on purpose (retry not "))
-      << result.status.error_message();
-  EXPECT_EQ(d0->requests().size(), 1u);
+  EXPECT_EQ(result.status.error_message(), "d0 fails on purpose");
+  ASSERT_EQ(d0->requests().size(), 2u);
+  EXPECT_EQ(d0->requests()[1].request_id(), "r-4#r1");
+  EXPECT_NE(d0->requests()[1].prefill_address(), d0->requests()[0].prefill_address());
 }
 
 TEST_F(InferenceServiceTest, AbortEndsTheStreamWithAborted) {
