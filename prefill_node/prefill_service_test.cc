@@ -243,6 +243,22 @@ TEST_F(PrefillServiceTest, PrefillIntoDecodeReservationGivesReferenceOutputs) {
   EXPECT_EQ(runtime_->agent()->counters().handles, 0);
 }
 
+TEST_F(PrefillServiceTest, StaleDestinationIncarnationIsAborted) {
+  const std::vector<int32_t> prompt = {760, 39, 68, 410, 78, 311, 268, 624, 5};
+  PrefillResponse response;
+  // Meets decode-0 at incarnation 7 (blocks 0..2 are not in use on the decode engine here).
+  grpc::Status s = CallPrefill(MakeRequest("fresh", prompt, {0, 1, 2}, 0, 1), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  PrefillRequest stale = MakeRequest("stale", prompt, {0, 1, 2}, 0, 2);
+  stale.mutable_destination()->set_incarnation(6);
+  stale.mutable_destination()->mutable_metadata()->set_incarnation(6);
+  s = CallPrefill(stale, &response);
+  EXPECT_EQ(s.error_code(), grpc::ABORTED) << s.error_message();
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "destination.incarnation:")) << s.error_message();
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+  EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+}
+
 TEST_F(PrefillServiceTest, PrefillWithoutDestinationOnlyComputes) {
   PrefillRequest r = MakeRequest("measure", {760, 39, 68, 410, 78}, {}, 0, 1);
   r.clear_destination();
