@@ -12,8 +12,10 @@
 //    drain;
 //  * request accounting for the drain: the role's service wraps each RPC in a RequestScope;
 //    Drain() refuses new ones (UNAVAILABLE "draining"), waits for the running ones, then stops;
-//  * the port file: once serving, the bound port is written to --port_file (write + rename), which
-//    is how the launcher and tests learn ports when listening on port 0.
+//  * the port file: once the server is bound and answering RPCs (health may still say
+//    NOT_SERVING until the first Register succeeds), the bound port is written to --port_file
+//    (write + rename), which is how the launcher and tests learn ports when listening on port 0.
+//    Readiness is health SERVING, not the port file.
 //
 // Lifecycle: Create (loads everything, binds nothing) -> Start(services) -> ... -> Drain(timeout)
 // (idempotent; also run by the destructor) . RunUntilSignal() = Start's caller waiting for
@@ -153,8 +155,13 @@ class WorkerRuntime {
   class AdminService;
   explicit WorkerRuntime(WorkerOptions options);
 
+  // The background link: registration, heartbeats and KV events when a router is set, and the
+  // wedge check that drives health in every mode.
   void RouterLoop();
-  absl::Status RegisterOnce();
+  // Health = serving unless draining, not yet registered, or wedged.
+  void UpdateHealth();
+  absl::Status RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
+                            internal::v1::RegisterResponse* response);
 
   WorkerOptions options_;
   uint64_t incarnation_ = 0;
@@ -169,10 +176,16 @@ class WorkerRuntime {
   StatsContributor contribute_stats_;
 
   std::atomic<bool> draining_{false};
+  // RunUntilSignal is blocked in WaitForShutdownSignal (Drain then wakes it).
+  std::atomic<bool> waiting_for_signal_{false};
+  // Serialises Drain calls (held for the whole drain).
+  absl::Mutex drain_mu_;
   mutable absl::Mutex mu_;
   int active_requests_ ABSL_GUARDED_BY(mu_) = 0;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_router_loop_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool wedged_ ABSL_GUARDED_BY(mu_) = false;
   std::thread router_thread_;
 };
 
