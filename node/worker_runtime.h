@@ -153,8 +153,13 @@ class WorkerRuntime {
   class AdminService;
   explicit WorkerRuntime(WorkerOptions options);
 
+  // The background link: registration, heartbeats and KV events when a router is set, and the
+  // wedge check that drives health in every mode.
   void RouterLoop();
-  absl::Status RegisterOnce();
+  // Health = serving unless draining, not yet registered, or wedged.
+  void UpdateHealth();
+  absl::Status RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
+                            internal::v1::RegisterResponse* response);
 
   WorkerOptions options_;
   uint64_t incarnation_ = 0;
@@ -169,10 +174,16 @@ class WorkerRuntime {
   StatsContributor contribute_stats_;
 
   std::atomic<bool> draining_{false};
+  // RunUntilSignal is blocked in WaitForShutdownSignal (Drain then wakes it).
+  std::atomic<bool> waiting_for_signal_{false};
+  // Serialises Drain calls (held for the whole drain).
+  absl::Mutex drain_mu_;
   mutable absl::Mutex mu_;
   int active_requests_ ABSL_GUARDED_BY(mu_) = 0;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_router_loop_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool wedged_ ABSL_GUARDED_BY(mu_) = false;
   std::thread router_thread_;
 };
 

@@ -1,0 +1,46 @@
+// The command-line flags the prefill_node and decode_node binaries share (Abseil flags), and
+// their conversion into WorkerOptions. Role-only flags (decode: --can_prefill,
+// --prefill_timeout) live in the role's binary.
+//
+// Thread-safety: WorkerOptionsFromFlags reads the flags; call it from main() after parsing.
+#ifndef DEEPINFER_NODE_WORKER_FLAGS_H_
+#define DEEPINFER_NODE_WORKER_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "node/worker_runtime.h"
+#include "proto/deepinfer/internal/v1/worker.pb.h"
+
+ABSL_DECLARE_FLAG(std::string, listen);
+ABSL_DECLARE_FLAG(std::string, advertise_host);
+ABSL_DECLARE_FLAG(std::string, router);
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, model_id);
+ABSL_DECLARE_FLAG(std::string, worker_id);
+ABSL_DECLARE_FLAG(int, kv_blocks);
+ABSL_DECLARE_FLAG(int, block_size);
+ABSL_DECLARE_FLAG(int, max_batch_tokens);
+ABSL_DECLARE_FLAG(int, max_running);
+ABSL_DECLARE_FLAG(int, max_waiting);
+ABSL_DECLARE_FLAG(bool, prefix_cache);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(uint64_t, hash_seed);
+ABSL_DECLARE_FLAG(std::string, kv_transport);
+ABSL_DECLARE_FLAG(std::string, port_file);
+ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
+ABSL_DECLARE_FLAG(std::string, log_level);
+
+namespace deepinfer::node {
+
+// WorkerOptions for `role` from the flags above. kInvalidArgument naming the flag
+// ("--kv_blocks: expected > 0, got 0") for a bad value. --log_level is validated here too but
+// applied by the caller (InitLogging).
+absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole role);
+
+}  // namespace deepinfer::node
+
+#endif  // DEEPINFER_NODE_WORKER_FLAGS_H_

@@ -1,0 +1,598 @@
+#include "node/worker_runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/flags.h"
+#include "common/grpc_status.h"
+#include "common/process_lifecycle.h"
+#include "common/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "kv_transfer/agent_factory.h"
+#include "spdlog/spdlog.h"
+
+namespace deepinfer::node {
+namespace {
+
+using internal::v1::WorkerRole;
+
+constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
+constexpr absl::Duration kRegisterBackoffMin = absl::Milliseconds(100);
+constexpr absl::Duration kRegisterBackoffMax = absl::Seconds(2);
+// How often the link thread wakes to check for wedging and due heartbeats.
+constexpr absl::Duration kTick = absl::Milliseconds(50);
+// Unacknowledged KV-event batches kept for resending; beyond it the worker starts over with
+// KIND_ALL_CLEARED.
+constexpr size_t kMaxUnackedKvBatches = 256;
+
+const char* RoleName(WorkerRole role) {
+  switch (role) {
+    case internal::v1::WORKER_ROLE_PREFILL:
+      return "prefill";
+    case internal::v1::WORKER_ROLE_DECODE:
+      return "decode";
+    case internal::v1::WORKER_ROLE_ENCODER:
+      return "encoder";
+    default:
+      return "unspecified";
+  }
+}
+
+absl::Status Positive(absl::string_view flag, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected > 0, got ", value));
+}
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t x = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  x ^= static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  x ^= static_cast<uint64_t>(getpid()) << 17;
+  // splitmix64 finaliser: spread the bits.
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x == 0 ? 1 : x;
+}
+
+std::string DefaultWorkerId(WorkerRole role) {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat(RoleName(role), "-", host[0] != '\0' ? host : "localhost", "-", getpid());
+}
+
+std::string LastPathComponent(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
+}
+
+// Engine events -> proto events: runs of STORED events that chain (each one's parent is the
+// previous one's hash) become one event with several hashes; runs of REMOVED events likewise.
+void AppendKvEvents(const std::vector<engine::KvEvent>& events,
+                    internal::v1::KvEventBatch* batch) {
+  using internal::v1::KvEvent;
+  KvEvent* current = nullptr;
+  uint64_t last_hash = 0;
+  for (const engine::KvEvent& e : events) {
+    const KvEvent::Kind kind =
+        e.kind == engine::KvEvent::Kind::kStored ? KvEvent::KIND_STORED : KvEvent::KIND_REMOVED;
+    const bool extends = current != nullptr && current->kind() == kind &&
+                         (kind == KvEvent::KIND_REMOVED || e.parent_hash == last_hash);
+    if (!extends) {
+      current = batch->add_events();
+      current->set_kind(kind);
+      current->set_tier(0);
+      if (kind == KvEvent::KIND_STORED) current->set_parent_hash(e.parent_hash);
+    }
+    current->add_block_hashes(e.block_hash);
+    last_hash = e.block_hash;
+  }
+}
+
+}  // namespace
+
+class WorkerRuntime::AdminService final : public internal::v1::WorkerAdmin::Service {
+ public:
+  explicit AdminService(const WorkerRuntime* runtime) : runtime_(runtime) {}
+  grpc::Status GetStats(grpc::ServerContext* /*context*/,
+                        const internal::v1::WorkerStatsRequest* /*request*/,
+                        internal::v1::WorkerStats* response) override {
+    *response = runtime_->Stats();
+    return grpc::Status::OK;
+  }
+
+ private:
+  const WorkerRuntime* const runtime_;
+};
+
+WorkerRuntime::WorkerRuntime(WorkerOptions options) : options_(std::move(options)) {}
+
+WorkerRuntime::~WorkerRuntime() { Drain(absl::ZeroDuration()); }
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options) {
+  if (options.role != internal::v1::WORKER_ROLE_PREFILL &&
+      options.role != internal::v1::WORKER_ROLE_DECODE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "role: expected WORKER_ROLE_PREFILL or WORKER_ROLE_DECODE, got ", RoleName(options.role)));
+  }
+  if (options.model_path.empty()) {
+    return absl::InvalidArgumentError("--model: required (a Hugging Face model directory)");
+  }
+  DI_RETURN_IF_ERROR(Positive("kv_blocks", options.kv_blocks));
+  DI_RETURN_IF_ERROR(Positive("block_size", options.block_size));
+  DI_RETURN_IF_ERROR(Positive("max_batch_tokens", options.max_batch_tokens));
+  DI_RETURN_IF_ERROR(Positive("max_running", options.max_running));
+  DI_RETURN_IF_ERROR(Positive("max_waiting", options.max_waiting));
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: expected >= 0 (0 = all cores), got ", options.threads));
+  }
+  DI_RETURN_IF_ERROR(
+      ParseHostPort("listen", options.listen_address, /*allow_port_zero=*/true).status());
+  if (!options.router_address.empty()) {
+    DI_RETURN_IF_ERROR(
+        ParseHostPort("router", options.router_address, /*allow_port_zero=*/false).status());
+  }
+  if (options.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--drain_timeout: expected >= 0, got ",
+                                                   absl::FormatDuration(options.drain_timeout)));
+  }
+  if (options.wedged_after <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("wedged_after: expected > 0, got ",
+                                                   absl::FormatDuration(options.wedged_after)));
+  }
+  if (options.worker_id.empty()) options.worker_id = DefaultWorkerId(options.role);
+  if (options.worker_id.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("--worker_id: expected 1..128 bytes, got ",
+                                                   options.worker_id.size()));
+  }
+  if (options.model_id.empty()) options.model_id = LastPathComponent(options.model_path);
+
+  auto rt = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(std::move(options)));
+  const WorkerOptions& o = rt->options_;
+  rt->incarnation_ = NewIncarnation();
+
+  DI_ASSIGN_OR_RETURN(rt->model_, engine::Model::Load(o.model_path, engine::ModelOptions{o.threads}));
+  DI_ASSIGN_OR_RETURN(rt->assets_, engine::ModelAssets::Load(o.model_path));
+
+  kv_transfer::AgentConfig agent_config;
+  agent_config.name = o.worker_id;
+  agent_config.incarnation = rt->incarnation_;
+  agent_config.backend = o.kv_backend;
+  DI_ASSIGN_OR_RETURN(rt->agent_, kv_transfer::CreateTransferAgent(std::move(agent_config)));
+  DI_RETURN_IF_ERROR(rt->agent_->Start());
+
+  engine::EngineOptions eo;
+  eo.num_blocks = o.kv_blocks;
+  eo.block_size = o.block_size;
+  eo.max_batch_tokens = o.max_batch_tokens;
+  eo.max_running = o.max_running;
+  eo.max_waiting = o.max_waiting;
+  eo.enable_prefix_cache = o.enable_prefix_cache;
+  eo.hash_seed = o.hash_seed;
+  eo.eos_token_ids = rt->assets_->eos_token_ids();
+  eo.tokenizer = &rt->assets_->tokenizer();
+  eo.chat_template = rt->assets_->chat_template();
+  eo.template_context = rt->assets_->template_context();
+  WorkerRuntime* self = rt.get();
+  eo.kv_memory = [self](size_t pool_bytes) -> absl::StatusOr<std::pair<void*, void*>> {
+    DI_ASSIGN_OR_RETURN(kv_transfer::AllocatedRegion k,
+                        self->agent_->AllocateMemory(pool_bytes, kv_transfer::MemoryKind::kHost));
+    DI_ASSIGN_OR_RETURN(kv_transfer::AllocatedRegion v,
+                        self->agent_->AllocateMemory(pool_bytes, kv_transfer::MemoryKind::kHost));
+    self->pool_layout_.set_k_region(k.region);
+    self->pool_layout_.set_v_region(v.region);
+    return std::make_pair(k.base, v.base);
+  };
+  DI_ASSIGN_OR_RETURN(rt->engine_, engine::LlmEngine::Create(rt->model_.get(), eo));
+
+  rt->pool_layout_.set_num_layers(static_cast<uint32_t>(rt->model_->config().num_layers));
+  rt->pool_layout_.set_num_blocks(static_cast<uint32_t>(o.kv_blocks));
+  rt->pool_layout_.set_block_bytes(rt->engine_->kv_cache()->block_bytes());
+
+  DI_ASSIGN_OR_RETURN(std::string blob, rt->agent_->ExportMetadata());
+  rt->kv_metadata_.set_version(1);
+  rt->kv_metadata_.set_agent_name(o.worker_id);
+  rt->kv_metadata_.set_incarnation(rt->incarnation_);
+  rt->kv_metadata_.set_backend(std::string(kv_transfer::BackendName(o.kv_backend)));
+  rt->kv_metadata_.set_blob(std::move(blob));
+
+  DI_RETURN_IF_ERROR(rt->engine_->Start());
+  spdlog::info("worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
+               "incarnation {}, kv backend {}",
+               o.worker_id, RoleName(o.role), o.model_id, rt->pool_layout_.num_layers(),
+               o.kv_blocks, o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
+               std::string(kv_transfer::BackendName(o.kv_backend)));
+  return rt;
+}
+
+absl::Status WorkerRuntime::Start(std::vector<grpc::Service*> services,
+                                  std::vector<std::string> health_service_names,
+                                  StatsContributor contribute_stats) {
+  if (server_ != nullptr) return absl::FailedPreconditionError("WorkerRuntime: already started");
+  if (draining_.load()) return absl::FailedPreconditionError("WorkerRuntime: drained");
+  contribute_stats_ = std::move(contribute_stats);
+  admin_ = std::make_unique<AdminService>(this);
+  GrpcServerOptions so;
+  so.listen_address = options_.listen_address;
+  so.services = std::move(services);
+  so.services.push_back(admin_.get());
+  so.health_service_names = std::move(health_service_names);
+  so.health_service_names.push_back(internal::v1::WorkerAdmin::service_full_name());
+  DI_ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server, GrpcServer::Start(std::move(so)));
+  {
+    absl::MutexLock lock(&mu_);
+    server_ = std::move(server);
+    if (options_.router_address.empty()) registered_ = true;  // standalone: nothing to wait for
+  }
+  UpdateHealth();
+  if (!options_.port_file.empty()) {
+    DI_RETURN_IF_ERROR(WritePortFile(options_.port_file, server_->port()));
+  }
+  spdlog::info("worker {} serving on {}{}", options_.worker_id, server_->address(),
+               options_.router_address.empty()
+                   ? " (standalone)"
+                   : absl::StrCat(", registering with router ", options_.router_address));
+  router_thread_ = std::thread([this] { RouterLoop(); });
+  return absl::OkStatus();
+}
+
+std::string WorkerRuntime::address() const {
+  absl::MutexLock lock(&mu_);
+  return server_ == nullptr ? "" : server_->address();
+}
+
+int WorkerRuntime::port() const {
+  absl::MutexLock lock(&mu_);
+  return server_ == nullptr ? 0 : server_->port();
+}
+
+void WorkerRuntime::UpdateHealth() {
+  absl::MutexLock lock(&mu_);
+  if (server_ == nullptr) return;
+  server_->SetServing(!draining_.load() && registered_ && !wedged_);
+}
+
+absl::Status WorkerRuntime::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
+                                         internal::v1::RegisterResponse* response) {
+  internal::v1::RegisterRequest request;
+  internal::v1::WorkerInfo* w = request.mutable_worker();
+  w->set_worker_id(options_.worker_id);
+  w->set_role(options_.role);
+  std::string address = server_->address();
+  if (!options_.advertise_host.empty()) {
+    HostPort hp;
+    hp.host = options_.advertise_host;
+    hp.port = static_cast<uint16_t>(server_->port());
+    address = hp.ToString();
+  }
+  w->set_address(address);
+  w->set_model(options_.model_id);
+  w->set_incarnation(incarnation_);
+  w->set_block_size(static_cast<uint32_t>(options_.block_size));
+  w->set_kv_capacity_blocks(static_cast<uint64_t>(options_.kv_blocks));
+  w->set_max_context_tokens(
+      static_cast<uint32_t>(std::max<int64_t>(0, model_->config().max_position_embeddings)));
+  w->set_can_prefill(options_.role == internal::v1::WORKER_ROLE_DECODE && options_.can_prefill);
+  *w->mutable_kv_metadata() = kv_metadata_;
+  w->set_block_hash_seed(options_.hash_seed);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  return FromGrpcStatus(stub->Register(&context, request, response));
+}
+
+void WorkerRuntime::RouterLoop() {
+  const bool linked = !options_.router_address.empty();
+  std::unique_ptr<internal::v1::WorkerRegistry::Stub> stub;
+  if (linked) {
+    stub = internal::v1::WorkerRegistry::NewStub(
+        grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
+  }
+  bool registered = false;
+  bool ever_registered = false;
+  absl::Duration backoff = kRegisterBackoffMin;
+  absl::Time next_register = absl::InfinitePast();
+  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Time next_heartbeat = absl::InfinitePast();
+  uint64_t load_sequence = 0;
+  // Throughput from engine counters between two reports.
+  int64_t last_step_tokens = engine_->GetStats().step_tokens;
+  absl::Time last_report = absl::Now();
+  // KV events: batches sent but not yet acknowledged (resent in order, same sequence numbers).
+  uint64_t kv_sequence = 0;
+  std::vector<internal::v1::KvEventBatch> unacked;
+  bool send_all_cleared = false;
+  int64_t kv_events_dropped = 0;
+  // Wedge detection.
+  int64_t last_steps = -1;
+  absl::Time steps_changed = absl::Now();
+
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_router_loop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), kTick);
+      if (stop_router_loop_) break;
+    }
+    const absl::Time now = absl::Now();
+    const engine::EngineStats es = engine_->GetStats();
+
+    // Wedged: work is queued or running, yet no step has completed for wedged_after.
+    bool wedged = false;
+    if (es.steps != last_steps || (es.running == 0 && es.waiting == 0)) {
+      last_steps = es.steps;
+      steps_changed = now;
+    } else if (now - steps_changed > options_.wedged_after) {
+      wedged = true;
+    }
+    bool health_changed = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (wedged != wedged_) {
+        wedged_ = wedged;
+        health_changed = true;
+        if (wedged) {
+          spdlog::error("worker {}: engine wedged ({} running, {} waiting, no step for {})",
+                        options_.worker_id, es.running, es.waiting,
+                        absl::FormatDuration(now - steps_changed));
+        } else {
+          spdlog::info("worker {}: engine progressing again", options_.worker_id);
+        }
+      }
+    }
+    if (health_changed) UpdateHealth();
+    if (!linked) continue;
+
+    if (!registered) {
+      if (now < next_register) continue;
+      internal::v1::RegisterResponse response;
+      absl::Status s = RegisterOnce(stub.get(), &response);
+      if (!s.ok()) {
+        spdlog::warn("worker {}: Register with router {} failed: {}; retrying in {}",
+                     options_.worker_id, options_.router_address, s.ToString(),
+                     absl::FormatDuration(backoff));
+        next_register = now + backoff;
+        backoff = std::min(backoff * 2, kRegisterBackoffMax);
+        continue;
+      }
+      registered = true;
+      backoff = kRegisterBackoffMin;
+      heartbeat = response.heartbeat_interval_ms() > 0
+                      ? absl::Milliseconds(response.heartbeat_interval_ms())
+                      : absl::Seconds(1);
+      next_heartbeat = now + heartbeat;
+      spdlog::info("worker {}: registered with router {} (heartbeat every {}, {} peers){}",
+                   options_.worker_id, options_.router_address, absl::FormatDuration(heartbeat),
+                   response.peers_size(), ever_registered ? " again" : "");
+      if (ever_registered) {
+        // The router's entry starts empty: tell it so explicitly with a new snapshot.
+        send_all_cleared = true;
+      }
+      ever_registered = true;
+      {
+        absl::MutexLock lock(&mu_);
+        registered_ = true;
+      }
+      UpdateHealth();
+    }
+    if (now < next_heartbeat) continue;
+    next_heartbeat = now + heartbeat;
+
+    // Load report.
+    internal::v1::LoadReport report;
+    report.set_worker_id(options_.worker_id);
+    report.set_incarnation(incarnation_);
+    report.set_sequence(++load_sequence);
+    report.set_queue_depth(static_cast<uint32_t>(es.waiting));
+    report.set_queued_input_tokens(0);  // the engine does not expose queued prompt tokens
+    report.set_running_sequences(static_cast<uint32_t>(es.running));
+    report.set_free_kv_blocks(static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
+    report.set_total_kv_blocks(static_cast<uint64_t>(es.blocks.num_blocks));
+    const double seconds = absl::ToDoubleSeconds(now - last_report);
+    const double tps =
+        seconds > 0 ? static_cast<double>(es.step_tokens - last_step_tokens) / seconds : 0.0;
+    // The engine counts all computed tokens together; attribute them to the node's role.
+    if (options_.role == internal::v1::WORKER_ROLE_PREFILL) {
+      report.set_prefill_tokens_per_second(tps);
+    } else {
+      report.set_decode_tokens_per_second(tps);
+    }
+    last_step_tokens = es.step_tokens;
+    last_report = now;
+    {
+      internal::v1::LoadReportResponse response;
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      absl::Status s = FromGrpcStatus(stub->ReportLoad(&context, report, &response));
+      if (!s.ok()) {
+        spdlog::warn("worker {}: ReportLoad failed: {}", options_.worker_id, s.ToString());
+      } else if (!response.known()) {
+        spdlog::warn("worker {}: router does not know this incarnation; registering again",
+                     options_.worker_id);
+        registered = false;
+        next_register = absl::InfinitePast();
+        continue;
+      }
+    }
+
+    // KV events. The engine has no snapshot API: after a resync request (or dropped events)
+    // the worker sends KIND_ALL_CLEARED followed only by new events, so the router's view of
+    // this node's cache is a subset of the truth until blocks are stored again (costs hit rate,
+    // never correctness).
+    std::vector<engine::KvEvent> events = engine_->DrainKvEvents();
+    if (es.kv_events_dropped != kv_events_dropped) {
+      kv_events_dropped = es.kv_events_dropped;
+      send_all_cleared = true;
+    }
+    if (!events.empty() || send_all_cleared) {
+      internal::v1::KvEventBatch batch;
+      batch.set_worker_id(options_.worker_id);
+      batch.set_incarnation(incarnation_);
+      batch.set_sequence(++kv_sequence);
+      if (send_all_cleared) {
+        batch.add_events()->set_kind(internal::v1::KvEvent::KIND_ALL_CLEARED);
+        send_all_cleared = false;
+      }
+      AppendKvEvents(events, &batch);
+      unacked.push_back(std::move(batch));
+      if (unacked.size() > kMaxUnackedKvBatches) {
+        // The router will see a gap and ask for a resync; start the snapshot now.
+        unacked.clear();
+        send_all_cleared = true;
+      }
+    }
+    size_t sent = 0;
+    for (; sent < unacked.size(); ++sent) {
+      internal::v1::KvEventAck ack;
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      absl::Status s = FromGrpcStatus(stub->PublishKvEvents(&context, unacked[sent], &ack));
+      if (s.code() == absl::StatusCode::kNotFound) {
+        registered = false;
+        next_register = absl::InfinitePast();
+        break;
+      }
+      if (!s.ok()) {
+        spdlog::warn("worker {}: PublishKvEvents #{} failed: {}", options_.worker_id,
+                     unacked[sent].sequence(), s.ToString());
+        break;
+      }
+      if (ack.resync()) send_all_cleared = true;
+    }
+    unacked.erase(unacked.begin(), unacked.begin() + static_cast<ptrdiff_t>(sent));
+  }
+
+  if (linked && ever_registered) {
+    internal::v1::DeregisterRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_incarnation(incarnation_);
+    internal::v1::DeregisterResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status s = FromGrpcStatus(stub->Deregister(&context, request, &response));
+    if (!s.ok()) {
+      spdlog::warn("worker {}: Deregister failed: {}", options_.worker_id, s.ToString());
+    } else {
+      spdlog::info("worker {}: deregistered from router {}", options_.worker_id,
+                   options_.router_address);
+    }
+  }
+}
+
+WorkerRuntime::RequestScope::RequestScope(WorkerRuntime* runtime) : runtime_(runtime) {
+  absl::MutexLock lock(&runtime_->mu_);
+  if (runtime_->draining_.load()) return;
+  ++runtime_->active_requests_;
+  ok_ = true;
+}
+
+WorkerRuntime::RequestScope::~RequestScope() {
+  if (!ok_) return;
+  absl::MutexLock lock(&runtime_->mu_);
+  --runtime_->active_requests_;
+}
+
+absl::Status WorkerRuntime::RequestScope::status() const {
+  if (ok_) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("draining: worker ", runtime_->worker_id(), " accepts no new requests"));
+}
+
+void WorkerRuntime::Drain(absl::Duration timeout) {
+  absl::MutexLock drain_lock(&drain_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (drained_) return;
+    draining_.store(true);
+    stop_router_loop_ = true;
+  }
+  UpdateHealth();
+  const bool started = router_thread_.joinable();
+  if (started) {
+    spdlog::info("worker {}: draining (up to {} for in-flight requests)", options_.worker_id,
+                 absl::FormatDuration(timeout));
+  }
+  // The link thread deregisters from the router on its way out.
+  if (router_thread_.joinable()) router_thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_requests_ == 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
+      spdlog::warn("worker {}: {} requests still running after {}; cancelling them",
+                   options_.worker_id, active_requests_, absl::FormatDuration(timeout));
+    }
+  }
+  GrpcServer* server = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    server = server_.get();
+  }
+  if (server != nullptr) server->Shutdown(absl::Milliseconds(500));
+  if (engine_ != nullptr) engine_->Stop();
+  if (agent_ != nullptr) agent_->Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    drained_ = true;
+  }
+  if (started) spdlog::info("worker {}: drained", options_.worker_id);
+  if (waiting_for_signal_.load()) RequestShutdown();
+}
+
+void WorkerRuntime::RunUntilSignal() {
+  waiting_for_signal_.store(true);
+  if (!draining_.load()) {
+    const int sig = WaitForShutdownSignal();
+    spdlog::info("worker {}: {}", options_.worker_id,
+                 sig == 0 ? std::string("shutdown requested") : absl::StrCat("signal ", sig));
+  }
+  waiting_for_signal_.store(false);
+  Drain(options_.drain_timeout);
+}
+
+internal::v1::WorkerStats WorkerRuntime::Stats() const {
+  internal::v1::WorkerStats s;
+  s.set_worker_id(options_.worker_id);
+  s.set_role(options_.role);
+  s.set_incarnation(incarnation_);
+  s.set_draining(draining_.load());
+  if (engine_ != nullptr) {
+    const engine::EngineStats e = engine_->GetStats();
+    s.set_running_sequences(static_cast<uint32_t>(e.running));
+    s.set_waiting_sequences(static_cast<uint32_t>(e.waiting));
+    s.set_awaiting_kv_sequences(static_cast<uint32_t>(e.awaiting_kv));
+    s.set_held_sequences(static_cast<uint32_t>(e.held));
+    s.set_used_kv_blocks(static_cast<uint64_t>(e.blocks.used_blocks));
+    s.set_free_kv_blocks(static_cast<uint64_t>(e.blocks.free_blocks));
+    s.set_cached_kv_blocks(static_cast<uint64_t>(e.blocks.cached_blocks));
+    s.set_total_kv_blocks(static_cast<uint64_t>(e.blocks.num_blocks));
+    s.set_prefix_query_tokens(static_cast<uint64_t>(e.blocks.prefix_queries_tokens));
+    s.set_prefix_hit_tokens(static_cast<uint64_t>(e.blocks.prefix_hit_tokens));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    s.set_active_requests(static_cast<uint32_t>(active_requests_));
+  }
+  if (agent_ != nullptr) {
+    const kv_transfer::AgentCounters c = agent_->counters();
+    s.set_in_flight_transfers(static_cast<uint32_t>(c.in_flight_handles));
+    s.set_transfer_bytes_written(c.bytes_written);
+    s.set_transfer_posts_failed(c.posts_failed);
+  }
+  if (contribute_stats_) contribute_stats_(&s);
+  return s;
+}
+
+}  // namespace deepinfer::node
