@@ -1,0 +1,140 @@
+// The prefill node's gRPC service (deepinfer.internal.v1.Prefill): computes a prompt's KV with the
+// node's engine (reusing its prefix cache) and writes it, layer by layer, into the KV blocks a
+// decode node reserved, through the node's kv_transfer agent.
+//
+// Prefill(PrefillRequest), in order:
+//  1. RequestScope: UNAVAILABLE while the node drains.
+//  2. Validation, each failure INVALID_ARGUMENT naming the field: request_id (1..128 bytes),
+//     prompt_token_ids (non-empty, each < vocab), images (this node has no vision encoder),
+//     sampling (router::ToEngineSamplingParams with the model's generation defaults; the engine
+//     samples exactly one token), destination when set: block_size equal to ours
+//     (FAILED_PRECONDITION), block_ids one per block_size prompt tokens, skip_blocks <= that,
+//     every block id < destination.pool.num_blocks, metadata naming agent_name/incarnation, pool
+//     compatible with ours (node::CheckCompatible). A request id recently cancelled (Cancel
+//     arrived first) is refused with CANCELLED; a live one with ALREADY_EXISTS; a deadline
+//     already past with DEADLINE_EXCEEDED.
+//  3. Peer: the destination agent is imported once per incarnation (a newer one replaces it, an
+//     older one is refused with ABORTED) and its pool's descriptor list prepared once (again if
+//     its layout changes).
+//  4. Compute: engine SubmitPrefill (engine request id = request_id). Cancel, the client going
+//     away or deadline_unix_us passing abort it; the engine's callback is still awaited.
+//  5. Transfer: one handle per layer; layer L's blocks [skip_blocks, n) of K and V go in one
+//     post with Notification{destination.notification_tag, seq = L, total = layers} (with no
+//     block to write the notifications still go, with empty index lists). Deadline:
+//     min(deadline_unix_us, now + default_transfer_timeout). On cancellation every handle is
+//     cancelled, and the RPC still waits until each is terminal (no write can land afterwards).
+//  6. The held blocks are released (their KV stays in the prefix cache) and the handles freed.
+// Without a destination the node only prefills (a measurement) and releases the blocks.
+// Errors: transfer failures keep their code (UNAVAILABLE peer gone, DEADLINE_EXCEEDED, ABORTED
+// stale incarnation); cancellation gives CANCELLED; the engine's own errors pass through
+// (RESOURCE_EXHAUSTED when the prompt cannot fit).
+//
+// Cancel(request_id): marks the live request cancelled and returns once it is terminal
+// (quiesced = true: nothing can still be written into its destination). For an unknown id the
+// cancellation is remembered for `cancel_memory`, so a Prefill arriving late is refused, and
+// quiesced = true.
+//
+// Thread-safety: every method is thread-safe (gRPC calls them concurrently). Not copyable or
+// movable. The runtime must outlive the service; the service must outlive the runtime's server
+// (pass it to WorkerRuntime::Start and destroy it after the runtime drained).
+#ifndef DEEPINFER_PREFILL_NODE_PREFILL_SERVICE_H_
+#define DEEPINFER_PREFILL_NODE_PREFILL_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "kv_transfer/transfer_agent.h"
+#include "node/worker_runtime.h"
+#include "proto/deepinfer/internal/v1/prefill.grpc.pb.h"
+#include "proto/deepinfer/internal/v1/prefill.pb.h"
+#include "router/request_validation.h"
+
+namespace deepinfer::prefill_node {
+
+struct PrefillServiceOptions {
+  // Longest a request's KV transfer may take when its deadline_unix_us is later (or unset).
+  absl::Duration default_transfer_timeout = absl::Seconds(30);
+  // How long a Cancel for an unknown request id is remembered.
+  absl::Duration cancel_memory = absl::Seconds(60);
+};
+
+class PrefillService final : public internal::v1::Prefill::Service {
+ public:
+  // `runtime` (not owned) must have been created with role PREFILL and must outlive this.
+  explicit PrefillService(node::WorkerRuntime* runtime, PrefillServiceOptions options = {});
+  ~PrefillService() override;
+
+  PrefillService(const PrefillService&) = delete;
+  PrefillService& operator=(const PrefillService&) = delete;
+
+  grpc::Status Prefill(grpc::ServerContext* context, const internal::v1::PrefillRequest* request,
+                       internal::v1::PrefillResponse* response) override;
+  grpc::Status Cancel(grpc::ServerContext* context,
+                      const internal::v1::CancelPrefillRequest* request,
+                      internal::v1::CancelPrefillResponse* response) override;
+
+  // Adds requests_ok / requests_failed / requests_cancelled; pass to WorkerRuntime::Start.
+  node::StatsContributor stats_contributor();
+
+  // The service name the runtime's health reports on.
+  static std::string ServiceName() { return internal::v1::Prefill::service_full_name(); }
+
+ private:
+  struct Live;
+  struct Peer {
+    uint64_t incarnation = 0;
+    std::string peer_name;  // as the agent knows it
+    std::string layout;     // serialized KvPoolLayout the remote list was prepared for
+    kv_transfer::DescListId remote_list = 0;
+  };
+  struct PeerLists {
+    kv_transfer::DescListId local_list = 0;
+    kv_transfer::DescListId remote_list = 0;
+  };
+
+  absl::Status DoPrefill(grpc::ServerContext* context, const internal::v1::PrefillRequest& request,
+                         const std::shared_ptr<Live>& live,
+                         internal::v1::PrefillResponse* response);
+  absl::Status Validate(const internal::v1::PrefillRequest& request,
+                        engine::SamplingParams* sampling) const;
+  // Imports / refreshes the destination's agent and returns the descriptor lists to use.
+  absl::StatusOr<PeerLists> PreparePeer(const internal::v1::KvDestination& destination);
+  // Why the request must stop now (Cancel, client gone, deadline), or OK to go on.
+  absl::Status StopReason(grpc::ServerContext* context, Live* live, absl::Time deadline) const;
+  absl::Status Transfer(grpc::ServerContext* context, const internal::v1::PrefillRequest& request,
+                        Live* live, absl::Time request_deadline,
+                        const std::vector<int32_t>& src_blocks, uint64_t* bytes);
+  void ForgetExpiredCancels(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  node::WorkerRuntime* const runtime_;
+  const PrefillServiceOptions options_;
+  router::GenerationDefaults defaults_;
+  router::RequestLimits limits_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);
+  // Cancelled before they arrived: id -> when to forget it.
+  absl::flat_hash_map<std::string, absl::Time> early_cancels_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex peers_mu_;
+  kv_transfer::DescListId local_list_ ABSL_GUARDED_BY(peers_mu_) = 0;
+  bool local_prepared_ ABSL_GUARDED_BY(peers_mu_) = false;
+  absl::flat_hash_map<std::string, Peer> peers_ ABSL_GUARDED_BY(peers_mu_);
+
+  std::atomic<uint64_t> requests_ok_{0};
+  std::atomic<uint64_t> requests_failed_{0};
+  std::atomic<uint64_t> requests_cancelled_{0};
+};
+
+}  // namespace deepinfer::prefill_node
+
+#endif  // DEEPINFER_PREFILL_NODE_PREFILL_SERVICE_H_
