@@ -45,9 +45,7 @@ absl::Time ContextDeadline(const grpc::ServerContext& context) {
   return absl::FromChrono(d);
 }
 
-std::string CodeAndMessage(const grpc::Status& status) {
-  return FromGrpcStatus(status).ToString();
-}
+std::string CodeAndMessage(const grpc::Status& status) { return FromGrpcStatus(status).ToString(); }
 
 }  // namespace
 
@@ -60,6 +58,7 @@ struct DecodeService::Call {
   bool return_logprobs = false;
   bool detokenize = false;
   std::atomic<bool> aborted{false};  // Abort RPC
+  bool ended_aborted = false;        // the stream ended with FINISH_REASON_ABORTED (handler only)
 
   absl::Mutex mu;
   std::deque<engine::EngineOutput> outputs ABSL_GUARDED_BY(mu);
@@ -111,12 +110,12 @@ size_t DecodeService::pending_releases() const {
 absl::Status DecodeService::Validate(const DecodeRequest& request,
                                      engine::SamplingParams* sampling) const {
   if (request.request_id().empty()) {
-    return absl::InvalidArgumentError("request_id: expected 1..128 printable ASCII bytes, got \"\"");
+    return absl::InvalidArgumentError(
+        "request_id: expected 1..128 printable ASCII bytes, got \"\"");
   }
   if (!request.images().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("images: expected none (this node has no vision encoder), got ",
-                     request.images_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "images: expected none (this node has no vision encoder), got ", request.images_size()));
   }
   // The public GenerateRequest carries the same fields under the same names, so the router's
   // validation gives the same messages here.
@@ -138,6 +137,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context, const DecodeR
   node::WorkerRuntime::RequestScope scope(runtime_);
   if (!scope.ok()) return ToGrpcStatus(scope.status());
 
+  bool ended_aborted = false;
   const absl::Status status = [&]() -> absl::Status {
     engine::SamplingParams sampling;
     DI_RETURN_IF_ERROR(Validate(*request, &sampling));
@@ -168,12 +168,13 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context, const DecodeR
             ? RunColocated(context, call, std::move(er), deadline, writer)
             : RunDisaggregated(context, *request, call, serial, std::move(er), deadline, writer);
     RemoveLive(*call);
+    ended_aborted = call->ended_aborted;
     return st;
   }();
 
   switch (status.code()) {
     case absl::StatusCode::kOk:
-      requests_ok_.fetch_add(1);
+      (ended_aborted ? requests_cancelled_ : requests_ok_).fetch_add(1);
       break;
     case absl::StatusCode::kCancelled:
       requests_cancelled_.fetch_add(1);
@@ -203,14 +204,13 @@ absl::Status DecodeService::RunColocated(grpc::ServerContext* context, std::shar
     return absl::FailedPreconditionError(
         "prefill_address: empty but this node was started without --can_prefill");
   }
-  DI_RETURN_IF_ERROR(
-      runtime_->engine()->Submit(std::move(engine_request), QueueOutputs(call)));
+  DI_RETURN_IF_ERROR(runtime_->engine()->Submit(std::move(engine_request), QueueOutputs(call)));
   return Stream(context, *call, deadline, /*cached_prompt_tokens=*/-1, /*prefill_us=*/-1, writer);
 }
 
-absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context,
-                                             const DecodeRequest& req, std::shared_ptr<Call> call,
-                                             uint64_t tag, engine::EngineRequest engine_request,
+absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const DecodeRequest& req,
+                                             std::shared_ptr<Call> call, uint64_t tag,
+                                             engine::EngineRequest engine_request,
                                              absl::Time deadline,
                                              grpc::ServerWriter<v1::GenerateChunk>* writer) {
   engine::LlmEngine* const engine = runtime_->engine();
@@ -334,6 +334,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context,
     chunk.set_request_id(req.request_id());
     chunk.set_finish_reason(v1::FINISH_REASON_ABORTED);
     chunk.mutable_usage()->set_prompt_tokens(req.prompt_token_ids_size());
+    call->ended_aborted = true;
     writer->Write(chunk);
     return absl::OkStatus();
   }
@@ -407,13 +408,13 @@ absl::Status DecodeService::Stream(grpc::ServerContext* context, Call& call, abs
   v1::GenerateChunk chunk;
   fill(last, &chunk);
   chunk.set_finish_reason(ToProto(last.finish_reason));
+  call.ended_aborted = last.finish_reason == engine::FinishReason::kAborted;
   if (!last.matched_stop.empty()) chunk.set_matched_stop(last.matched_stop);
   const engine::RequestUsage& u = last.usage;
   v1::Usage* usage = chunk.mutable_usage();
   usage->set_prompt_tokens(static_cast<uint32_t>(u.prompt_tokens));
-  usage->set_cached_prompt_tokens(
-      static_cast<uint32_t>(cached_prompt_tokens >= 0 ? cached_prompt_tokens
-                                                      : u.cached_prompt_tokens));
+  usage->set_cached_prompt_tokens(static_cast<uint32_t>(
+      cached_prompt_tokens >= 0 ? cached_prompt_tokens : u.cached_prompt_tokens));
   usage->set_completion_tokens(static_cast<uint32_t>(u.completion_tokens));
   v1::Timing* timing = usage->mutable_timing();
   timing->set_queued_us(static_cast<uint64_t>(std::max<int64_t>(0, u.queue_us)));
@@ -470,6 +471,11 @@ internal::v1::Prefill::Stub* DecodeService::PrefillStub(const std::string& addre
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
   args.SetMaxReceiveMessageSize(64 << 20);
+  // A prefill node that restarts on the same address is usable again within seconds (gRPC's
+  // default reconnect backoff grows to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   auto stub = internal::v1::Prefill::NewStub(channel);
   internal::v1::Prefill::Stub* raw = stub.get();

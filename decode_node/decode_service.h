@@ -118,8 +118,7 @@ class DecodeService final : public internal::v1::Decode::Service {
   absl::Status RunDisaggregated(grpc::ServerContext* context,
                                 const internal::v1::DecodeRequest& req, std::shared_ptr<Call> call,
                                 uint64_t tag, engine::EngineRequest engine_request,
-                                absl::Time deadline,
-                                grpc::ServerWriter<v1::GenerateChunk>* writer);
+                                absl::Time deadline, grpc::ServerWriter<v1::GenerateChunk>* writer);
   // The engine callback: queues each output for the handler (never blocks).
   static engine::OutputCallback QueueOutputs(const std::shared_ptr<Call>& call);
   // Writes the engine's outputs until the final one; see the header comment.

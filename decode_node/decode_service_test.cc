@@ -64,8 +64,7 @@ node::WorkerOptions Options(internal::v1::WorkerRole role, const std::string& id
 absl::StatusOr<std::unique_ptr<DecodeNode>> StartDecode(const std::string& id, bool can_prefill,
                                                         DecodeServiceOptions service_options) {
   auto n = std::make_unique<DecodeNode>();
-  auto rt = node::WorkerRuntime::Create(
-      Options(internal::v1::WORKER_ROLE_DECODE, id, can_prefill));
+  auto rt = node::WorkerRuntime::Create(Options(internal::v1::WORKER_ROLE_DECODE, id, can_prefill));
   if (!rt.ok()) return rt.status();
   n->runtime = std::move(*rt);
   n->service = std::make_unique<DecodeService>(n->runtime.get(), service_options);
@@ -228,8 +227,8 @@ TEST_F(DecodeServiceTest, DisaggregatedGreedyOutputsEqualReference) {
   for (int round = 0; round < 2; ++round) {
     for (size_t i = 0; i < Prompts().size(); ++i) {
       const std::string id = absl::StrCat("d", round, "-", i);
-      Outcome out = Generate(decode_->stub.get(),
-                             Greedy(id, Prompts()[i], kMaxTokens, prefill_address()));
+      Outcome out =
+          Generate(decode_->stub.get(), Greedy(id, Prompts()[i], kMaxTokens, prefill_address()));
       ASSERT_TRUE(out.status.ok()) << id << ": " << out.status.error_message();
       EXPECT_EQ(out.tokens, Reference(Prompts()[i], kMaxTokens)) << id;
       ASSERT_FALSE(out.chunks.empty());
@@ -277,8 +276,8 @@ TEST_F(DecodeServiceTest, ConcurrentDisaggregatedRequests) {
 TEST_F(DecodeServiceTest, ColocatedGreedyOutputsEqualReference) {
   constexpr int kMaxTokens = 8;
   for (size_t i = 0; i < Prompts().size(); ++i) {
-    Outcome out = Generate(decode_->stub.get(),
-                           Greedy(absl::StrCat("l", i), Prompts()[i], kMaxTokens, ""));
+    Outcome out =
+        Generate(decode_->stub.get(), Greedy(absl::StrCat("l", i), Prompts()[i], kMaxTokens, ""));
     ASSERT_TRUE(out.status.ok()) << out.status.error_message();
     EXPECT_EQ(out.tokens, Reference(Prompts()[i], kMaxTokens)) << i;
     EXPECT_EQ(out.chunks.back().finish_reason(), v1::FINISH_REASON_LENGTH);
@@ -374,6 +373,29 @@ TEST_F(DecodeServiceTest, ClientCancelMidStreamFreesEverything) {
                         absl::Seconds(5)));
 }
 
+// Cancels at spread-out moments (during the prefill, the transfer, or decoding): every request
+// ends CANCELLED (or OK when it finished first) and nothing stays reserved on either node.
+TEST_F(DecodeServiceTest, CancelAtAnyMomentLeaksNothing) {
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 400; ++i) long_prompt.push_back((i * 37 + 11) % 760);
+  for (int k = 0; k < 12; ++k) {
+    grpc::ClientContext context;
+    DecodeRequest r = Greedy(absl::StrCat("rc", k), long_prompt, 64, prefill_address());
+    r.set_cache_salt(absl::StrCat("salt", k));  // no prefix-cache hits: every prefill computes
+    auto reader = decode_->stub->Generate(&context, r);
+    absl::SleepFor(absl::Milliseconds(3 * k));
+    context.TryCancel();
+    v1::GenerateChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    const grpc::Status st = reader->Finish();
+    EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::CANCELLED)
+        << k << ": " << st.error_code() << " " << st.error_message();
+  }
+  ExpectQuiet();
+  EXPECT_EQ(decode_->service->pending_releases(), 0u);
+}
+
 TEST_F(DecodeServiceTest, AbortEndsTheStreamWithAborted) {
   grpc::ClientContext context;
   auto reader =
@@ -393,6 +415,7 @@ TEST_F(DecodeServiceTest, AbortEndsTheStreamWithAborted) {
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_ABORTED);
   ExpectQuiet();
+  EXPECT_EQ(decode_->runtime->Stats().requests_cancelled(), 1u);
   // Unknown ids are not found; an empty id is invalid.
   grpc::ClientContext c2;
   internal::v1::DecodeAbortRequest abort;
@@ -430,8 +453,7 @@ TEST_F(DecodeServiceTest, DeadPrefillNodeFailsFastAndFreesAfterTheTransferDeadli
   Outcome out = Generate((*d)->stub.get(), Greedy("dead", Prompts()[0], 4, dead));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE) << out.status.error_message();
-  EXPECT_EQ(out.status.error_message().rfind(absl::StrCat("prefill node ", dead, " failed"), 0),
-            0u)
+  EXPECT_EQ(out.status.error_message().rfind(absl::StrCat("prefill node ", dead, " failed"), 0), 0u)
       << out.status.error_message();
   EXPECT_LT(took, absl::Milliseconds(900));
   // The node did not confirm the cancel: the blocks stay reserved until no write can land

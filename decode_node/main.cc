@@ -73,10 +73,9 @@ int main(int argc, char** argv) {
   DecodeService service(runtime->get(), service_options);
   st = service.Start();
   if (!st.ok()) return Fail(1, st.ToString());
-  st = (*runtime)->Start({&service}, {deepinfer::internal::v1::Decode::service_full_name()},
-                         [&service](deepinfer::internal::v1::WorkerStats* stats) {
-                           service.ContributeStats(stats);
-                         });
+  st = (*runtime)->Start(
+      {&service}, {deepinfer::internal::v1::Decode::service_full_name()},
+      [&service](deepinfer::internal::v1::WorkerStats* stats) { service.ContributeStats(stats); });
   if (!st.ok()) {
     service.Stop();
     return Fail(1, st.ToString());
