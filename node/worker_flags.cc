@@ -1,6 +1,8 @@
 #include "node/worker_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -110,6 +112,15 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   }
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());
   return o;
+}
+
+void ConfigureWorkerFlagsUsage(std::string binary_dir) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [binary_dir](absl::string_view file) {
+    return absl::StrContains(file, binary_dir) || absl::StrContains(file, "node/worker_flags");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
 }
 
 }  // namespace deepinfer::node

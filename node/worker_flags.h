@@ -41,6 +41,11 @@ namespace deepinfer::node {
 // applied by the caller (InitLogging).
 absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole role);
 
+// Makes --help (and --helpshort) list the flags defined under `binary_dir` (e.g.
+// "prefill_node/") and the shared worker flags, instead of Abseil's default filter (which
+// matches only files named after the binary). Call before absl::ParseCommandLine.
+void ConfigureWorkerFlagsUsage(std::string binary_dir);
+
 }  // namespace deepinfer::node
 
 #endif  // DEEPINFER_NODE_WORKER_FLAGS_H_

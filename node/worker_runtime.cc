@@ -13,7 +13,9 @@
 #include "common/grpc_status.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
+#include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/security/credentials.h"
 #include "kv_transfer/agent_factory.h"
 #include "spdlog/spdlog.h"
@@ -298,8 +300,16 @@ void WorkerRuntime::RouterLoop() {
   const bool linked = !options_.router_address.empty();
   std::unique_ptr<internal::v1::WorkerRegistry::Stub> stub;
   if (linked) {
-    stub = internal::v1::WorkerRegistry::NewStub(
-        grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
+    // Reconnect quickly once the router (re)appears; gRPC's default backoff grows to 2 minutes.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMax)));
+    stub = internal::v1::WorkerRegistry::NewStub(grpc::CreateCustomChannel(
+        options_.router_address, grpc::InsecureChannelCredentials(), args));
   }
   bool registered = false;
   bool ever_registered = false;

@@ -12,8 +12,10 @@
 //    drain;
 //  * request accounting for the drain: the role's service wraps each RPC in a RequestScope;
 //    Drain() refuses new ones (UNAVAILABLE "draining"), waits for the running ones, then stops;
-//  * the port file: once serving, the bound port is written to --port_file (write + rename), which
-//    is how the launcher and tests learn ports when listening on port 0.
+//  * the port file: once the server is bound and answering RPCs (health may still say
+//    NOT_SERVING until the first Register succeeds), the bound port is written to --port_file
+//    (write + rename), which is how the launcher and tests learn ports when listening on port 0.
+//    Readiness is health SERVING, not the port file.
 //
 // Lifecycle: Create (loads everything, binds nothing) -> Start(services) -> ... -> Drain(timeout)
 // (idempotent; also run by the destructor) . RunUntilSignal() = Start's caller waiting for

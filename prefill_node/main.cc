@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Prefill node of a deepinfer cluster: computes prompts' KV and writes it into decode nodes' "
       "reserved KV blocks.\nUsage: prefill_node --model DIR [--router HOST:PORT] [flags]");
+  deepinfer::node::ConfigureWorkerFlagsUsage("prefill_node/");
   absl::ParseCommandLine(argc, argv);
 
   absl::Status logging = deepinfer::InitLogging("prefill_node", absl::GetFlag(FLAGS_log_level));

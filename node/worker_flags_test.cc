@@ -1,0 +1,68 @@
+#include "node/worker_flags.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "gtest/gtest.h"
+
+namespace deepinfer::node {
+namespace {
+
+class WorkerFlagsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { absl::SetFlag(&FLAGS_model, "engine/testdata/models/llama"); }
+  absl::FlagSaver saver_;
+};
+
+TEST_F(WorkerFlagsTest, DefaultsBecomeOptions) {
+  absl::SetFlag(&FLAGS_kv_transport, "loopback");
+  absl::SetFlag(&FLAGS_drain_timeout, absl::Milliseconds(1500));
+  absl::SetFlag(&FLAGS_router, "127.0.0.1:7000");
+  auto o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->role, internal::v1::WORKER_ROLE_DECODE);
+  EXPECT_EQ(o->listen_address, "127.0.0.1:0");
+  EXPECT_EQ(o->router_address, "127.0.0.1:7000");
+  EXPECT_EQ(o->model_path, "engine/testdata/models/llama");
+  EXPECT_EQ(o->kv_blocks, 4096);
+  EXPECT_EQ(o->block_size, 16);
+  EXPECT_EQ(o->kv_backend, kv_transfer::Backend::kLoopback);
+  EXPECT_EQ(o->drain_timeout, absl::Milliseconds(1500));
+}
+
+TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
+  struct Case {
+    std::function<void()> set;
+    const char* message_prefix;
+  };
+  const std::vector<Case> cases = {
+      {[] { absl::SetFlag(&FLAGS_model, ""); }, "--model:"},
+      {[] { absl::SetFlag(&FLAGS_kv_blocks, 0); }, "--kv_blocks: expected > 0, got 0"},
+      {[] { absl::SetFlag(&FLAGS_block_size, -1); }, "--block_size:"},
+      {[] { absl::SetFlag(&FLAGS_max_batch_tokens, 0); }, "--max_batch_tokens:"},
+      {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
+      {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
+      {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
+      {[] { absl::SetFlag(&FLAGS_listen, "no-port"); }, "--listen:"},
+      {[] { absl::SetFlag(&FLAGS_router, "127.0.0.1:0"); }, "--router:"},
+      {[] { absl::SetFlag(&FLAGS_kv_transport, "tcp"); }, "--kv_transport:"},
+      {[] { absl::SetFlag(&FLAGS_drain_timeout, absl::Seconds(-1)); }, "--drain_timeout:"},
+      {[] { absl::SetFlag(&FLAGS_log_level, "loud"); }, "--log_level:"},
+      {[] { absl::SetFlag(&FLAGS_worker_id, std::string(129, 'w')); }, "--worker_id:"},
+  };
+  for (const Case& c : cases) {
+    absl::FlagSaver restore;
+    c.set();
+    auto o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_PREFILL);
+    ASSERT_FALSE(o.ok()) << c.message_prefix;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(o.status().message().rfind(c.message_prefix, 0), 0u)
+        << "want " << c.message_prefix << ", got " << o.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::node
