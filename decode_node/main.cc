@@ -8,8 +8,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
@@ -29,11 +27,6 @@ ABSL_FLAG(absl::Duration, prefill_timeout, absl::Seconds(30),
 
 namespace {
 
-// --help lists this binary's flags and the shared worker flags.
-bool IsOwnFlagFile(absl::string_view path) {
-  return absl::StrContains(path, "decode_node/") || absl::StrContains(path, "node/worker_flags");
-}
-
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "decode_node: %s\n", message.c_str());
   return code;
@@ -49,10 +42,7 @@ int main(int argc, char** argv) {
       "Decode node of a deepinfer cluster.\n"
       "  decode_node --model DIR --router HOST:PORT [--listen HOST:PORT] [--can_prefill] ...\n"
       "Invalid flags exit with status 2 and a message naming the flag.");
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = IsOwnFlagFile;
-  usage_config.contains_helpshort_flags = IsOwnFlagFile;
-  absl::SetFlagsUsageConfig(usage_config);
+  deepinfer::node::ConfigureWorkerFlagsUsage("decode_node/");
   absl::ParseCommandLine(argc, argv);
 
   absl::Status st = deepinfer::InitLogging("decode_node", absl::GetFlag(FLAGS_log_level));
