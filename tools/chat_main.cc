@@ -10,8 +10,10 @@
 // tokens), ITL (between chunks with tokens) mean/p50/p90/max, end-to-end time and tokens/s.
 // A failed call prints "error: CODE: message" on stderr and exits 1; bad flags exit 2.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
