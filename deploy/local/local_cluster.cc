@@ -149,9 +149,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterCo
   if (config.startup_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("startup_timeout: expected > 0");
   }
-  DI_ASSIGN_OR_RETURN(HostPort listen,
-                      ParseHostPort("router_listen", config.router_listen, true));
-  (void)listen;
+  DI_RETURN_IF_ERROR(ParseHostPort("router_listen", config.router_listen, true).status());
   for (ClusterRole role : {ClusterRole::kRouter, ClusterRole::kPrefill, ClusterRole::kDecode}) {
     const std::string path = BinaryPath(config.bin_dir, role);
     if (access(path.c_str(), X_OK) != 0) {
@@ -226,6 +224,11 @@ absl::StatusOr<std::shared_ptr<LocalCluster::Process>> LocalCluster::Spawn(
   process->subprocess = *std::move(subprocess);
   if (role != ClusterRole::kRouter) {
     absl::MutexLock lock(&mu_);
+    if (stopped_) {  // Stop ran meanwhile (AddWorker on another thread): do not leak this one.
+      process->subprocess->Terminate(absl::Seconds(5));
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, ": the cluster was stopped while it started"));
+    }
     workers_.push_back(process);  // From here on Stop sees it, whatever happens next.
   }
   return process;
