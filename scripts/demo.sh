@@ -17,8 +17,9 @@ ROOT=$(pwd)
 
 bash scripts/setup.sh
 
-echo "demo: building //deploy/local:launcher //tools:chat (optimised)"
-bazel build --config=opt //deploy/local:launcher //tools:chat
+echo "demo: building //deploy/local:launcher //tools:chat (optimised; minutes on a fresh clone)"
+# Debian's Bazel sandbox prints a debug trace for some actions: keep the build output readable.
+bazel build --config=opt //deploy/local:launcher //tools:chat 2>&1 | { grep -v 'linux-sandbox' || true; }
 BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 LAUNCHER=$BIN/deploy/local/launcher
 CHAT=$BIN/tools/chat
