@@ -106,10 +106,9 @@ echo
 echo "demo: stopping the cluster"
 rc=0
 stop_launcher || rc=$?
-tail -n 3 "$OUT"
+tail -n 2 "$OUT"
 if [ $rc -ne 0 ]; then
   echo "demo: the cluster did not stop cleanly (launcher exit $rc); logs in $WORK/logs" >&2
   exit $rc
 fi
-rm -rf "$WORK"
-echo "demo: done"
+echo "demo: done; process logs kept in $WORK/logs"
