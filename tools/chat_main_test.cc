@@ -1,0 +1,189 @@
+// //tools:chat as a process against an in-process Inference service that streams fixed chunks:
+// request building from flags, streamed and buffered output, the summary line, JSON output, and
+// the error path.
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/grpc_server.h"
+#include "common/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "proto/deepinfer/v1/inference.grpc.pb.h"
+
+namespace deepinfer {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Streams "Hel" (1 token), "lo" (2 tokens) and a final chunk with usage, 20 ms apart; a user
+// message "fail" gets INVALID_ARGUMENT instead.
+class ScriptedInference final : public v1::Inference::Service {
+ public:
+  grpc::Status Chat(grpc::ServerContext*, const v1::ChatRequest* request,
+                    grpc::ServerWriter<v1::ChatChunk>* writer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      last_request_ = *request;
+    }
+    if (request->messages_size() > 0 && request->messages(0).content_size() > 0 &&
+        request->messages(request->messages_size() - 1).content(0).text() == "fail") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "messages[0]: rejected");
+    }
+    v1::ChatChunk chunk;
+    chunk.set_request_id("req-1");
+    chunk.add_token_ids(10);
+    chunk.set_text_delta("Hel");
+    writer->Write(chunk);
+    absl::SleepFor(absl::Milliseconds(20));
+    chunk.clear_token_ids();
+    chunk.add_token_ids(11);
+    chunk.add_token_ids(12);
+    chunk.set_text_delta("lo");
+    writer->Write(chunk);
+    absl::SleepFor(absl::Milliseconds(20));
+    v1::ChatChunk last;
+    last.set_request_id("req-1");
+    last.set_finish_reason(v1::FINISH_REASON_LENGTH);
+    last.mutable_usage()->set_prompt_tokens(7);
+    last.mutable_usage()->set_cached_prompt_tokens(4);
+    last.mutable_usage()->set_completion_tokens(3);
+    writer->Write(last);
+    return grpc::Status::OK;
+  }
+
+  v1::ChatRequest last_request() {
+    absl::MutexLock lock(&mu_);
+    return last_request_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  v1::ChatRequest last_request_ ABSL_GUARDED_BY(mu_);
+};
+
+class ChatMainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GrpcServerOptions options;
+    options.services = {&service_};
+    auto server = GrpcServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    server_->SetServing(true);
+  }
+
+  // Runs the chat binary with `args`; returns its exit code and fills `output`.
+  int RunChat(std::vector<std::string> args, std::string* output) {
+    const char* tmp = getenv("TEST_TMPDIR");
+    const std::string log = absl::StrCat(tmp ? tmp : "/tmp", "/chat.", ++runs_, ".log");
+    SubprocessOptions options;
+    options.argv = {"tools/chat", absl::StrCat("--router=", server_->address())};
+    options.argv.insert(options.argv.end(), args.begin(), args.end());
+    options.log_path = log;
+    auto chat = Subprocess::Start(options);
+    EXPECT_TRUE(chat.ok()) << chat.status();
+    if (!chat.ok()) return -1;
+    absl::StatusOr<ExitStatus> status = (*chat)->Wait(absl::Seconds(30));
+    EXPECT_TRUE(status.ok()) << status.status();
+    std::ifstream in(log);
+    output->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    return status.ok() && status->exited ? status->exit_code : -1;
+  }
+
+  ScriptedInference service_;
+  std::unique_ptr<GrpcServer> server_;
+  int runs_ = 0;
+};
+
+TEST_F(ChatMainTest, StreamsTextAndPrintsTheSummary) {
+  std::string out;
+  ASSERT_EQ(RunChat({"--system=Be brief", "--message=Hi", "--max_tokens=3", "--temperature=0.5",
+                     "--top_p=0.9", "--seed=7", "--model=m"},
+                    &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("Hello\n"));
+  EXPECT_THAT(out, HasSubstr("prompt 7 tokens (4 cached), completion 3 tokens, finish LENGTH"));
+  EXPECT_THAT(out, HasSubstr("| TTFT "));
+  EXPECT_THAT(out, HasSubstr("| ITL mean "));
+  EXPECT_THAT(out, HasSubstr("tokens/s"));
+
+  v1::ChatRequest request = service_.last_request();
+  EXPECT_EQ(request.model(), "m");
+  ASSERT_EQ(request.messages_size(), 2);
+  EXPECT_EQ(request.messages(0).role(), "system");
+  EXPECT_EQ(request.messages(0).content(0).text(), "Be brief");
+  EXPECT_EQ(request.messages(1).role(), "user");
+  EXPECT_EQ(request.messages(1).content(0).text(), "Hi");
+  EXPECT_EQ(request.sampling().max_tokens(), 3u);
+  EXPECT_FLOAT_EQ(request.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(request.sampling().top_p(), 0.9f);
+  EXPECT_EQ(request.sampling().seed(), 7u);
+}
+
+TEST_F(ChatMainTest, JsonPrintsChunksAndASummaryWithTimings) {
+  std::string out;
+  ASSERT_EQ(RunChat({"--messages_json=[{\"role\":\"user\",\"content\":\"Q\"},"
+                     "{\"role\":\"assistant\",\"content\":\"A\"},"
+                     "{\"role\":\"user\",\"content\":\"Q2\"}]",
+                     "--json"},
+                    &out),
+            0)
+      << out;
+  std::vector<nlohmann::json> lines;
+  std::istringstream stream(out);
+  for (std::string line; std::getline(stream, line);) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(lines.size(), 4u) << out;
+  EXPECT_EQ(lines[0]["text_delta"], "Hel");
+  EXPECT_EQ(lines[1]["token_ids"].size(), 2u);
+  EXPECT_EQ(lines[2]["finish_reason"], "FINISH_REASON_LENGTH");
+  const nlohmann::json& summary = lines[3];
+  EXPECT_EQ(summary["completion_tokens"], 3);
+  EXPECT_EQ(summary["cached_prompt_tokens"], 4);
+  EXPECT_EQ(summary["finish_reason"], "LENGTH");
+  // Two gaps of >= 20 ms by construction: one ITL sample (between the two token chunks).
+  EXPECT_GE(summary["itl_ms"]["max"].get<double>(), 15.0);
+  EXPECT_GT(summary["ttft_ms"].get<double>(), 0.0);
+  EXPECT_GE(summary["e2e_ms"].get<double>(), summary["ttft_ms"].get<double>() + 15.0);
+
+  v1::ChatRequest request = service_.last_request();
+  ASSERT_EQ(request.messages_size(), 3);
+  EXPECT_EQ(request.messages(1).role(), "assistant");
+  EXPECT_EQ(request.messages(2).content(0).text(), "Q2");
+  EXPECT_FALSE(request.sampling().has_top_p());  // Not given: the model's default.
+  EXPECT_FALSE(request.sampling().has_seed());
+  EXPECT_EQ(request.sampling().max_tokens(), 64u);
+}
+
+TEST_F(ChatMainTest, BufferedOutputWithoutStream) {
+  std::string out;
+  ASSERT_EQ(RunChat({"--message=Hi", "--stream=false"}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("Hello\n", 0), 0u) << out;
+}
+
+TEST_F(ChatMainTest, ServerErrorsPrintTheCodeAndExitOne) {
+  std::string out;
+  EXPECT_EQ(RunChat({"--message=fail"}, &out), 1);
+  EXPECT_THAT(out, HasSubstr("error: INVALID_ARGUMENT: messages[0]: rejected"));
+}
+
+TEST_F(ChatMainTest, BadFlagsExitTwo) {
+  std::string out;
+  EXPECT_EQ(RunChat({}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--message"));
+  EXPECT_EQ(RunChat({"--messages_json=[{\"role\":1}]"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--messages_json[0]"));
+  EXPECT_EQ(RunChat({"--message=x", "--max_tokens=0"}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--max_tokens"));
+}
+
+}  // namespace
+}  // namespace deepinfer
