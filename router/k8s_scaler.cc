@@ -109,9 +109,8 @@ absl::StatusCode CodeForCurlError(CURLcode code) {
 absl::StatusOr<int> ParseScaleReplicas(const std::string& what, const std::string& body) {
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || j.value("kind", "") != "Scale") {
-    return absl::InternalError(
-        absl::StrCat(what, ": expected an autoscaling/v1 Scale object, got \"",
-                     body.substr(0, 200), "\""));
+    return absl::InternalError(absl::StrCat(
+        what, ": expected an autoscaling/v1 Scale object, got \"", body.substr(0, 200), "\""));
   }
   if (!j.contains("spec") || !j["spec"].is_object() || !j["spec"].contains("replicas")) return 0;
   const nlohmann::json& r = j["spec"]["replicas"];
@@ -147,7 +146,8 @@ absl::StatusOr<std::unique_ptr<K8sScaler>> K8sScaler::Create(K8sScalerOptions op
           "(not running in a pod?)");
     }
     const bool ipv6 = absl::StrContains(host, ':');
-    options.api_server = absl::StrCat("https://", ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", port);
+    options.api_server =
+        absl::StrCat("https://", ipv6 ? "[" : "", host, ipv6 ? "]" : "", ":", port);
   }
   while (absl::EndsWith(options.api_server, "/")) options.api_server.pop_back();
   if (absl::Status s = CheckUrl(options.api_server); !s.ok()) return s;
@@ -172,17 +172,15 @@ absl::StatusOr<std::unique_ptr<K8sScaler>> K8sScaler::Create(K8sScalerOptions op
   }
   for (const auto& [pool, name] : options.deployments) {
     if (!IsDns1123Subdomain(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("deployments[", PoolName(pool),
-                                                     "]: expected a DNS-1123 subdomain, got \"",
-                                                     name, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "deployments[", PoolName(pool), "]: expected a DNS-1123 subdomain, got \"", name, "\""));
     }
   }
-  if (options.timeout <= absl::ZeroDuration() ||
-      options.connect_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout: expected timeout and connect_timeout > 0, got ",
-        absl::FormatDuration(options.timeout), " and ",
-        absl::FormatDuration(options.connect_timeout)));
+  if (options.timeout <= absl::ZeroDuration() || options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout: expected timeout and connect_timeout > 0, got ",
+                     absl::FormatDuration(options.timeout), " and ",
+                     absl::FormatDuration(options.connect_timeout)));
   }
   InitCurlOnce();
   return std::unique_ptr<K8sScaler>(new K8sScaler(std::move(options)));
@@ -216,7 +214,8 @@ absl::StatusOr<K8sScaler::Response> K8sScaler::Send(const std::string& what,
   std::string token;
   if (!options_.token_path.empty()) {
     absl::StatusOr<std::string> t = ReadFile("token_path", options_.token_path);
-    if (!t.ok()) return absl::FailedPreconditionError(absl::StrCat(what, ": ", t.status().message()));
+    if (!t.ok())
+      return absl::FailedPreconditionError(absl::StrCat(what, ": ", t.status().message()));
     token = std::string(absl::StripAsciiWhitespace(*t));
   }
 
@@ -277,8 +276,8 @@ absl::StatusOr<K8sScaler::Response> K8sScaler::Send(const std::string& what,
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &response.http_status);
   if (response.http_status < 200 || response.http_status > 299) {
     return absl::Status(CodeForHttpStatus(response.http_status),
-                        absl::StrCat(what, ": ", method, " ", url, ": HTTP ",
-                                     response.http_status, ": ", ServerMessage(response.body)));
+                        absl::StrCat(what, ": ", method, " ", url, ": HTTP ", response.http_status,
+                                     ": ", ServerMessage(response.body)));
   }
   return response;
 }
@@ -310,9 +309,9 @@ absl::Status K8sScaler::SetReplicas(Pool pool, int replicas) {
   if (*applied != replicas) {
     // A merge patch of spec.replicas is applied as sent; a different answer means something
     // else (an admission webhook, a concurrent writer) changed it.
-    return absl::AbortedError(absl::StrCat(*what, ": asked for ", replicas,
-                                           " replicas, the API server answered spec.replicas=",
-                                           *applied));
+    return absl::AbortedError(
+        absl::StrCat(*what, ": asked for ", replicas,
+                     " replicas, the API server answered spec.replicas=", *applied));
   }
   return absl::OkStatus();
 }

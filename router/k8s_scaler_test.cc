@@ -174,9 +174,9 @@ class FakeApiServer {
       if (poll(&p, 1, 0) > 0) return;
     }
     auto [code, body] = Handle(req);
-    std::string response =
-        absl::StrCat("HTTP/1.1 ", code, " X\r\nContent-Type: application/json\r\nContent-Length: ",
-                     body.size(), "\r\nConnection: close\r\n\r\n", body);
+    std::string response = absl::StrCat(
+        "HTTP/1.1 ", code, " X\r\nContent-Type: application/json\r\nContent-Length: ", body.size(),
+        "\r\nConnection: close\r\n\r\n", body);
     size_t sent = 0;
     while (sent < response.size()) {
       ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
@@ -187,16 +187,15 @@ class FakeApiServer {
 
   static std::pair<int, std::string> Status(int code, const std::string& reason,
                                             const std::string& message) {
-    nlohmann::json j = {{"kind", "Status"},     {"apiVersion", "v1"},
-                        {"status", "Failure"},  {"message", message},
-                        {"reason", reason},     {"code", code}};
+    nlohmann::json j = {{"kind", "Status"},   {"apiVersion", "v1"}, {"status", "Failure"},
+                        {"message", message}, {"reason", reason},   {"code", code}};
     return {code, j.dump()};
   }
 
   std::pair<int, std::string> Handle(const RecordedRequest& req) {
     absl::MutexLock lock(&mu_);
-    const std::string prefix = absl::StrCat("/apis/apps/v1/namespaces/", kNamespace,
-                                            "/deployments/");
+    const std::string prefix =
+        absl::StrCat("/apis/apps/v1/namespaces/", kNamespace, "/deployments/");
     if (!absl::StartsWith(req.path, prefix) || !absl::EndsWith(req.path, "/scale")) {
       return Status(404, "NotFound", "the server could not find the requested resource");
     }
@@ -208,9 +207,9 @@ class FakeApiServer {
     }
     if (auto f = forced_.find(name); f != forced_.end()) {
       if (!f->second.second.empty()) return f->second;
-      return Status(f->second.first, "Forced",
-                    absl::StrCat("forced ", f->second.first, " for deployments.apps \"", name,
-                                 "\""));
+      return Status(
+          f->second.first, "Forced",
+          absl::StrCat("forced ", f->second.first, " for deployments.apps \"", name, "\""));
     }
     auto it = replicas_.find(name);
     if (it == replicas_.end()) {
@@ -231,11 +230,10 @@ class FakeApiServer {
     } else if (req.method != "GET") {
       return Status(405, "MethodNotAllowed", req.method);
     }
-    nlohmann::json scale = {
-        {"kind", "Scale"},
-        {"apiVersion", "autoscaling/v1"},
-        {"metadata", {{"name", name}, {"namespace", kNamespace}}},
-        {"status", {{"replicas", it->second}, {"selector", "app=x"}}}};
+    nlohmann::json scale = {{"kind", "Scale"},
+                            {"apiVersion", "autoscaling/v1"},
+                            {"metadata", {{"name", name}, {"namespace", kNamespace}}},
+                            {"status", {{"replicas", it->second}, {"selector", "app=x"}}}};
     // Like the API server, omit spec.replicas when it is 0.
     scale["spec"] = nlohmann::json::object();
     if (it->second != 0) scale["spec"]["replicas"] = it->second;
@@ -305,7 +303,8 @@ TEST_F(K8sScalerTest, GetAndPatchTheScaleSubresource) {
   std::vector<RecordedRequest> requests = server_.requests();
   ASSERT_EQ(requests.size(), 6u);
   EXPECT_EQ(requests[0].method, "GET");
-  EXPECT_EQ(requests[0].path, "/apis/apps/v1/namespaces/infer-ns/deployments/deepinfer-prefill/scale");
+  EXPECT_EQ(requests[0].path,
+            "/apis/apps/v1/namespaces/infer-ns/deployments/deepinfer-prefill/scale");
   EXPECT_EQ(requests[0].headers["authorization"], "Bearer test-token-1");
   EXPECT_EQ(requests[0].headers["accept"], "application/json");
   EXPECT_TRUE(requests[0].body.empty());
@@ -348,10 +347,10 @@ TEST_F(K8sScalerTest, HttpErrorsMapToStatusCodesNamingTheDeployment) {
   std::unique_ptr<K8sScaler> scaler = Scaler(Options());
   ASSERT_NE(scaler, nullptr);
   const std::vector<std::pair<int, absl::StatusCode>> cases = {
-      {400, absl::StatusCode::kInvalidArgument},   {403, absl::StatusCode::kPermissionDenied},
-      {404, absl::StatusCode::kNotFound},          {409, absl::StatusCode::kAborted},
-      {422, absl::StatusCode::kInvalidArgument},   {429, absl::StatusCode::kResourceExhausted},
-      {500, absl::StatusCode::kUnavailable},       {503, absl::StatusCode::kUnavailable},
+      {400, absl::StatusCode::kInvalidArgument}, {403, absl::StatusCode::kPermissionDenied},
+      {404, absl::StatusCode::kNotFound},        {409, absl::StatusCode::kAborted},
+      {422, absl::StatusCode::kInvalidArgument}, {429, absl::StatusCode::kResourceExhausted},
+      {500, absl::StatusCode::kUnavailable},     {503, absl::StatusCode::kUnavailable},
       {418, absl::StatusCode::kUnknown},
   };
   for (const auto& [http, code] : cases) {
@@ -364,8 +363,7 @@ TEST_F(K8sScalerTest, HttpErrorsMapToStatusCodesNamingTheDeployment) {
       EXPECT_THAT(s.message(), HasSubstr("deployment infer-ns/deepinfer-decode (pool decode)"));
       EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("HTTP ", http)));
       // The API server's own explanation is passed on.
-      EXPECT_THAT(s.message(),
-                  HasSubstr(absl::StrCat("forced ", http, " for deployments.apps")));
+      EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("forced ", http, " for deployments.apps")));
     }
   }
   EXPECT_THAT(scaler->SetReplicas(Pool::kDecode, 4).message(), HasSubstr("PATCH http://"));
@@ -453,8 +451,8 @@ TEST_F(K8sScalerTest, SlowApiServerIsDeadlineExceeded) {
 TEST_F(K8sScalerTest, HttpsWithAnUnusableCaFailsAsUnavailable) {
   K8sScalerOptions o = Options();
   // The peer speaks plain HTTP and the CA bundle is not a certificate: no TLS session.
-  o.api_server = absl::StrCat("https://127.0.0.1:", absl::StripPrefix(server_.url(),
-                                                                      "http://127.0.0.1:"));
+  o.api_server =
+      absl::StrCat("https://127.0.0.1:", absl::StripPrefix(server_.url(), "http://127.0.0.1:"));
   o.ca_path = WriteTempFile("ca.crt", "not a certificate\n");
   std::unique_ptr<K8sScaler> scaler = Scaler(o);
   ASSERT_NE(scaler, nullptr);
