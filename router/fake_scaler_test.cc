@@ -1,7 +1,5 @@
 #include "router/fake_scaler.h"
 
-#include <memory>
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
