@@ -23,6 +23,9 @@ PACKAGES=(
   libbenchmark-dev
   libpcre2-dev
   nlohmann-json3-dev
+  libcurl4-openssl-dev     # router's Kubernetes scaler (scale subresource over HTTPS)
+  python3-yaml             # deploy/k8s manifest validation
+  python3-jsonschema
 )
 
 missing_packages() {
