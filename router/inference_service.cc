@@ -164,6 +164,14 @@ absl::StatusOr<InferenceService::Placement> InferenceService::Place(
   if (!decode.ok() && !exclude.empty()) {
     decode = registry_->PickDecode(options_.model_id, blocks_needed);
   }
+  int64_t recorded_blocks = blocks_needed;
+  if (!decode.ok() && decode.status().code() == absl::StatusCode::kResourceExhausted) {
+    // The registry's free-block counts are estimates (last load report minus what was placed
+    // since); the decode node's engine is the authority on KV room, and refuses with
+    // RESOURCE_EXHAUSTED itself when the blocks really are not there.
+    decode = registry_->PickDecode(options_.model_id, 0);
+    recorded_blocks = 0;
+  }
   if (!decode.ok()) {
     if (decode.status().code() == absl::StatusCode::kUnavailable) {
       return absl::UnavailableError(absl::StrCat("no decode worker for model ",
@@ -174,6 +182,7 @@ absl::StatusOr<InferenceService::Placement> InferenceService::Place(
   }
   Placement placement;
   placement.decode = std::move(*decode);
+  placement.decode_blocks = recorded_blocks;
   const bool can_prefill = placement.decode.info.can_prefill();
   if (can_prefill && prompt_tokens <= options_.colocated_prefill_tokens) return placement;
   absl::StatusOr<WorkerSnapshot> prefill =
@@ -182,6 +191,7 @@ absl::StatusOr<InferenceService::Placement> InferenceService::Place(
     prefill = registry_->PickPrefill(options_.model_id, prompt_tokens);
   }
   if (prefill.ok()) {
+    placement.prefill = *prefill;
     placement.prefill_worker_id = prefill->info.worker_id();
     placement.prefill_address = prefill->info.address();
     return placement;
@@ -252,6 +262,20 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
                           absl::StrCat(first_failure.error_message(),
                                        " (retry not placed: ", placement.status().message(), ")"));
     }
+    // When this attempt ends, what the picks recorded is given back (see ReleasePlacement).
+    struct ReleaseOnExit {
+      WorkerRegistry* registry;
+      const Placement& p;
+      int64_t prompt_tokens;
+      ~ReleaseOnExit() {
+        registry->ReleasePlacement(p.decode.info.worker_id(), p.decode.info.incarnation(),
+                                   p.decode.load_epoch, 0, p.decode_blocks);
+        if (p.prefill.has_value()) {
+          registry->ReleasePlacement(p.prefill->info.worker_id(), p.prefill->info.incarnation(),
+                                     p.prefill->load_epoch, prompt_tokens, 0);
+        }
+      }
+    } release_on_exit{registry_, *placement, prompt_tokens};
     outcome->attempts = attempt + 1;
     outcome->decode_worker = placement->decode.info.worker_id();
     outcome->prefill_worker =

@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,8 @@ class InferenceService final : public v1::Inference::Service {
   // Where one attempt goes.
   struct Placement {
     WorkerSnapshot decode;
+    int64_t decode_blocks = 0;  // what PickDecode recorded
+    std::optional<WorkerSnapshot> prefill;  // unset: colocated
     std::string prefill_worker_id;  // empty: colocated
     std::string prefill_address;    // empty: colocated
   };

@@ -155,6 +155,8 @@ struct WorkerRegistry::Entry {
   int64_t placed_requests = 0;
   int64_t placed_tokens = 0;
   int64_t placed_blocks = 0;
+  // Bumped by every accepted load report (which resets placed_*).
+  uint64_t load_epoch = 0;
   uint64_t last_chosen = 0;  // pick_counter_ when last chosen; 0 = never
 
   int64_t FreeBlocks() const {
@@ -205,7 +207,21 @@ WorkerSnapshot WorkerRegistry::Snapshot(const Entry& e) {
   s.placed_requests = e.placed_requests;
   s.placed_tokens = e.placed_tokens;
   s.placed_blocks = e.placed_blocks;
+  s.load_epoch = e.load_epoch;
   return s;
+}
+
+void WorkerRegistry::ReleasePlacement(absl::string_view worker_id, uint64_t incarnation,
+                                      uint64_t load_epoch, int64_t input_tokens,
+                                      int64_t blocks) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  Entry& e = *it->second;
+  if (e.info.incarnation() != incarnation || e.load_epoch != load_epoch) return;
+  e.placed_requests = std::max<int64_t>(0, e.placed_requests - 1);
+  e.placed_tokens = std::max<int64_t>(0, e.placed_tokens - input_tokens);
+  e.placed_blocks = std::max<int64_t>(0, e.placed_blocks - blocks);
 }
 
 void WorkerRegistry::Notify(std::vector<Removed> removed) {
@@ -368,6 +384,7 @@ LoadReportResponse WorkerRegistry::ReportLoad(const LoadReport& report) {
         e.placed_requests = 0;
         e.placed_tokens = 0;
         e.placed_blocks = 0;
+        ++e.load_epoch;
       }
       response.set_known(true);
     }

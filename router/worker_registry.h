@@ -82,6 +82,8 @@ struct WorkerSnapshot {
   int64_t placed_requests = 0;
   int64_t placed_tokens = 0;  // PickPrefill: input tokens
   int64_t placed_blocks = 0;  // PickDecode: KV blocks
+  // Which load report the placed_* counts are relative to (for ReleasePlacement).
+  uint64_t load_epoch = 0;
 };
 
 class WorkerRegistry {
@@ -156,6 +158,14 @@ class WorkerRegistry {
   // kResourceExhausted when none has room.
   absl::StatusOr<WorkerSnapshot> PickDecode(absl::string_view model, int64_t blocks_needed,
                                             absl::Span<const std::string> exclude = {});
+
+  // Gives back what one PickPrefill (input_tokens) or PickDecode (blocks) recorded, when that
+  // request left the worker (finished, failed, cancelled) before the worker's next load report
+  // could count it. `load_epoch` and `incarnation` come from the snapshot the pick returned; when
+  // a load report arrived since (it already reflects the request) or the worker is gone, nothing
+  // changes.
+  void ReleasePlacement(absl::string_view worker_id, uint64_t incarnation, uint64_t load_epoch,
+                        int64_t input_tokens, int64_t blocks);
 
   std::optional<WorkerSnapshot> Get(absl::string_view worker_id) const;
   // Every registered worker (live or not yet swept), ordered by worker_id.

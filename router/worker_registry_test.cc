@@ -649,6 +649,31 @@ TEST_F(WorkerRegistryTest, PickDecodeUsesCapacityBeforeTheFirstReport) {
   EXPECT_EQ(registry_->PickDecode("m", 10)->info.worker_id(), "d0");  // d1 has 0 left
 }
 
+TEST_F(WorkerRegistryTest, ReleasePlacementGivesBackOnlyWithinTheSameLoadEpoch) {
+  ASSERT_TRUE(registry_->Register(Decode("d0")).ok());  // 1000 blocks
+  absl::StatusOr<WorkerSnapshot> a = registry_->PickDecode("m", 600);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(registry_->PickDecode("m", 600).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The first request finished before any load report: its blocks count as free again.
+  registry_->ReleasePlacement("d0", a->info.incarnation(), a->load_epoch, 0, 600);
+  absl::StatusOr<WorkerSnapshot> b = registry_->PickDecode("m", 600);
+  ASSERT_TRUE(b.ok()) << b.status();
+  // A load report arrives (it already counts b's blocks as used): releasing b now must not
+  // subtract from placements made after the report.
+  LoadReport r = Load("d0", 100, 1);
+  r.set_free_kv_blocks(400);
+  ASSERT_TRUE(registry_->ReportLoad(r).known());
+  ASSERT_TRUE(registry_->PickDecode("m", 300).ok());
+  registry_->ReleasePlacement("d0", b->info.incarnation(), b->load_epoch, 0, 600);
+  EXPECT_EQ(registry_->Get("d0")->placed_blocks, 300);
+  // Unknown workers and stale incarnations are ignored.
+  registry_->ReleasePlacement("nobody", 1, 0, 0, 5);
+  registry_->ReleasePlacement("d0", b->info.incarnation() + 1, registry_->Get("d0")->load_epoch,
+                              0, 300);
+  EXPECT_EQ(registry_->Get("d0")->placed_blocks, 300);
+}
+
 TEST_F(WorkerRegistryTest, TiesAreBrokenByTheSeededRandomChoice) {
   auto picks = [&](uint64_t seed) {
     std::unique_ptr<WorkerRegistry> registry = Make(seed);
