@@ -22,7 +22,8 @@ ABSL_FLAG(std::string, target_b, "",
           "Comparison mode: a second router host:port (side B); runs alternate A, B, A, B...");
 ABSL_FLAG(std::string, label_a, "A", "Name of side A in reports.");
 ABSL_FLAG(std::string, label_b, "B", "Name of side B in reports.");
-ABSL_FLAG(int, repeats, 1, "Comparison mode: runs per side (alternating).");
+ABSL_FLAG(int, repeats, 1,
+          "Comparison mode: runs per side (alternating); repeat k uses workload seed --seed + k.");
 ABSL_FLAG(std::string, model, "", "Model id; empty = the router's only model.");
 ABSL_FLAG(std::string, workload, "chat", "chat | coding | summarize (see workload.h).");
 ABSL_FLAG(int, sessions, 50, "Sessions (conversations) in the workload, warm-up included.");
@@ -106,6 +107,13 @@ int Main() {
     }
   }
   for (int rep = 0; rep < repeats; ++rep) {
+    // Each repeat sends a fresh workload (seed + repeat), the same to every side: resending the
+    // previous repeat's prompts would measure the prefix caches it left behind.
+    if (rep > 0) {
+      w.seed = absl::GetFlag(FLAGS_seed) + static_cast<uint64_t>(rep);
+      sessions = GenerateWorkload(w);
+      if (!sessions.ok()) return 2;
+    }
     for (size_t s = 0; s < sides.size(); ++s) {
       r.target = sides[s].second;
       RunStats stats;

@@ -97,7 +97,7 @@ def main():
             axes[1].plot(xs, [p90(m["ttft"]) for _, m in runs], "o-", label=side)
             axes[2].plot(xs, [p90(m["itl"]) for _, m in runs], "o-", label=side)
         for ax, name in zip(axes, ("output tokens/s", "TTFT p90 (ms)", "ITL p90 (ms)")):
-            ax.set_xlabel("request rate (req/s)")
+            ax.set_xlabel("offered rate (sessions/s; measured req/s without --rates)")
             ax.set_ylabel(name)
             ax.grid(alpha=0.3)
             ax.legend()
