@@ -124,8 +124,6 @@ absl::Status Supervisor::Step(SupervisorStep* done) {
   }
   absl::MutexLock lock(&mu_);
   ++steps_;
-  added_ += static_cast<int64_t>(out.added.size());
-  removed_ += static_cast<int64_t>(out.removed.size());
   if (!status.ok()) {
     ++errors_;
     last_error_ = status.ToString();
@@ -165,6 +163,8 @@ absl::Status Supervisor::Follow(ClusterRole role, const internal::v1::PoolPlan& 
           *index >= 0 && *index < static_cast<int>(now.size()) ? now[*index].name : "?";
       Log(absl::StrCat(name, ": added ", added));
       done.added.push_back(added);
+      absl::MutexLock lock(&mu_);
+      ++added_;
     }
     return absl::OkStatus();
   }
@@ -207,6 +207,8 @@ absl::Status Supervisor::Follow(ClusterRole role, const internal::v1::PoolPlan& 
     }
     Log(absl::StrCat(name, ": removed ", victim, " (", exit->ToString(), ")"));
     done.removed.push_back(victim);
+    absl::MutexLock lock(&mu_);
+    ++removed_;
   }
   return absl::OkStatus();
 }
