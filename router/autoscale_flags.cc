@@ -98,15 +98,15 @@ absl::StatusOr<AutoscaleSetup> AutoscaleFromFlags(const WorkerRegistry* registry
   if (!absl::GetFlag(FLAGS_autoscale)) return setup;
   const std::string scaler = absl::GetFlag(FLAGS_scaler);
   std::map<Pool, PoolConfig> pools = {
-      {Pool::kEncoder, Config(absl::GetFlag(FLAGS_encoder_min_replicas),
-                              absl::GetFlag(FLAGS_encoder_max_replicas),
-                              absl::GetFlag(FLAGS_encoder_initial_replica_capacity))},
-      {Pool::kPrefill, Config(absl::GetFlag(FLAGS_prefill_min_replicas),
-                              absl::GetFlag(FLAGS_prefill_max_replicas),
-                              absl::GetFlag(FLAGS_prefill_initial_replica_capacity))},
-      {Pool::kDecode, Config(absl::GetFlag(FLAGS_decode_min_replicas),
-                             absl::GetFlag(FLAGS_decode_max_replicas),
-                             absl::GetFlag(FLAGS_decode_initial_replica_capacity))},
+      {Pool::kEncoder,
+       Config(absl::GetFlag(FLAGS_encoder_min_replicas), absl::GetFlag(FLAGS_encoder_max_replicas),
+              absl::GetFlag(FLAGS_encoder_initial_replica_capacity))},
+      {Pool::kPrefill,
+       Config(absl::GetFlag(FLAGS_prefill_min_replicas), absl::GetFlag(FLAGS_prefill_max_replicas),
+              absl::GetFlag(FLAGS_prefill_initial_replica_capacity))},
+      {Pool::kDecode,
+       Config(absl::GetFlag(FLAGS_decode_min_replicas), absl::GetFlag(FLAGS_decode_max_replicas),
+              absl::GetFlag(FLAGS_decode_initial_replica_capacity))},
   };
   if (scaler == "external") {
     setup.scaler = std::make_unique<PlanPublisher>();

@@ -151,8 +151,8 @@ class AutoscalerTest : public ::testing::Test {
       const bool saturated = backlog_tokens_ > 0;
       r.set_prefill_tokens_per_second(saturated ? kPrefillCapacity
                                                 : std::min(per_replica, kPrefillCapacity));
-      r.set_queue_depth(static_cast<uint32_t>(
-          std::ceil(backlog_tokens_ / kPromptTokens / n_prefill)));
+      r.set_queue_depth(
+          static_cast<uint32_t>(std::ceil(backlog_tokens_ / kPromptTokens / n_prefill)));
       r.set_queued_input_tokens(static_cast<uint64_t>(backlog_tokens_ / n_prefill));
       r.set_running_sequences(per_replica > 0 ? 2 : 0);
       r.set_total_kv_blocks(kDecodeBlocks);
@@ -256,8 +256,8 @@ TEST_F(AutoscalerTest, ShortChatsWithLongOutputsGrowDecodeNotPrefill) {
 TEST_F(AutoscalerTest, KvPressureGrowsDecode) {
   MakeAutoscaler();
   Load load;
-  load.decode_sequences = 20;      // well under the sequence capacity...
-  load.blocks_per_sequence = 48;   // ...but 96% of the KV blocks
+  load.decode_sequences = 20;     // well under the sequence capacity...
+  load.blocks_per_sequence = 48;  // ...but 96% of the KV blocks
   for (int i = 0; i < 6; ++i) Step(load);
   EXPECT_GE(Replicas(Pool::kDecode), 2);
   EXPECT_EQ(Calls(Pool::kPrefill), 0);
@@ -346,8 +346,7 @@ TEST(AutoscalerSampleTest, CountsOnlyLiveWorkersOfThePool) {
       worker("p2", internal::v1::WORKER_ROLE_PREFILL, absl::Seconds(60)),  // dead
       worker("d0", internal::v1::WORKER_ROLE_DECODE, absl::Seconds(1)),
   };
-  const PoolSample p =
-      Autoscaler::BuildSample(Pool::kPrefill, workers, now, absl::Seconds(10));
+  const PoolSample p = Autoscaler::BuildSample(Pool::kPrefill, workers, now, absl::Seconds(10));
   EXPECT_EQ(p.current_replicas, 2);
   EXPECT_EQ(p.queue_depth, 4);
   EXPECT_EQ(p.queued_input_tokens, 300);  // reported + placed since
@@ -399,9 +398,9 @@ TEST_F(AutoscalerTest, CreateRejectsBadOptions) {
       Autoscaler::Create(registry_.get(), &scaler_, zero).status().message(), "interval"));
   Autoscaler::Options bad = o;
   bad.pools[Pool::kPrefill].max_replicas = 0;
-  EXPECT_TRUE(absl::StrContains(
-      Autoscaler::Create(registry_.get(), &scaler_, bad).status().message(),
-      "pools[prefill].max_replicas"));
+  EXPECT_TRUE(
+      absl::StrContains(Autoscaler::Create(registry_.get(), &scaler_, bad).status().message(),
+                        "pools[prefill].max_replicas"));
 }
 
 TEST_F(AutoscalerTest, StartRunsPassesUntilStop) {

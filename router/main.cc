@@ -5,8 +5,8 @@
 // Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels) for one model, the
 // deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with,
 // deepinfer.internal.v1.RouterAdmin (GetPlan: the autoscaler's plan with --autoscale; flags in
-// router/autoscale_flags.h) and grpc.health.v1.Health (SERVING once started). Only the model's assets are read (config,
-// tokenizer, chat template, generation_config.json), never its weights.
+// router/autoscale_flags.h) and grpc.health.v1.Health (SERVING once started). Only the model's
+// assets are read (config, tokenizer, chat template, generation_config.json), never its weights.
 //
 // SIGTERM / SIGINT: health goes NOT_SERVING, new Chat/Generate calls are refused with
 // UNAVAILABLE, the calls in flight get up to --drain_timeout to finish, then the server stops.

@@ -13,8 +13,8 @@ absl::StatusOr<int> PlanPublisher::GetReplicas(Pool pool) {
 
 absl::Status PlanPublisher::SetReplicas(Pool pool, int replicas) {
   if (replicas < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan publisher: pool ", PoolName(pool), ": replicas: expected >= 0, got ", replicas));
+    return absl::InvalidArgumentError(absl::StrCat("plan publisher: pool ", PoolName(pool),
+                                                   ": replicas: expected >= 0, got ", replicas));
   }
   absl::MutexLock lock(&mu_);
   std::optional<Published>& p = published_[static_cast<int>(pool)];

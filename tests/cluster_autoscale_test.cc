@@ -44,13 +44,13 @@ TEST(ClusterAutoscaleTest, LongPromptBurstGrowsPrefillOnlyAndItShrinksAfter) {
   // Decode nodes get room for every prompt of the burst at once, so the KV term of the decode
   // plan stays low; prefill nodes keep 2048 tokens of KV, so prompts queue there.
   config.decode_flags.push_back("--kv_blocks=8192");
-  for (const char* flag : {"--autoscale", "--scaler=external", "--autoscale_interval=300ms",
-                           "--smoothing=1s", "--hysteresis=0.1", "--target_utilization=0.8",
-                           "--scale_up_cooldown=1s", "--scale_down_cooldown=3s",
-                           "--backlog_drain_time=5s", "--prefill_min_replicas=1",
-                           "--prefill_max_replicas=3", "--prefill_initial_replica_capacity=200",
-                           "--decode_min_replicas=1", "--decode_max_replicas=2",
-                           "--decode_initial_replica_capacity=64"}) {
+  for (const char* flag :
+       {"--autoscale", "--scaler=external", "--autoscale_interval=300ms", "--smoothing=1s",
+        "--hysteresis=0.1", "--target_utilization=0.8", "--scale_up_cooldown=1s",
+        "--scale_down_cooldown=3s", "--backlog_drain_time=5s", "--prefill_min_replicas=1",
+        "--prefill_max_replicas=3", "--prefill_initial_replica_capacity=200",
+        "--decode_min_replicas=1", "--decode_max_replicas=2",
+        "--decode_initial_replica_capacity=64"}) {
     config.router_flags.push_back(flag);
   }
   auto started = deploy::LocalCluster::Start(config);

@@ -50,8 +50,7 @@ class ClusterControl {
   // Drains worker `index` (SIGTERM, up to `grace`, then SIGKILL) and removes it from workers().
   virtual absl::StatusOr<ExitStatus> RemoveWorker(int index, absl::Duration grace) = 0;
   // WorkerAdmin.GetStats of worker `index`, with deadline `timeout`.
-  virtual absl::StatusOr<internal::v1::WorkerStats> GetStats(int index,
-                                                             absl::Duration timeout) = 0;
+  virtual absl::StatusOr<internal::v1::WorkerStats> GetStats(int index, absl::Duration timeout) = 0;
 };
 
 }  // namespace deepinfer::deploy

@@ -115,7 +115,8 @@ std::string FindBinDir(const char* argv0) {
 absl::Status WriteReadyFile(const std::string& path, const std::string& content) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   FILE* f = fopen(tmp.c_str(), "w");
-  if (f == nullptr) return absl::InternalError(absl::StrCat("--ready_file ", tmp, ": cannot write"));
+  if (f == nullptr)
+    return absl::InternalError(absl::StrCat("--ready_file ", tmp, ": cannot write"));
   fputs(content.c_str(), f);
   const bool ok = fclose(f) == 0;
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
@@ -161,16 +162,14 @@ int Run(const char* argv0) {
   if (autoscale) {
     supervisor_options.prefill = {absl::GetFlag(FLAGS_min_prefill),
                                   absl::GetFlag(FLAGS_max_prefill)};
-    supervisor_options.decode = {absl::GetFlag(FLAGS_min_decode),
-                                 absl::GetFlag(FLAGS_max_decode)};
+    supervisor_options.decode = {absl::GetFlag(FLAGS_min_decode), absl::GetFlag(FLAGS_max_decode)};
     supervisor_options.interval = absl::GetFlag(FLAGS_autoscale_interval);
     supervisor_options.drain_grace = absl::GetFlag(FLAGS_stop_timeout);
     // Ahead of --router_flags, so that the user's own planner flags win.
     std::vector<std::string> flags = {
         "--autoscale",
         "--scaler=external",
-        absl::StrCat("--autoscale_interval=",
-                     absl::FormatDuration(supervisor_options.interval)),
+        absl::StrCat("--autoscale_interval=", absl::FormatDuration(supervisor_options.interval)),
         absl::StrCat("--prefill_min_replicas=", supervisor_options.prefill.min_replicas),
         absl::StrCat("--prefill_max_replicas=", supervisor_options.prefill.max_replicas),
         absl::StrCat("--decode_min_replicas=", supervisor_options.decode.min_replicas),
@@ -217,8 +216,7 @@ int Run(const char* argv0) {
         RequestShutdown();  // Arrived just after start-up: hand it to the main loop.
         break;
       }
-      fprintf(stderr, "launcher: interrupted during start-up (signal %d); killing children\n",
-              sig);
+      fprintf(stderr, "launcher: interrupted during start-up (signal %d); killing children\n", sig);
       _exit(130);
     }
     watcher_done.Notify();
@@ -228,8 +226,7 @@ int Run(const char* argv0) {
   started.store(true);
   startup_watcher.join();
   if (!started_cluster.ok()) {
-    fprintf(stderr, "launcher: start-up failed: %s\n",
-            started_cluster.status().ToString().c_str());
+    fprintf(stderr, "launcher: start-up failed: %s\n", started_cluster.status().ToString().c_str());
     return 1;
   }
   std::unique_ptr<LocalCluster> cluster = *std::move(started_cluster);
@@ -283,9 +280,8 @@ int Run(const char* argv0) {
       all.push_back(cluster->router());
       for (const ClusterProcessInfo& p : all) {
         if (p.running) continue;
-        fprintf(stderr, "launcher: %s (pid %d) exited unexpectedly: %s; see %s\n",
-                p.name.c_str(), p.pid,
-                p.exit_status.has_value() ? p.exit_status->ToString().c_str() : "unknown",
+        fprintf(stderr, "launcher: %s (pid %d) exited unexpectedly: %s; see %s\n", p.name.c_str(),
+                p.pid, p.exit_status.has_value() ? p.exit_status->ToString().c_str() : "unknown",
                 p.log_path.c_str());
         unexpected_exit.store(true);
       }

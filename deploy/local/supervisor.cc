@@ -24,11 +24,12 @@ void Log(const std::string& line) { spdlog::info("supervisor: {}", line); }
 absl::Status ValidateBounds(absl::string_view pool, const SupervisorOptions::Bounds& b,
                             int least_min) {
   if (b.min_replicas < least_min) {
-    return absl::InvalidArgumentError(absl::StrCat(pool, ".min_replicas: expected >= ", least_min,
-                                                   "; got ", b.min_replicas));
+    return absl::InvalidArgumentError(
+        absl::StrCat(pool, ".min_replicas: expected >= ", least_min, "; got ", b.min_replicas));
   }
   if (b.max_replicas < b.min_replicas) {
-    return absl::InvalidArgumentError(absl::StrCat(pool, ".max_replicas: expected >= min_replicas (",
+    return absl::InvalidArgumentError(absl::StrCat(pool,
+                                                   ".max_replicas: expected >= min_replicas (",
                                                    b.min_replicas, "); got ", b.max_replicas));
   }
   return absl::OkStatus();
@@ -45,8 +46,8 @@ absl::StatusOr<internal::v1::GetPlanResponse> RouterPlanSource::GetPlan() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   internal::v1::GetPlanResponse response;
-  absl::Status status = FromGrpcStatus(
-      stub_->GetPlan(&context, internal::v1::GetPlanRequest(), &response));
+  absl::Status status =
+      FromGrpcStatus(stub_->GetPlan(&context, internal::v1::GetPlanRequest(), &response));
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat("RouterAdmin.GetPlan: ", status.message()));
   }
@@ -155,8 +156,8 @@ absl::Status Supervisor::Follow(ClusterRole role, const internal::v1::PoolPlan& 
     for (int n = running; n < target; ++n) {
       absl::StatusOr<int> index = cluster_->AddWorker(role);
       if (!index.ok()) {
-        return absl::Status(index.status().code(), absl::StrCat("adding a ", name, " worker: ",
-                                                                index.status().message()));
+        return absl::Status(index.status().code(),
+                            absl::StrCat("adding a ", name, " worker: ", index.status().message()));
       }
       std::vector<ClusterProcessInfo> now = cluster_->workers();
       const std::string added =
@@ -182,8 +183,7 @@ absl::Status Supervisor::Follow(ClusterRole role, const internal::v1::PoolPlan& 
     int64_t busy = std::numeric_limits<int64_t>::max();
     if (stats.ok()) {
       busy = int64_t{stats->active_requests()} + stats->running_sequences() +
-             stats->waiting_sequences() + stats->awaiting_kv_sequences() +
-             stats->held_sequences();
+             stats->waiting_sequences() + stats->awaiting_kv_sequences() + stats->held_sequences();
     }
     candidates.push_back({all[index].name, busy, index});
   }
