@@ -3,9 +3,10 @@
 //   router --model engine/testdata/models/llama --listen 127.0.0.1:0 --port_file /tmp/r.port
 //
 // Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels) for one model, the
-// deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with, and
-// grpc.health.v1.Health (SERVING once started). Only the model's assets are read (config,
-// tokenizer, chat template, generation_config.json), never its weights.
+// deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with,
+// deepinfer.internal.v1.RouterAdmin (GetPlan: the autoscaler's plan with --autoscale; flags in
+// router/autoscale_flags.h) and grpc.health.v1.Health (SERVING once started). Only the model's
+// assets are read (config, tokenizer, chat template, generation_config.json), never its weights.
 //
 // SIGTERM / SIGINT: health goes NOT_SERVING, new Chat/Generate calls are refused with
 // UNAVAILABLE, the calls in flight get up to --drain_timeout to finish, then the server stops.
@@ -26,7 +27,9 @@
 #include "common/logging.h"
 #include "common/process_lifecycle.h"
 #include "engine/model_assets.h"
+#include "router/autoscale_flags.h"
 #include "router/inference_service.h"
+#include "router/router_admin_service.h"
 #include "router/worker_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -135,13 +138,17 @@ int Main() {
       InferenceService::Create(registry->get(), assets->get(), service_options);
   if (!inference.ok()) return Fail(inference.status());
   WorkerRegistryService registry_service(registry->get());
+  absl::StatusOr<AutoscaleSetup> autoscale = AutoscaleFromFlags(registry->get());
+  if (!autoscale.ok()) return Fail(autoscale.status());
+  RouterAdminService admin_service(autoscale->autoscaler.get(), autoscale->scaler_name);
 
   (*registry)->Start();
   GrpcServerOptions server_options;
   server_options.listen_address = listen->ToString();
-  server_options.services = {inference->get(), &registry_service};
+  server_options.services = {inference->get(), &registry_service, &admin_service};
   server_options.health_service_names = {v1::Inference::service_full_name(),
-                                         internal::v1::WorkerRegistry::service_full_name()};
+                                         internal::v1::WorkerRegistry::service_full_name(),
+                                         internal::v1::RouterAdmin::service_full_name()};
   absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(server_options);
   if (!server.ok()) {
     (*registry)->Stop();
@@ -156,11 +163,16 @@ int Main() {
     }
   }
   (*server)->SetServing(true);
+  if (autoscale->autoscaler != nullptr) {
+    autoscale->autoscaler->Start();
+    spdlog::info("autoscaling with --scaler={}", autoscale->scaler_name);
+  }
   spdlog::info("serving model {} ({}, vocab {}, context {}) on {}", model_id,
                (*assets)->architecture(), (*assets)->config().vocab_size,
                (*assets)->config().max_position_embeddings, (*server)->address());
 
   const int signal = WaitForShutdownSignal();
+  if (autoscale->autoscaler != nullptr) autoscale->autoscaler->Stop();
   spdlog::info("shutting down (signal {}): draining for up to {}", signal,
                absl::FormatDuration(drain_timeout));
   (*server)->SetServing(false);

@@ -3,11 +3,17 @@
 //   bazel run -c opt //deploy/local:launcher -- --model engine/testdata/models/llama
 //   bazel run -c opt //deploy/local:launcher -- --model DIR --prefill 2 --decode 1 --threads 4
 //   bazel run -c opt //deploy/local:launcher -- --model DIR --prefill 0 --decode 1 --colocated
+//   bazel run -c opt //deploy/local:launcher -- --model DIR --autoscale --max_prefill 4
 //
 // Starts the router (on --router_listen) and the workers, waits until every process is healthy,
 // prints the router endpoint and each worker, then runs until SIGINT/SIGTERM and stops
 // everything cleanly (workers drain first, the router last). If a process exits on its own the
 // launcher says so and stops the rest; the exit status is then 1.
+//
+// --autoscale: the router runs its planner (--autoscale --scaler=external, with the bounds below
+// and --autoscale_interval; further planner knobs through --router_flags) and the launcher runs
+// the local supervisor (deploy/local/supervisor.h), which adds and drains workers to follow the
+// router's plan within [--min_prefill, --max_prefill] and [--min_decode, --max_decode].
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -29,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/process_lifecycle.h"
 #include "deploy/local/local_cluster.h"
+#include "deploy/local/supervisor.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory served by every process.");
 ABSL_FLAG(int, prefill, 1, "Prefill nodes (0 allowed with --colocated).");
@@ -56,6 +63,15 @@ ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(30),
 ABSL_FLAG(std::vector<std::string>, router_flags, {},
           "Extra router flags, comma-separated (e.g. --heartbeat_interval=500ms).");
 ABSL_FLAG(std::vector<std::string>, prefill_flags, {}, "Extra prefill_node flags.");
+ABSL_FLAG(bool, autoscale, false,
+          "Size the prefill and decode pools from their load: the router plans, the launcher "
+          "adds and drains workers.");
+ABSL_FLAG(int, min_prefill, 1, "--autoscale: fewest prefill nodes.");
+ABSL_FLAG(int, max_prefill, 4, "--autoscale: most prefill nodes.");
+ABSL_FLAG(int, min_decode, 1, "--autoscale: fewest decode nodes.");
+ABSL_FLAG(int, max_decode, 4, "--autoscale: most decode nodes.");
+ABSL_FLAG(absl::Duration, autoscale_interval, absl::Seconds(5),
+          "--autoscale: how often the router re-plans and the supervisor follows.");
 ABSL_FLAG(std::vector<std::string>, decode_flags, {}, "Extra decode_node flags.");
 
 namespace deepinfer::deploy {
@@ -99,7 +115,8 @@ std::string FindBinDir(const char* argv0) {
 absl::Status WriteReadyFile(const std::string& path, const std::string& content) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   FILE* f = fopen(tmp.c_str(), "w");
-  if (f == nullptr) return absl::InternalError(absl::StrCat("--ready_file ", tmp, ": cannot write"));
+  if (f == nullptr)
+    return absl::InternalError(absl::StrCat("--ready_file ", tmp, ": cannot write"));
   fputs(content.c_str(), f);
   const bool ok = fclose(f) == 0;
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
@@ -140,6 +157,27 @@ int Run(const char* argv0) {
     config.router_flags.push_back(
         absl::StrCat("--colocated_prefill_tokens=", absl::GetFlag(FLAGS_colocated_prefill_tokens)));
   }
+  const bool autoscale = absl::GetFlag(FLAGS_autoscale);
+  SupervisorOptions supervisor_options;
+  if (autoscale) {
+    supervisor_options.prefill = {absl::GetFlag(FLAGS_min_prefill),
+                                  absl::GetFlag(FLAGS_max_prefill)};
+    supervisor_options.decode = {absl::GetFlag(FLAGS_min_decode), absl::GetFlag(FLAGS_max_decode)};
+    supervisor_options.interval = absl::GetFlag(FLAGS_autoscale_interval);
+    supervisor_options.drain_grace = absl::GetFlag(FLAGS_stop_timeout);
+    // Ahead of --router_flags, so that the user's own planner flags win.
+    std::vector<std::string> flags = {
+        "--autoscale",
+        "--scaler=external",
+        absl::StrCat("--autoscale_interval=", absl::FormatDuration(supervisor_options.interval)),
+        absl::StrCat("--prefill_min_replicas=", supervisor_options.prefill.min_replicas),
+        absl::StrCat("--prefill_max_replicas=", supervisor_options.prefill.max_replicas),
+        absl::StrCat("--decode_min_replicas=", supervisor_options.decode.min_replicas),
+        absl::StrCat("--decode_max_replicas=", supervisor_options.decode.max_replicas),
+    };
+    flags.insert(flags.end(), config.router_flags.begin(), config.router_flags.end());
+    config.router_flags = std::move(flags);
+  }
   config.prefill_flags = absl::GetFlag(FLAGS_prefill_flags);
   config.decode_flags = absl::GetFlag(FLAGS_decode_flags);
   config.log_dir = UserPath(absl::GetFlag(FLAGS_log_dir));
@@ -178,8 +216,7 @@ int Run(const char* argv0) {
         RequestShutdown();  // Arrived just after start-up: hand it to the main loop.
         break;
       }
-      fprintf(stderr, "launcher: interrupted during start-up (signal %d); killing children\n",
-              sig);
+      fprintf(stderr, "launcher: interrupted during start-up (signal %d); killing children\n", sig);
       _exit(130);
     }
     watcher_done.Notify();
@@ -189,8 +226,7 @@ int Run(const char* argv0) {
   started.store(true);
   startup_watcher.join();
   if (!started_cluster.ok()) {
-    fprintf(stderr, "launcher: start-up failed: %s\n",
-            started_cluster.status().ToString().c_str());
+    fprintf(stderr, "launcher: start-up failed: %s\n", started_cluster.status().ToString().c_str());
     return 1;
   }
   std::unique_ptr<LocalCluster> cluster = *std::move(started_cluster);
@@ -213,6 +249,28 @@ int Run(const char* argv0) {
     }
   }
 
+  // The supervisor runs on this (main) thread's behalf but starts children on its own thread,
+  // which lives until after cluster->Stop() below.
+  std::unique_ptr<RouterPlanSource> plans;
+  std::unique_ptr<Supervisor> supervisor;
+  if (autoscale) {
+    plans = std::make_unique<RouterPlanSource>(cluster->router_address(), absl::Seconds(5));
+    absl::StatusOr<std::unique_ptr<Supervisor>> created =
+        Supervisor::Create(plans.get(), cluster.get(), supervisor_options);
+    if (!created.ok()) {
+      fprintf(stderr, "launcher: --autoscale: %s\n", created.status().ToString().c_str());
+      (void)cluster->Stop(absl::GetFlag(FLAGS_stop_timeout));
+      return 2;
+    }
+    supervisor = *std::move(created);
+    supervisor->Start();
+    printf("launcher: autoscaling prefill %d..%d, decode %d..%d (re-planned every %s)\n",
+           supervisor_options.prefill.min_replicas, supervisor_options.prefill.max_replicas,
+           supervisor_options.decode.min_replicas, supervisor_options.decode.max_replicas,
+           absl::FormatDuration(supervisor_options.interval).c_str());
+    fflush(stdout);
+  }
+
   // Watches for a process that exits on its own.
   std::atomic<bool> unexpected_exit{false};
   absl::Notification stop_monitor;
@@ -222,9 +280,8 @@ int Run(const char* argv0) {
       all.push_back(cluster->router());
       for (const ClusterProcessInfo& p : all) {
         if (p.running) continue;
-        fprintf(stderr, "launcher: %s (pid %d) exited unexpectedly: %s; see %s\n",
-                p.name.c_str(), p.pid,
-                p.exit_status.has_value() ? p.exit_status->ToString().c_str() : "unknown",
+        fprintf(stderr, "launcher: %s (pid %d) exited unexpectedly: %s; see %s\n", p.name.c_str(),
+                p.pid, p.exit_status.has_value() ? p.exit_status->ToString().c_str() : "unknown",
                 p.log_path.c_str());
         unexpected_exit.store(true);
       }
@@ -245,6 +302,7 @@ int Run(const char* argv0) {
   }
   fflush(stdout);
   absl::Status stopped = cluster->Stop(absl::GetFlag(FLAGS_stop_timeout));
+  if (supervisor != nullptr) supervisor->Stop();
   if (!stopped.ok()) {
     fprintf(stderr, "launcher: %s\n", stopped.ToString().c_str());
   } else {

@@ -54,18 +54,6 @@ std::string LogTail(const std::string& log_path) {
 
 }  // namespace
 
-const char* ClusterRoleName(ClusterRole role) {
-  switch (role) {
-    case ClusterRole::kRouter:
-      return "router";
-    case ClusterRole::kPrefill:
-      return "prefill";
-    case ClusterRole::kDecode:
-      return "decode";
-  }
-  return "?";
-}
-
 std::vector<std::string> RouterCommandLine(const LocalClusterConfig& config,
                                            const std::string& port_file) {
   std::vector<std::string> argv = {

@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/subprocess.h"
+#include "deploy/local/cluster_control.h"
 #include "proto/deepinfer/internal/v1/worker.pb.h"
 
 namespace grpc {
@@ -38,11 +39,6 @@ class Channel;
 }  // namespace grpc
 
 namespace deepinfer::deploy {
-
-enum class ClusterRole { kRouter, kPrefill, kDecode };
-
-// "router", "prefill", "decode".
-const char* ClusterRoleName(ClusterRole role);
 
 struct LocalClusterConfig {
   // Directory holding router/router, prefill_node/prefill_node and decode_node/decode_node: the
@@ -75,17 +71,6 @@ struct LocalClusterConfig {
   absl::Duration startup_timeout = absl::Seconds(120);
 };
 
-// One process of the cluster, as workers() and router() report it.
-struct ClusterProcessInfo {
-  std::string name;  // "router", "prefill-0", ...; also the worker id of workers.
-  ClusterRole role = ClusterRole::kRouter;
-  std::string address;  // "127.0.0.1:port" it serves on.
-  pid_t pid = 0;
-  bool running = false;
-  std::string log_path;
-  std::optional<ExitStatus> exit_status;  // Once it has exited.
-};
-
 // The command lines Start uses, exposed for tests and for printing. `port_file` is where the
 // process writes its port.
 std::vector<std::string> RouterCommandLine(const LocalClusterConfig& config,
@@ -98,7 +83,7 @@ std::vector<std::string> WorkerCommandLine(const LocalClusterConfig& config, Clu
 std::vector<std::pair<std::string, std::string>> ClusterEnvironment(
     const LocalClusterConfig& config);
 
-class LocalCluster {
+class LocalCluster : public ClusterControl {
  public:
   // Validates `config` (kInvalidArgument naming the field), checks the three binaries exist
   // (kNotFound naming the path), starts everything and waits until all processes are SERVING.
@@ -114,7 +99,7 @@ class LocalCluster {
   // "127.0.0.1:port": the public Inference endpoint.
   const std::string& router_address() const { return router_address_; }
   ClusterProcessInfo router() const;
-  std::vector<ClusterProcessInfo> workers() const;
+  std::vector<ClusterProcessInfo> workers() const override;
   // Index in workers() of the worker named `name`; kNotFound otherwise.
   absl::StatusOr<int> FindWorker(const std::string& name) const;
 
@@ -126,14 +111,15 @@ class LocalCluster {
 
   // Starts one more worker of `role` (kPrefill or kDecode) with the next free id, waits until it
   // is SERVING and returns its index. Errors as in Start; a failed worker is not kept.
-  absl::StatusOr<int> AddWorker(ClusterRole role);
+  absl::StatusOr<int> AddWorker(ClusterRole role) override;
   // SIGTERM (drain), up to `grace`, then SIGKILL; removes it from workers(). Returns how it
   // ended.
-  absl::StatusOr<ExitStatus> RemoveWorker(int index, absl::Duration grace = absl::Seconds(30));
+  absl::StatusOr<ExitStatus> RemoveWorker(int index,
+                                          absl::Duration grace = absl::Seconds(30)) override;
 
   // WorkerAdmin.GetStats of worker `index`, with deadline `timeout`.
-  absl::StatusOr<internal::v1::WorkerStats> GetStats(int index,
-                                                     absl::Duration timeout = absl::Seconds(5));
+  absl::StatusOr<internal::v1::WorkerStats> GetStats(
+      int index, absl::Duration timeout = absl::Seconds(5)) override;
 
   // SIGTERM to every worker, waits up to `grace` for them to drain, SIGKILLs the rest; then the
   // same for the router (it stays up while workers deregister). OK when every process exited

@@ -1,0 +1,17 @@
+#include "deploy/local/cluster_control.h"
+
+namespace deepinfer::deploy {
+
+const char* ClusterRoleName(ClusterRole role) {
+  switch (role) {
+    case ClusterRole::kRouter:
+      return "router";
+    case ClusterRole::kPrefill:
+      return "prefill";
+    case ClusterRole::kDecode:
+      return "decode";
+  }
+  return "?";
+}
+
+}  // namespace deepinfer::deploy
