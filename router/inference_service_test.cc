@@ -318,7 +318,13 @@ TEST_F(InferenceServiceTest, CreateRefusesBadOptions) {
   EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(), {}).status().message(),
             "model_id: expected a non-empty id; got \"\"");
   EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(),
-                                     {.model_id = "m", .colocated_prefill_tokens = -1})
+                                     {.model_id = "m", .placement_policy = "random"})
+                .status()
+                .message(),
+            "--placement_policy: expected least_loaded or cache_aware; got \"random\"");
+  EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(),
+                                     {.model_id = "m",
+                                      .placement = {.local_prefill_threshold_tokens = -1}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -662,8 +668,9 @@ TEST_F(InferenceServiceTest, ColocatedSelection) {
   ASSERT_TRUE(Generate(SimpleGenerate("co-2")).status.ok());
   EXPECT_EQ(decode->requests().back().prefill_address(), prefill_address);
 
-  // Below the threshold the decode worker prefills; above it the pool does.
-  StartService(InferenceServiceOptions{.model_id = kModelId, .colocated_prefill_tokens = 10});
+  // Below the threshold the decode worker prefills; at or above it the pool does.
+  StartService(InferenceServiceOptions{.model_id = kModelId,
+                                       .placement = {.local_prefill_threshold_tokens = 11}});
   ASSERT_TRUE(Generate(SimpleGenerate("co-3", 10)).status.ok());
   EXPECT_EQ(decode->requests().back().prefill_address(), "");
   ASSERT_TRUE(Generate(SimpleGenerate("co-4", 11)).status.ok());
