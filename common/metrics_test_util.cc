@@ -23,8 +23,8 @@ absl::StatusOr<std::string> HttpGet(int port, absl::string_view path, absl::Dura
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
   timeval tv;
   tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-  tv.tv_usec = static_cast<suseconds_t>(
-      absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
+  tv.tv_usec =
+      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_in addr{};

@@ -17,8 +17,8 @@
 #include "common/status_macros.h"
 #include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "kv_transfer/agent_factory.h"
 #include "spdlog/spdlog.h"
 
@@ -85,8 +85,7 @@ void SetDeadline(grpc::ClientContext* context) {
 
 // Engine events -> proto events: runs of STORED events that chain (each one's parent is the
 // previous one's hash) become one event with several hashes; runs of REMOVED events likewise.
-void AppendKvEvents(const std::vector<engine::KvEvent>& events,
-                    internal::v1::KvEventBatch* batch) {
+void AppendKvEvents(const std::vector<engine::KvEvent>& events, internal::v1::KvEventBatch* batch) {
   using internal::v1::KvEvent;
   KvEvent* current = nullptr;
   uint64_t last_hash = 0;
@@ -133,8 +132,8 @@ class WorkerRuntime::Metrics {
                                                  "Fraction of KV blocks in use (used / total)."));
     DI_ASSIGN_OR_RETURN(m->queue_depth_,
                         r.AddGauge("deepinfer_queue_depth", "Sequences waiting to start."));
-    DI_ASSIGN_OR_RETURN(m->running_, r.AddGauge("deepinfer_running_sequences",
-                                                "Sequences in the running batch."));
+    DI_ASSIGN_OR_RETURN(
+        m->running_, r.AddGauge("deepinfer_running_sequences", "Sequences in the running batch."));
     DI_ASSIGN_OR_RETURN(
         m->hit_ratio_,
         r.AddGauge("deepinfer_prefix_cache_hit_ratio",
@@ -146,14 +145,14 @@ class WorkerRuntime::Metrics {
     DI_ASSIGN_OR_RETURN(m->transfer_bytes_,
                         r.AddCounter("deepinfer_kv_transfer_bytes_total",
                                      "KV bytes this worker's transfer agent wrote to peers."));
-    DI_ASSIGN_OR_RETURN(m->transfer_failures_,
-                        r.AddCounter("deepinfer_kv_transfer_failures_total",
-                                     "KV transfer posts that failed."));
+    DI_ASSIGN_OR_RETURN(m->transfer_failures_, r.AddCounter("deepinfer_kv_transfer_failures_total",
+                                                            "KV transfer posts that failed."));
     DI_ASSIGN_OR_RETURN(
         CounterFamily * requests,
-        r.AddCounterFamily("deepinfer_requests_total",
-                           "Requests of the role's service (Prefill / Decode.Generate), by outcome.",
-                           {"outcome"}));
+        r.AddCounterFamily(
+            "deepinfer_requests_total",
+            "Requests of the role's service (Prefill / Decode.Generate), by outcome.",
+            {"outcome"}));
     DI_ASSIGN_OR_RETURN(m->requests_ok_, requests->WithLabels({"ok"}));
     DI_ASSIGN_OR_RETURN(m->requests_error_, requests->WithLabels({"error"}));
     DI_ASSIGN_OR_RETURN(m->requests_cancelled_, requests->WithLabels({"cancelled"}));
@@ -246,8 +245,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   }
   if (!options.metrics_listen.empty()) {
     DI_RETURN_IF_ERROR(
-        ParseHostPort("metrics_listen", options.metrics_listen, /*allow_port_zero=*/true)
-            .status());
+        ParseHostPort("metrics_listen", options.metrics_listen, /*allow_port_zero=*/true).status());
   }
   if (options.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--drain_timeout: expected >= 0, got ",
@@ -259,8 +257,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   }
   if (options.worker_id.empty()) options.worker_id = DefaultWorkerId(options.role);
   if (options.worker_id.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat("--worker_id: expected 1..128 bytes, got ",
-                                                   options.worker_id.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_id: expected 1..128 bytes, got ", options.worker_id.size()));
   }
   if (options.model_id.empty()) options.model_id = LastPathComponent(options.model_path);
 
@@ -268,7 +266,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   const WorkerOptions& o = rt->options_;
   rt->incarnation_ = NewIncarnation();
 
-  DI_ASSIGN_OR_RETURN(rt->model_, engine::Model::Load(o.model_path, engine::ModelOptions{o.threads}));
+  DI_ASSIGN_OR_RETURN(rt->model_,
+                      engine::Model::Load(o.model_path, engine::ModelOptions{o.threads}));
   DI_ASSIGN_OR_RETURN(rt->assets_, engine::ModelAssets::Load(o.model_path));
 
   kv_transfer::AgentConfig agent_config;
@@ -314,11 +313,12 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   rt->kv_metadata_.set_blob(std::move(blob));
 
   DI_RETURN_IF_ERROR(rt->engine_->Start());
-  spdlog::info("worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
-               "incarnation {}, kv backend {}",
-               o.worker_id, RoleName(o.role), o.model_id, rt->pool_layout_.num_layers(),
-               o.kv_blocks, o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
-               std::string(kv_transfer::BackendName(o.kv_backend)));
+  spdlog::info(
+      "worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
+      "incarnation {}, kv backend {}",
+      o.worker_id, RoleName(o.role), o.model_id, rt->pool_layout_.num_layers(), o.kv_blocks,
+      o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
+      std::string(kv_transfer::BackendName(o.kv_backend)));
   return rt;
 }
 
@@ -522,7 +522,8 @@ void WorkerRuntime::RouterLoop() {
     report.set_queue_depth(static_cast<uint32_t>(es.waiting));
     report.set_queued_input_tokens(0);  // the engine does not expose queued prompt tokens
     report.set_running_sequences(static_cast<uint32_t>(es.running));
-    report.set_free_kv_blocks(static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
+    report.set_free_kv_blocks(
+        static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
     report.set_total_kv_blocks(static_cast<uint64_t>(es.blocks.num_blocks));
     const double seconds = absl::ToDoubleSeconds(now - last_report);
     const double tps =

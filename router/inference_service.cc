@@ -9,11 +9,11 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "router/prompt_block_hashes.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "router/prompt_block_hashes.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::router {
@@ -234,10 +234,9 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
   }
   if (!decision.ok()) {
     if (decision.status().code() == absl::StatusCode::kUnavailable) {
-      return absl::UnavailableError(
-          absl::StrCat("no live prefill worker for model ", Quote(options_.model_id),
-                       ", and the decode workers with room cannot prefill (",
-                       decision.status().message(), ")"));
+      return absl::UnavailableError(absl::StrCat(
+          "no live prefill worker for model ", Quote(options_.model_id),
+          ", and the decode workers with room cannot prefill (", decision.status().message(), ")"));
     }
     // Snapshots built here are well-formed; anything else is a bug.
     return absl::InternalError(absl::StrCat("placement: ", decision.status().ToString()));
@@ -279,7 +278,7 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
   if (metrics_ != nullptr) metrics_->RecordPlacement(decision->outcome);
   spdlog::debug(
       "[req={}] placed by {}: decode={} prefill={} outcome={} prompt_tokens={} uncached={} "
-      "prefix_blocks={} candidates={} ({})",
+      "prompt_blocks={} candidates={} ({})",
       request.request_id, std::string(policy_->name()), decision->decode_worker,
       decision->prefill_worker.empty() ? std::string("local") : decision->prefill_worker,
       std::string(PlacementOutcomeName(decision->outcome)), preq.prompt_tokens,
@@ -540,7 +539,7 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
         [writer](v1::GenerateChunk& chunk) { return writer->Write(ToChatChunk(chunk)); }, &outcome);
   }
   Finish(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
-              static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
+         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
   return status;
 }
 
@@ -584,7 +583,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
         [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); }, &outcome);
   }
   Finish(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
-              static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
+         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
   return status;
 }
 

@@ -168,7 +168,7 @@ class InferenceService final : public v1::Inference::Service {
   struct Placement {
     WorkerSnapshot decode;
     int64_t decode_blocks = 0;
-    int64_t decode_tokens = 0;  // the uncached tokens when prefilling locally
+    int64_t decode_tokens = 0;              // the uncached tokens when prefilling locally
     std::optional<WorkerSnapshot> prefill;  // unset: colocated
     int64_t prefill_tokens = 0;
     std::string prefill_worker_id;  // empty: colocated

@@ -13,6 +13,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_server.h"
+#include "common/metrics.h"
+#include "common/metrics_http_server.h"
+#include "common/metrics_test_util.h"
 #include "engine/model_assets.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -20,9 +23,6 @@
 #include "gtest/gtest.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
-#include "common/metrics.h"
-#include "common/metrics_http_server.h"
-#include "common/metrics_test_util.h"
 #include "router/prompt_block_hashes.h"
 #include "router/request_validation.h"
 #include "router/router_metrics.h"
@@ -330,9 +330,9 @@ TEST_F(InferenceServiceTest, CreateRefusesBadOptions) {
                 .status()
                 .message(),
             "--placement_policy: expected least_loaded or cache_aware; got \"random\"");
-  EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(),
-                                     {.model_id = "m",
-                                      .placement = {.local_prefill_threshold_tokens = -1}})
+  EXPECT_EQ(InferenceService::Create(
+                registry_.get(), assets_.get(),
+                {.model_id = "m", .placement = {.local_prefill_threshold_tokens = -1}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

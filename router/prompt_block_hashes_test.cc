@@ -30,8 +30,8 @@ TEST(PromptBlockHashesTest, EqualsTheEngineChain) {
       for (int block_size : {1, 4, 16}) {
         const std::vector<uint32_t> prompt = Prompt(70, static_cast<uint32_t>(seed % 13));
         const std::vector<int32_t> as_int(prompt.begin(), prompt.end());
-        const std::vector<uint64_t> expected = engine::BlockHashes(
-            engine::RootBlockHash(seed, salt), as_int, block_size);
+        const std::vector<uint64_t> expected =
+            engine::BlockHashes(engine::RootBlockHash(seed, salt), as_int, block_size);
         EXPECT_EQ(PromptBlockHashes(prompt, seed, salt, block_size), expected)
             << "seed " << seed << " salt \"" << salt << "\" block_size " << block_size;
         EXPECT_EQ(expected.size(), static_cast<size_t>(70 / block_size));

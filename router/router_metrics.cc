@@ -48,10 +48,10 @@ absl::string_view RequestOutcomeName(RequestOutcome outcome) {
 absl::StatusOr<std::unique_ptr<RouterMetrics>> RouterMetrics::Create(MetricsRegistry* registry) {
   if (registry == nullptr) return absl::InvalidArgumentError("registry: expected non-null");
   std::unique_ptr<RouterMetrics> m(new RouterMetrics(registry));
-  DI_ASSIGN_OR_RETURN(CounterFamily * requests,
-                      registry->AddCounterFamily("deepinfer_requests_total",
-                                                 "Chat/Generate requests finished, by outcome.",
-                                                 {"outcome"}));
+  DI_ASSIGN_OR_RETURN(
+      CounterFamily * requests,
+      registry->AddCounterFamily("deepinfer_requests_total",
+                                 "Chat/Generate requests finished, by outcome.", {"outcome"}));
   for (RequestOutcome o : kOutcomes) {
     DI_ASSIGN_OR_RETURN(m->requests_[static_cast<int>(o)],
                         requests->WithLabels({std::string(RequestOutcomeName(o))}));
@@ -62,21 +62,20 @@ absl::StatusOr<std::unique_ptr<RouterMetrics>> RouterMetrics::Create(MetricsRegi
                                     LatencyBucketsSeconds()));
   // Inter-token gaps of a small model on a CPU are well below a millisecond.
   DI_ASSIGN_OR_RETURN(std::vector<double> itl_buckets, ExponentialBuckets(0.000125, 2, 18));
-  DI_ASSIGN_OR_RETURN(m->itl_, registry->AddHistogram(
-                                   "deepinfer_inter_token_latency_seconds",
-                                   "Time between consecutive tokens of a request at the router.",
-                                   std::move(itl_buckets)));
-  DI_ASSIGN_OR_RETURN(m->e2e_,
-                      registry->AddHistogram("deepinfer_e2e_request_latency_seconds",
-                                             "Time from receiving a request to its end.",
-                                             LatencyBucketsSeconds()));
+  DI_ASSIGN_OR_RETURN(
+      m->itl_, registry->AddHistogram("deepinfer_inter_token_latency_seconds",
+                                      "Time between consecutive tokens of a request at the router.",
+                                      std::move(itl_buckets)));
+  DI_ASSIGN_OR_RETURN(m->e2e_, registry->AddHistogram("deepinfer_e2e_request_latency_seconds",
+                                                      "Time from receiving a request to its end.",
+                                                      LatencyBucketsSeconds()));
   DI_ASSIGN_OR_RETURN(m->queue_time_,
                       registry->AddHistogram("deepinfer_queue_time_seconds",
                                              "Time requests waited in the decode node's queue.",
                                              LatencyBucketsSeconds()));
-  DI_ASSIGN_OR_RETURN(m->prompt_tokens_,
-                      registry->AddCounter("deepinfer_prompt_tokens_total",
-                                           "Prompt tokens of finished requests."));
+  DI_ASSIGN_OR_RETURN(
+      m->prompt_tokens_,
+      registry->AddCounter("deepinfer_prompt_tokens_total", "Prompt tokens of finished requests."));
   DI_ASSIGN_OR_RETURN(m->generation_tokens_,
                       registry->AddCounter("deepinfer_generation_tokens_total",
                                            "Tokens generated and relayed to clients."));
@@ -94,29 +93,26 @@ absl::StatusOr<std::unique_ptr<RouterMetrics>> RouterMetrics::Create(MetricsRegi
     DI_ASSIGN_OR_RETURN(m->placements_[static_cast<int>(o)],
                         placements->WithLabels({PlacementLabel(o)}));
   }
-  DI_ASSIGN_OR_RETURN(
-      GaugeFamily * queue_depth,
-      registry->AddGaugeFamily("deepinfer_queue_depth",
-                               "Requests waiting to start, summed over the pool's workers.",
-                               {"pool"}));
+  DI_ASSIGN_OR_RETURN(GaugeFamily * queue_depth,
+                      registry->AddGaugeFamily(
+                          "deepinfer_queue_depth",
+                          "Requests waiting to start, summed over the pool's workers.", {"pool"}));
   DI_ASSIGN_OR_RETURN(
       GaugeFamily * queued_tokens,
       registry->AddGaugeFamily("deepinfer_queued_input_tokens",
                                "Prompt tokens still to compute, summed over the pool's workers.",
                                {"pool"}));
+  DI_ASSIGN_OR_RETURN(GaugeFamily * running,
+                      registry->AddGaugeFamily(
+                          "deepinfer_running_sequences",
+                          "Sequences in the running batches of the pool's workers.", {"pool"}));
+  DI_ASSIGN_OR_RETURN(GaugeFamily * kv_usage,
+                      registry->AddGaugeFamily(
+                          "deepinfer_kv_cache_usage_ratio",
+                          "Fraction of the pool's KV blocks in use (1 - free / total).", {"pool"}));
   DI_ASSIGN_OR_RETURN(
-      GaugeFamily * running,
-      registry->AddGaugeFamily("deepinfer_running_sequences",
-                               "Sequences in the running batches of the pool's workers.",
-                               {"pool"}));
-  DI_ASSIGN_OR_RETURN(
-      GaugeFamily * kv_usage,
-      registry->AddGaugeFamily("deepinfer_kv_cache_usage_ratio",
-                               "Fraction of the pool's KV blocks in use (1 - free / total).",
-                               {"pool"}));
-  DI_ASSIGN_OR_RETURN(GaugeFamily * workers,
-                      registry->AddGaugeFamily("deepinfer_workers", "Live workers of the pool.",
-                                               {"pool"}));
+      GaugeFamily * workers,
+      registry->AddGaugeFamily("deepinfer_workers", "Live workers of the pool.", {"pool"}));
   for (auto [pool, name] : {std::pair<Pool*, const char*>{&m->prefill_, "prefill"},
                             std::pair<Pool*, const char*>{&m->decode_, "decode"}}) {
     DI_ASSIGN_OR_RETURN(pool->queue_depth, queue_depth->WithLabels({name}));
@@ -176,14 +172,14 @@ void RouterMetrics::RefreshPools(const WorkerRegistry& registry, absl::string_vi
     s->free += static_cast<int64_t>(w.load.free_kv_blocks());
     s->total += static_cast<int64_t>(w.load.total_kv_blocks());
   }
-  for (auto [pool, sums] : {std::pair<Pool*, Sums*>{&prefill_, &prefill},
-                            std::pair<Pool*, Sums*>{&decode_, &decode}}) {
+  for (auto [pool, sums] :
+       {std::pair<Pool*, Sums*>{&prefill_, &prefill}, std::pair<Pool*, Sums*>{&decode_, &decode}}) {
     pool->queue_depth->Set(static_cast<double>(sums->queue_depth));
     pool->queued_input_tokens->Set(static_cast<double>(sums->queued_tokens));
     pool->running_sequences->Set(static_cast<double>(sums->running));
-    pool->kv_cache_usage_ratio->Set(
-        sums->total > 0 ? 1.0 - static_cast<double>(sums->free) / static_cast<double>(sums->total)
-                        : 0.0);
+    pool->kv_cache_usage_ratio->Set(sums->total > 0 ? 1.0 - static_cast<double>(sums->free) /
+                                                                static_cast<double>(sums->total)
+                                                    : 0.0);
     pool->workers->Set(static_cast<double>(sums->workers));
   }
 }

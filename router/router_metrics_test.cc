@@ -4,7 +4,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "common/metrics_test_util.h"
@@ -60,7 +59,8 @@ TEST(RouterMetricsTest, RegistersOnceAndExposesTheRegistry) {
         "deepinfer_placement_decisions_total{outcome=\"remote_prefill\"}",
         "deepinfer_placement_decisions_total{outcome=\"local_below_threshold\"}",
         "deepinfer_placement_decisions_total{outcome=\"local_no_prefill_worker\"}",
-        "deepinfer_time_to_first_token_seconds_count", "deepinfer_inter_token_latency_seconds_count",
+        "deepinfer_time_to_first_token_seconds_count",
+        "deepinfer_inter_token_latency_seconds_count",
         "deepinfer_e2e_request_latency_seconds_count", "deepinfer_queue_time_seconds_count",
         "deepinfer_prompt_tokens_total", "deepinfer_generation_tokens_total",
         "deepinfer_cached_prompt_tokens_total", "deepinfer_prefix_cache_hit_ratio",
@@ -110,7 +110,8 @@ TEST(RouterMetricsTest, FinishedRequestsPlacementsAndTokens) {
   EXPECT_EQ(SampleValue(text, "deepinfer_inter_token_latency_seconds_count"), 2);
   EXPECT_EQ(SampleValue(text, "deepinfer_inter_token_latency_seconds_bucket{le=\"0.002\"}"), 2);
   EXPECT_EQ(SampleValue(text, "deepinfer_inter_token_latency_seconds_bucket{le=\"0.001\"}"), 0);
-  EXPECT_EQ(SampleValue(text, "deepinfer_placement_decisions_total{outcome=\"remote_prefill\"}"), 2);
+  EXPECT_EQ(SampleValue(text, "deepinfer_placement_decisions_total{outcome=\"remote_prefill\"}"),
+            2);
   EXPECT_EQ(
       SampleValue(text, "deepinfer_placement_decisions_total{outcome=\"local_no_prefill_worker\"}"),
       1);

@@ -216,9 +216,9 @@ absl::StatusOr<WorkerSnapshot> WorkerRegistry::RecordPlacement(absl::string_view
                                                                int64_t input_tokens,
                                                                int64_t blocks) {
   if (input_tokens < 0 || blocks < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        input_tokens < 0 ? "input_tokens" : "blocks", ": expected >= 0; got ",
-        input_tokens < 0 ? input_tokens : blocks));
+    return absl::InvalidArgumentError(absl::StrCat(input_tokens < 0 ? "input_tokens" : "blocks",
+                                                   ": expected >= 0; got ",
+                                                   input_tokens < 0 ? input_tokens : blocks));
   }
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
@@ -229,8 +229,7 @@ absl::StatusOr<WorkerSnapshot> WorkerRegistry::RecordPlacement(absl::string_view
   Entry& e = *it->second;
   if (e.info.incarnation() != incarnation) {
     return absl::AbortedError(absl::StrCat("worker ", Quote(worker_id), ": incarnation ",
-                                           incarnation, " was replaced by ",
-                                           e.info.incarnation()));
+                                           incarnation, " was replaced by ", e.info.incarnation()));
   }
   e.placed_requests += 1;
   e.placed_tokens += input_tokens;
@@ -240,8 +239,7 @@ absl::StatusOr<WorkerSnapshot> WorkerRegistry::RecordPlacement(absl::string_view
 }
 
 void WorkerRegistry::ReleasePlacement(absl::string_view worker_id, uint64_t incarnation,
-                                      uint64_t load_epoch, int64_t input_tokens,
-                                      int64_t blocks) {
+                                      uint64_t load_epoch, int64_t input_tokens, int64_t blocks) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;

@@ -653,8 +653,7 @@ TEST_F(WorkerRegistryTest, ReleasePlacementGivesBackOnlyWithinTheSameLoadEpoch) 
   ASSERT_TRUE(registry_->Register(Decode("d0")).ok());  // 1000 blocks
   absl::StatusOr<WorkerSnapshot> a = registry_->PickDecode("m", 600);
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(registry_->PickDecode("m", 600).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(registry_->PickDecode("m", 600).status().code(), absl::StatusCode::kResourceExhausted);
   // The first request finished before any load report: its blocks count as free again.
   registry_->ReleasePlacement("d0", a->info.incarnation(), a->load_epoch, 0, 600);
   absl::StatusOr<WorkerSnapshot> b = registry_->PickDecode("m", 600);
@@ -669,8 +668,8 @@ TEST_F(WorkerRegistryTest, ReleasePlacementGivesBackOnlyWithinTheSameLoadEpoch) 
   EXPECT_EQ(registry_->Get("d0")->placed_blocks, 300);
   // Unknown workers and stale incarnations are ignored.
   registry_->ReleasePlacement("nobody", 1, 0, 0, 5);
-  registry_->ReleasePlacement("d0", b->info.incarnation() + 1, registry_->Get("d0")->load_epoch,
-                              0, 300);
+  registry_->ReleasePlacement("d0", b->info.incarnation() + 1, registry_->Get("d0")->load_epoch, 0,
+                              300);
   EXPECT_EQ(registry_->Get("d0")->placed_blocks, 300);
 }
 
@@ -705,8 +704,8 @@ TEST_F(WorkerRegistryTest, RecordPlacementCountsUntilTheNextReportOrRelease) {
   EXPECT_EQ(registry_->RecordPlacement("d0", 100, 0, -2).status().message(),
             "blocks: expected >= 0; got -2");
   // ListLive: the live workers of one model.
-  ASSERT_TRUE(registry_->Register(Worker("x0", internal::v1::WORKER_ROLE_DECODE, 100, "other"))
-                  .ok());
+  ASSERT_TRUE(
+      registry_->Register(Worker("x0", internal::v1::WORKER_ROLE_DECODE, 100, "other")).ok());
   std::vector<std::string> live;
   for (const WorkerSnapshot& w : registry_->ListLive("m")) live.push_back(w.info.worker_id());
   EXPECT_EQ(live, (std::vector<std::string>{"d0", "p0", "p1"}));
