@@ -300,6 +300,7 @@ std::string MetricsHttpServer::Respond(const std::string& head) {
     return PlainError(405, "Method Not Allowed", "Allow: GET, HEAD\r\n");
   }
   if (path == "/metrics") {
+    if (options_.before_scrape) options_.before_scrape();
     return Response(200, "OK", kMetricsContentType, registry_->Serialize(), head_only);
   }
   if (options_.healthy && !options_.healthy()) {

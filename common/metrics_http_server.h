@@ -44,6 +44,10 @@ struct MetricsHttpServerOptions {
   // Answers /healthz; null means always healthy. Called on the server thread; must be
   // thread-safe and fast.
   std::function<bool()> healthy;
+  // Called before each /metrics answer is serialized (also for HEAD), so gauges that mirror
+  // state kept elsewhere (loads, queue depths) are fresh at scrape time. Runs on the server
+  // thread; must be thread-safe and fast. Null: nothing runs.
+  std::function<void()> before_scrape;
 };
 
 class MetricsHttpServer {

@@ -133,6 +133,21 @@ TEST_F(MetricsHttpServerTest, ServesMetrics) {
   EXPECT_EQ(r.headers["content-length"], std::to_string(registry_.Serialize().size()));
 }
 
+TEST_F(MetricsHttpServerTest, BeforeScrapeRefreshesGaugesOnEveryMetricsRequest) {
+  Gauge* g = registry_.AddGauge("deepinfer_queue_depth", "Queue.").value();
+  std::atomic<int> calls{0};
+  MetricsHttpServerOptions options;
+  options.before_scrape = [&] { g->Set(++calls); };
+  StartServer(options);
+  HttpResponse r = Exchange(server_->port(), "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_NE(r.body.find("deepinfer_queue_depth 1\n"), std::string::npos) << r.body;
+  r = Exchange(server_->port(), "GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_NE(r.body.find("deepinfer_queue_depth 2\n"), std::string::npos) << r.body;
+  // Other paths do not run it.
+  Exchange(server_->port(), "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(calls.load(), 2);
+}
+
 TEST_F(MetricsHttpServerTest, Healthz) {
   std::atomic<bool> healthy{true};
   MetricsHttpServerOptions options;

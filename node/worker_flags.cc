@@ -35,6 +35,8 @@ ABSL_FLAG(uint64_t, hash_seed, 0,
 ABSL_FLAG(std::string, kv_transport, "ucx",
           "KV transfer backend: ucx (between processes; set UCX_TLS, e.g. sm,self on one host) "
           "or loopback (one process only: tests).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus /metrics and /healthz (e.g. 0.0.0.0:9091); empty = off.");
 ABSL_FLAG(std::string, port_file, "",
           "Write the bound port here (atomically) once the server is up; empty = don't.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
@@ -103,6 +105,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv_transport: expected ucx or loopback, got \"", transport, "\""));
+  }
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!o.metrics_listen.empty()) {
+    DI_RETURN_IF_ERROR(
+        ParseHostPort("metrics_listen", o.metrics_listen, /*allow_port_zero=*/true).status());
   }
   o.port_file = absl::GetFlag(FLAGS_port_file);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

@@ -30,6 +30,7 @@ ABSL_DECLARE_FLAG(bool, prefix_cache);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(uint64_t, hash_seed);
 ABSL_DECLARE_FLAG(std::string, kv_transport);
+ABSL_DECLARE_FLAG(std::string, metrics_listen);
 ABSL_DECLARE_FLAG(std::string, port_file);
 ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
 ABSL_DECLARE_FLAG(std::string, log_level);

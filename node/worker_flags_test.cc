@@ -31,6 +31,11 @@ TEST_F(WorkerFlagsTest, DefaultsBecomeOptions) {
   EXPECT_EQ(o->block_size, 16);
   EXPECT_EQ(o->kv_backend, kv_transfer::Backend::kLoopback);
   EXPECT_EQ(o->drain_timeout, absl::Milliseconds(1500));
+  EXPECT_EQ(o->metrics_listen, "");  // off
+  absl::SetFlag(&FLAGS_metrics_listen, "0.0.0.0:9091");
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->metrics_listen, "0.0.0.0:9091");
 }
 
 TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
@@ -51,6 +56,7 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_kv_transport, "tcp"); }, "--kv_transport:"},
       {[] { absl::SetFlag(&FLAGS_drain_timeout, absl::Seconds(-1)); }, "--drain_timeout:"},
       {[] { absl::SetFlag(&FLAGS_log_level, "loud"); }, "--log_level:"},
+      {[] { absl::SetFlag(&FLAGS_metrics_listen, "no-port"); }, "--metrics_listen:"},
       {[] { absl::SetFlag(&FLAGS_worker_id, std::string(129, 'w')); }, "--worker_id:"},
   };
   for (const Case& c : cases) {

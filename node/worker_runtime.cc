@@ -11,12 +11,14 @@
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
 #include "grpc/impl/codegen/grpc_types.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "kv_transfer/agent_factory.h"
 #include "spdlog/spdlog.h"
 
@@ -83,8 +85,7 @@ void SetDeadline(grpc::ClientContext* context) {
 
 // Engine events -> proto events: runs of STORED events that chain (each one's parent is the
 // previous one's hash) become one event with several hashes; runs of REMOVED events likewise.
-void AppendKvEvents(const std::vector<engine::KvEvent>& events,
-                    internal::v1::KvEventBatch* batch) {
+void AppendKvEvents(const std::vector<engine::KvEvent>& events, internal::v1::KvEventBatch* batch) {
   using internal::v1::KvEvent;
   KvEvent* current = nullptr;
   uint64_t last_hash = 0;
@@ -120,6 +121,100 @@ class WorkerRuntime::AdminService final : public internal::v1::WorkerAdmin::Serv
   const WorkerRuntime* const runtime_;
 };
 
+// The worker's Prometheus registry and its HTTP server; values mirror Stats() at each scrape.
+class WorkerRuntime::Metrics {
+ public:
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const WorkerRuntime* runtime,
+                                                        const std::string& listen_address) {
+    std::unique_ptr<Metrics> m(new Metrics(runtime));
+    MetricsRegistry& r = m->registry_;
+    DI_ASSIGN_OR_RETURN(m->kv_usage_, r.AddGauge("deepinfer_kv_cache_usage_ratio",
+                                                 "Fraction of KV blocks in use (used / total)."));
+    DI_ASSIGN_OR_RETURN(m->queue_depth_,
+                        r.AddGauge("deepinfer_queue_depth", "Sequences waiting to start."));
+    DI_ASSIGN_OR_RETURN(
+        m->running_, r.AddGauge("deepinfer_running_sequences", "Sequences in the running batch."));
+    DI_ASSIGN_OR_RETURN(
+        m->hit_ratio_,
+        r.AddGauge("deepinfer_prefix_cache_hit_ratio",
+                   "Prompt tokens served from the prefix cache / prompt tokens looked up."));
+    DI_ASSIGN_OR_RETURN(m->queries_, r.AddCounter("deepinfer_prefix_cache_queries_total",
+                                                  "Prompt tokens looked up in the prefix cache."));
+    DI_ASSIGN_OR_RETURN(m->hits_, r.AddCounter("deepinfer_prefix_cache_hits_total",
+                                               "Prompt tokens served from the prefix cache."));
+    DI_ASSIGN_OR_RETURN(m->transfer_bytes_,
+                        r.AddCounter("deepinfer_kv_transfer_bytes_total",
+                                     "KV bytes this worker's transfer agent wrote to peers."));
+    DI_ASSIGN_OR_RETURN(m->transfer_failures_, r.AddCounter("deepinfer_kv_transfer_failures_total",
+                                                            "KV transfer posts that failed."));
+    DI_ASSIGN_OR_RETURN(
+        CounterFamily * requests,
+        r.AddCounterFamily(
+            "deepinfer_requests_total",
+            "Requests of the role's service (Prefill / Decode.Generate), by outcome.",
+            {"outcome"}));
+    DI_ASSIGN_OR_RETURN(m->requests_ok_, requests->WithLabels({"ok"}));
+    DI_ASSIGN_OR_RETURN(m->requests_error_, requests->WithLabels({"error"}));
+    DI_ASSIGN_OR_RETURN(m->requests_cancelled_, requests->WithLabels({"cancelled"}));
+    MetricsHttpServerOptions options;
+    options.listen_address = listen_address;
+    Metrics* self = m.get();
+    options.before_scrape = [self] { self->Refresh(); };
+    options.healthy = [runtime] { return !runtime->draining(); };
+    DI_ASSIGN_OR_RETURN(m->server_, MetricsHttpServer::Create(&m->registry_, options));
+    DI_RETURN_IF_ERROR(m->server_->Start());
+    return m;
+  }
+
+  int port() const { return server_->port(); }
+  void Stop() { server_->Stop(); }
+
+ private:
+  explicit Metrics(const WorkerRuntime* runtime) : runtime_(runtime) {}
+
+  // Counters mirror cumulative stats: add what grew since the last scrape.
+  static void Mirror(Counter* counter, uint64_t value) {
+    const double delta = static_cast<double>(value) - counter->Value();
+    if (delta > 0) counter->Increment(delta);
+  }
+
+  void Refresh() {
+    const internal::v1::WorkerStats s = runtime_->Stats();
+    absl::MutexLock lock(&mu_);
+    kv_usage_->Set(s.total_kv_blocks() > 0 ? static_cast<double>(s.used_kv_blocks()) /
+                                                 static_cast<double>(s.total_kv_blocks())
+                                           : 0.0);
+    queue_depth_->Set(s.waiting_sequences());
+    running_->Set(s.running_sequences());
+    hit_ratio_->Set(s.prefix_query_tokens() > 0 ? static_cast<double>(s.prefix_hit_tokens()) /
+                                                      static_cast<double>(s.prefix_query_tokens())
+                                                : 0.0);
+    Mirror(queries_, s.prefix_query_tokens());
+    Mirror(hits_, s.prefix_hit_tokens());
+    Mirror(transfer_bytes_, s.transfer_bytes_written());
+    Mirror(transfer_failures_, s.transfer_posts_failed());
+    Mirror(requests_ok_, s.requests_ok());
+    Mirror(requests_error_, s.requests_failed());
+    Mirror(requests_cancelled_, s.requests_cancelled());
+  }
+
+  const WorkerRuntime* const runtime_;
+  MetricsRegistry registry_;
+  std::unique_ptr<MetricsHttpServer> server_;
+  absl::Mutex mu_;  // serialises Refresh (the counters' read-then-add)
+  Gauge* kv_usage_ = nullptr;
+  Gauge* queue_depth_ = nullptr;
+  Gauge* running_ = nullptr;
+  Gauge* hit_ratio_ = nullptr;
+  Counter* queries_ = nullptr;
+  Counter* hits_ = nullptr;
+  Counter* transfer_bytes_ = nullptr;
+  Counter* transfer_failures_ = nullptr;
+  Counter* requests_ok_ = nullptr;
+  Counter* requests_error_ = nullptr;
+  Counter* requests_cancelled_ = nullptr;
+};
+
 WorkerRuntime::WorkerRuntime(WorkerOptions options) : options_(std::move(options)) {}
 
 WorkerRuntime::~WorkerRuntime() { Drain(absl::ZeroDuration()); }
@@ -148,6 +243,10 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
     DI_RETURN_IF_ERROR(
         ParseHostPort("router", options.router_address, /*allow_port_zero=*/false).status());
   }
+  if (!options.metrics_listen.empty()) {
+    DI_RETURN_IF_ERROR(
+        ParseHostPort("metrics_listen", options.metrics_listen, /*allow_port_zero=*/true).status());
+  }
   if (options.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--drain_timeout: expected >= 0, got ",
                                                    absl::FormatDuration(options.drain_timeout)));
@@ -158,8 +257,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   }
   if (options.worker_id.empty()) options.worker_id = DefaultWorkerId(options.role);
   if (options.worker_id.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat("--worker_id: expected 1..128 bytes, got ",
-                                                   options.worker_id.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_id: expected 1..128 bytes, got ", options.worker_id.size()));
   }
   if (options.model_id.empty()) options.model_id = LastPathComponent(options.model_path);
 
@@ -167,7 +266,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   const WorkerOptions& o = rt->options_;
   rt->incarnation_ = NewIncarnation();
 
-  DI_ASSIGN_OR_RETURN(rt->model_, engine::Model::Load(o.model_path, engine::ModelOptions{o.threads}));
+  DI_ASSIGN_OR_RETURN(rt->model_,
+                      engine::Model::Load(o.model_path, engine::ModelOptions{o.threads}));
   DI_ASSIGN_OR_RETURN(rt->assets_, engine::ModelAssets::Load(o.model_path));
 
   kv_transfer::AgentConfig agent_config;
@@ -213,11 +313,12 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   rt->kv_metadata_.set_blob(std::move(blob));
 
   DI_RETURN_IF_ERROR(rt->engine_->Start());
-  spdlog::info("worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
-               "incarnation {}, kv backend {}",
-               o.worker_id, RoleName(o.role), o.model_id, rt->pool_layout_.num_layers(),
-               o.kv_blocks, o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
-               std::string(kv_transfer::BackendName(o.kv_backend)));
+  spdlog::info(
+      "worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
+      "incarnation {}, kv backend {}",
+      o.worker_id, RoleName(o.role), o.model_id, rt->pool_layout_.num_layers(), o.kv_blocks,
+      o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
+      std::string(kv_transfer::BackendName(o.kv_backend)));
   return rt;
 }
 
@@ -241,6 +342,13 @@ absl::Status WorkerRuntime::Start(std::vector<grpc::Service*> services,
     if (options_.router_address.empty()) registered_ = true;  // standalone: nothing to wait for
   }
   UpdateHealth();
+  if (!options_.metrics_listen.empty()) {
+    DI_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
+                        Metrics::Start(this, options_.metrics_listen));
+    absl::MutexLock lock(&mu_);
+    metrics_ = std::move(metrics);
+    spdlog::info("worker {} serving metrics on port {}", options_.worker_id, metrics_->port());
+  }
   if (!options_.port_file.empty()) {
     DI_RETURN_IF_ERROR(WritePortFile(options_.port_file, server_->port()));
   }
@@ -260,6 +368,11 @@ std::string WorkerRuntime::address() const {
 int WorkerRuntime::port() const {
   absl::MutexLock lock(&mu_);
   return server_ == nullptr ? 0 : server_->port();
+}
+
+int WorkerRuntime::metrics_port() const {
+  absl::MutexLock lock(&mu_);
+  return metrics_ == nullptr ? 0 : metrics_->port();
 }
 
 void WorkerRuntime::UpdateHealth() {
@@ -409,7 +522,8 @@ void WorkerRuntime::RouterLoop() {
     report.set_queue_depth(static_cast<uint32_t>(es.waiting));
     report.set_queued_input_tokens(0);  // the engine does not expose queued prompt tokens
     report.set_running_sequences(static_cast<uint32_t>(es.running));
-    report.set_free_kv_blocks(static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
+    report.set_free_kv_blocks(
+        static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
     report.set_total_kv_blocks(static_cast<uint64_t>(es.blocks.num_blocks));
     const double seconds = absl::ToDoubleSeconds(now - last_report);
     const double tps =
@@ -551,6 +665,12 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     server = server_.get();
   }
   if (server != nullptr) server->Shutdown(absl::Milliseconds(500));
+  Metrics* metrics = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    metrics = metrics_.get();
+  }
+  if (metrics != nullptr) metrics->Stop();
   if (engine_ != nullptr) engine_->Stop();
   if (agent_ != nullptr) agent_->Stop();
   {

@@ -12,6 +12,13 @@
 //    drain;
 //  * request accounting for the drain: the role's service wraps each RPC in a RequestScope;
 //    Drain() refuses new ones (UNAVAILABLE "draining"), waits for the running ones, then stops;
+//  * Prometheus metrics (when WorkerOptions::metrics_listen is set): /metrics and /healthz over
+//    HTTP, refreshed from Stats() at every scrape: deepinfer_kv_cache_usage_ratio (used / total
+//    KV blocks), deepinfer_queue_depth (waiting sequences), deepinfer_running_sequences,
+//    deepinfer_prefix_cache_hit_ratio (hit / looked-up prompt tokens since start),
+//    deepinfer_prefix_cache_queries_total / deepinfer_prefix_cache_hits_total (tokens),
+//    deepinfer_kv_transfer_bytes_total, deepinfer_kv_transfer_failures_total and
+//    deepinfer_requests_total{outcome=ok|error|cancelled} (the role service's RPCs);
 //  * the port file: once the server is bound and answering RPCs (health may still say
 //    NOT_SERVING until the first Register succeeds), the bound port is written to --port_file
 //    (write + rename), which is how the launcher and tests learn ports when listening on port 0.
@@ -78,6 +85,8 @@ struct WorkerOptions {
   bool can_prefill = false;
   // Write the bound port here once serving ("" = don't).
   std::string port_file;
+  // "host:port" serving Prometheus /metrics (port 0 = any, see metrics_port()); "" = off.
+  std::string metrics_listen;
   // Most time Drain() waits for in-flight RPCs before cancelling them.
   absl::Duration drain_timeout = absl::Seconds(30);
   // Health reports NOT_SERVING when the engine has work but has not finished a step for this long.
@@ -121,6 +130,8 @@ class WorkerRuntime {
   // The bound "host:port" (valid after Start).
   std::string address() const;
   int port() const;
+  // The metrics server's bound port after Start; 0 when metrics_listen is empty.
+  int metrics_port() const;
 
   // Brackets one RPC of the role's service. ok() is false while draining (answer UNAVAILABLE
   // with status()); the destructor ends the request.
@@ -153,6 +164,7 @@ class WorkerRuntime {
 
  private:
   class AdminService;
+  class Metrics;
   explicit WorkerRuntime(WorkerOptions options);
 
   // The background link: registration, heartbeats and KV events when a router is set, and the
@@ -173,6 +185,7 @@ class WorkerRuntime {
   internal::v1::KvPeerMetadata kv_metadata_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<Metrics> metrics_;  // set in Start when metrics_listen is
   StatsContributor contribute_stats_;
 
   std::atomic<bool> draining_{false};

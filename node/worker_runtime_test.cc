@@ -3,6 +3,8 @@
 // (registration, heartbeats, KV events, deregistration on drain).
 #include "node/worker_runtime.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -11,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
+#include "common/metrics_test_util.h"
 #include "common/process_lifecycle.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -129,6 +132,61 @@ TEST(WorkerRuntimeTest, StandaloneServesStatsAndHealthThenDrains) {
   EXPECT_TRUE(rt->Stats().draining());
   EXPECT_NE(CheckHealth(rt->address(), ""), HealthStatus::SERVING);
   rt->Drain(absl::Seconds(1));  // idempotent
+}
+
+TEST(WorkerRuntimeTest, ServesPrometheusMetricsFromItsStats) {
+  WorkerOptions o = TestOptions("prefill-metrics");
+  o.metrics_listen = "127.0.0.1:0";
+  auto created = WorkerRuntime::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<WorkerRuntime> rt = std::move(*created);
+  EXPECT_EQ(rt->metrics_port(), 0);  // not started yet
+  std::atomic<int> ok_requests{3};
+  ASSERT_TRUE(rt->Start({}, {}, [&](internal::v1::WorkerStats* s) {
+                  s->set_requests_ok(static_cast<uint64_t>(ok_requests.load()));
+                  s->set_requests_failed(1);
+                }).ok());
+  ASSERT_GT(rt->metrics_port(), 0);
+
+  // The same 12-token prompt twice: the second is served from the prefix cache (2 of 3 blocks).
+  for (int turn = 0; turn < 2; ++turn) {
+    engine::EngineRequest request;
+    request.request_id = absl::StrCat("turn", turn);
+    for (int i = 0; i < 12; ++i) request.prompt.push_back(i + 5);
+    request.sampling.max_tokens = 2;
+    std::promise<void> done;
+    ASSERT_TRUE(rt->engine()
+                    ->Submit(request,
+                             [&](const engine::EngineOutput& out) {
+                               if (out.finished) done.set_value();
+                             })
+                    .ok());
+    ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  }
+  absl::StatusOr<std::string> text = testutil::HttpGet(rt->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  using testutil::SampleValue;
+  EXPECT_EQ(SampleValue(*text, "deepinfer_requests_total{outcome=\"ok\"}"), 3) << *text;
+  EXPECT_EQ(SampleValue(*text, "deepinfer_requests_total{outcome=\"error\"}"), 1);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_requests_total{outcome=\"cancelled\"}"), 0);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_prefix_cache_queries_total"), 24);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_prefix_cache_hits_total"), 8);
+  EXPECT_NEAR(SampleValue(*text, "deepinfer_prefix_cache_hit_ratio").value_or(-1), 8.0 / 24, 1e-9);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_queue_depth"), 0);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_running_sequences"), 0);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_kv_cache_usage_ratio"), 0);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_kv_transfer_bytes_total"), 0);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_kv_transfer_failures_total"), 0);
+  // Counters follow the stats at the next scrape.
+  ok_requests = 5;
+  text = testutil::HttpGet(rt->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(SampleValue(*text, "deepinfer_requests_total{outcome=\"ok\"}"), 5);
+  EXPECT_EQ(testutil::HttpGet(rt->metrics_port(), "/healthz").value_or(""), "ok\n");
+
+  const int port = rt->metrics_port();
+  rt->Drain(absl::Seconds(1));
+  EXPECT_EQ(testutil::HttpGet(port).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(WorkerRuntimeTest, DrainWaitsForRequestsInFlight) {

@@ -13,12 +13,15 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "router/prompt_block_hashes.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::router {
 namespace {
 
 constexpr int64_t kDefaultBlockSize = 16;
+// Placements retried when a chosen worker vanished between the snapshot and the record.
+constexpr int kPlaceTries = 3;
 
 std::string Quote(absl::string_view s) {
   return absl::StrCat("\"", absl::CHexEscape(s.substr(0, 128)), s.size() > 128 ? "\"..." : "\"");
@@ -95,28 +98,30 @@ absl::StatusOr<std::unique_ptr<InferenceService>> InferenceService::Create(
   if (options.model_id.empty()) {
     return absl::InvalidArgumentError("model_id: expected a non-empty id; got \"\"");
   }
-  if (options.colocated_prefill_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("colocated_prefill_tokens: expected >= 0; got ",
-                                                   options.colocated_prefill_tokens));
-  }
   if (options.default_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("default_timeout: expected > 0; got ",
                                                    absl::FormatDuration(options.default_timeout)));
   }
+  DI_ASSIGN_OR_RETURN(
+      std::unique_ptr<PlacementPolicy> policy,
+      CreatePlacementPolicy(options.placement_policy, options.placement, "placement_policy"));
   DI_ASSIGN_OR_RETURN(GenerationDefaults defaults,
                       ParseGenerationDefaults(assets->generation_config()));
   return std::unique_ptr<InferenceService>(
-      new InferenceService(registry, assets, std::move(options), defaults));
+      new InferenceService(registry, assets, std::move(options), defaults, std::move(policy)));
 }
 
 InferenceService::InferenceService(WorkerRegistry* registry, const engine::ModelAssets* assets,
-                                   InferenceServiceOptions options, GenerationDefaults defaults)
+                                   InferenceServiceOptions options, GenerationDefaults defaults,
+                                   std::unique_ptr<PlacementPolicy> policy)
     : registry_(registry),
       assets_(assets),
       options_(std::move(options)),
       defaults_(defaults),
       limits_{assets->config().vocab_size, assets->config().max_position_embeddings,
-              options_.max_image_bytes} {
+              options_.max_image_bytes},
+      metrics_(options_.metrics),
+      policy_(std::move(policy)) {
   model_info_.set_id(options_.model_id);
   model_info_.set_max_context_tokens(static_cast<uint32_t>(
       std::clamp<int64_t>(assets->config().max_position_embeddings, 0, UINT32_MAX)));
@@ -140,71 +145,145 @@ std::string InferenceService::NewRequestId(absl::string_view prefix) {
   return absl::StrFormat("%s-%016x", prefix, bits);
 }
 
-int64_t InferenceService::BlockSize() const {
-  // Registration makes every prefill/decode worker of a model agree on block_size.
-  for (const WorkerSnapshot& w : registry_->List()) {
-    if (w.info.role() == internal::v1::WORKER_ROLE_DECODE && w.info.model() == options_.model_id &&
-        w.info.block_size() > 0) {
-      return w.info.block_size();
-    }
+absl::StatusOr<InferenceService::Placement> InferenceService::Place(
+    const Prepared& request, absl::Span<const std::string> exclude) {
+  absl::MutexLock lock(&placement_mu_);
+  absl::StatusOr<Placement> placement;
+  for (int i = 0; i < kPlaceTries; ++i) {
+    placement = PlaceOnce(request, exclude);
+    if (placement.status().code() != absl::StatusCode::kAborted) break;
   }
-  return kDefaultBlockSize;
+  if (placement.status().code() == absl::StatusCode::kAborted) {
+    return absl::UnavailableError(absl::StrCat("placement: ", placement.status().message()));
+  }
+  return placement;
 }
 
-absl::StatusOr<InferenceService::Placement> InferenceService::Place(
-    int64_t prompt_tokens, absl::Span<const std::string> exclude) {
-  const int64_t block_size = BlockSize();
-  // The prompt plus the first generated token.
-  const int64_t blocks_needed = (prompt_tokens + 1 + block_size - 1) / block_size;
-  // `exclude` (the workers of a failed attempt) is a preference: the decode node cannot tell
-  // whether it or its prefill node failed, so when excluding leaves no candidate the pick falls
-  // back to every live worker (a dead one has stopped heartbeating by then, or fails again fast).
-  absl::StatusOr<WorkerSnapshot> decode =
-      registry_->PickDecode(options_.model_id, blocks_needed, exclude);
-  if (!decode.ok() && !exclude.empty()) {
-    decode = registry_->PickDecode(options_.model_id, blocks_needed);
+absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
+    const Prepared& request, absl::Span<const std::string> exclude) {
+  const std::vector<WorkerSnapshot> live = registry_->ListLive(options_.model_id);
+  // Registration makes every prefill/decode worker of a model agree on block size and seed.
+  int64_t block_size = kDefaultBlockSize;
+  uint64_t hash_seed = 0;
+  auto excluded = [&](const WorkerSnapshot& w) {
+    return std::find(exclude.begin(), exclude.end(), w.info.worker_id()) != exclude.end();
+  };
+  bool has_prefill = false;  // outside `exclude`
+  bool has_decode = false;
+  bool any_decode = false;
+  for (const WorkerSnapshot& w : live) {
+    const internal::v1::WorkerRole role = w.info.role();
+    if (role != internal::v1::WORKER_ROLE_PREFILL && role != internal::v1::WORKER_ROLE_DECODE) {
+      continue;
+    }
+    if (w.info.block_size() > 0) block_size = w.info.block_size();
+    hash_seed = w.info.block_hash_seed();
+    any_decode = any_decode || role == internal::v1::WORKER_ROLE_DECODE;
+    if (excluded(w)) continue;
+    has_prefill = has_prefill || role == internal::v1::WORKER_ROLE_PREFILL;
+    has_decode = has_decode || role == internal::v1::WORKER_ROLE_DECODE;
   }
-  int64_t recorded_blocks = blocks_needed;
-  if (!decode.ok() && decode.status().code() == absl::StatusCode::kResourceExhausted) {
+  if (!any_decode) {
+    return absl::UnavailableError(
+        absl::StrCat("no decode worker for model ", Quote(options_.model_id), ": none is live"));
+  }
+  const std::vector<uint64_t> hashes =
+      PromptBlockHashes(request.prompt_token_ids, hash_seed, request.cache_salt, block_size);
+
+  std::vector<CandidateWorker> candidates;
+  std::vector<const WorkerSnapshot*> snapshots;  // parallel to candidates
+  for (const WorkerSnapshot& w : live) {
+    const internal::v1::WorkerRole role = w.info.role();
+    const bool prefill = role == internal::v1::WORKER_ROLE_PREFILL;
+    if (!prefill && role != internal::v1::WORKER_ROLE_DECODE) continue;
+    // A role left with no candidate outside `exclude` falls back to all its workers.
+    if (excluded(w) && (prefill ? has_prefill : has_decode)) continue;
+    CandidateWorker c;
+    c.worker_id = w.info.worker_id();
+    c.role = role;
+    c.can_prefill = !prefill && w.info.can_prefill();
+    c.queue_depth = static_cast<int64_t>(w.load.queue_depth()) + (prefill ? w.placed_requests : 0);
+    c.queued_input_tokens = static_cast<int64_t>(w.load.queued_input_tokens()) + w.placed_tokens;
+    c.running_sequences =
+        static_cast<int64_t>(w.load.running_sequences()) + (prefill ? 0 : w.placed_requests);
+    c.total_kv_blocks = w.has_load ? static_cast<int64_t>(w.load.total_kv_blocks())
+                                   : static_cast<int64_t>(w.info.kv_capacity_blocks());
+    const int64_t free = w.has_load ? static_cast<int64_t>(w.load.free_kv_blocks())
+                                    : static_cast<int64_t>(w.info.kv_capacity_blocks());
+    c.free_kv_blocks = std::clamp<int64_t>(free - w.placed_blocks, 0, c.total_kv_blocks);
+    c.cached_prefix_blocks = registry_->PrefixOverlap(c.worker_id, hashes);
+    candidates.push_back(std::move(c));
+    snapshots.push_back(&w);
+  }
+
+  PlacementRequest preq;
+  preq.request_id = request.request_id;
+  preq.prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
+  preq.block_size = block_size;
+  // The prompt plus the first generated token.
+  preq.blocks_needed = (preq.prompt_tokens + 1 + block_size - 1) / block_size;
+  absl::StatusOr<PlacementDecision> decision = policy_->Decide(preq, candidates);
+  if (decision.status().code() == absl::StatusCode::kResourceExhausted) {
     // The registry's free-block counts are estimates (last load report minus what was placed
     // since); the decode node's engine is the authority on KV room, and refuses with
     // RESOURCE_EXHAUSTED itself when the blocks really are not there.
-    decode = registry_->PickDecode(options_.model_id, 0);
-    recorded_blocks = 0;
+    spdlog::debug("[req={}] placement: {}; placing without the KV-room estimate",
+                  request.request_id, std::string(decision.status().message()));
+    preq.blocks_needed = 0;
+    decision = policy_->Decide(preq, candidates);
   }
-  if (!decode.ok()) {
-    if (decode.status().code() == absl::StatusCode::kUnavailable) {
-      return absl::UnavailableError(absl::StrCat("no decode worker for model ",
-                                                 Quote(options_.model_id), ": ",
-                                                 decode.status().message()));
+  if (!decision.ok()) {
+    if (decision.status().code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrCat(
+          "no live prefill worker for model ", Quote(options_.model_id),
+          ", and the decode workers with room cannot prefill (", decision.status().message(), ")"));
     }
-    return decode.status();
+    // Snapshots built here are well-formed; anything else is a bug.
+    return absl::InternalError(absl::StrCat("placement: ", decision.status().ToString()));
+  }
+
+  const WorkerSnapshot* decode = nullptr;
+  const WorkerSnapshot* prefill = nullptr;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].worker_id == decision->decode_worker) decode = snapshots[i];
+    if (candidates[i].worker_id == decision->prefill_worker) prefill = snapshots[i];
+  }
+  if (decode == nullptr || (!decision->prefill_worker.empty() && prefill == nullptr)) {
+    return absl::InternalError(absl::StrCat("placement chose an unknown worker: decode ",
+                                            Quote(decision->decode_worker), ", prefill ",
+                                            Quote(decision->prefill_worker)));
   }
   Placement placement;
-  placement.decode = std::move(*decode);
-  placement.decode_blocks = recorded_blocks;
-  const bool can_prefill = placement.decode.info.can_prefill();
-  if (can_prefill && prompt_tokens <= options_.colocated_prefill_tokens) return placement;
-  absl::StatusOr<WorkerSnapshot> prefill =
-      registry_->PickPrefill(options_.model_id, prompt_tokens, exclude);
-  if (!prefill.ok() && !exclude.empty()) {
-    prefill = registry_->PickPrefill(options_.model_id, prompt_tokens);
+  placement.decode_blocks = preq.blocks_needed;
+  placement.decode_tokens = prefill == nullptr ? decision->uncached_tokens : 0;
+  absl::StatusOr<WorkerSnapshot> recorded_decode =
+      registry_->RecordPlacement(decode->info.worker_id(), decode->info.incarnation(),
+                                 placement.decode_tokens, placement.decode_blocks);
+  if (!recorded_decode.ok()) return absl::AbortedError(recorded_decode.status().message());
+  placement.decode = std::move(*recorded_decode);
+  if (prefill != nullptr) {
+    placement.prefill_tokens = decision->uncached_tokens;
+    absl::StatusOr<WorkerSnapshot> recorded_prefill = registry_->RecordPlacement(
+        prefill->info.worker_id(), prefill->info.incarnation(), placement.prefill_tokens, 0);
+    if (!recorded_prefill.ok()) {
+      registry_->ReleasePlacement(placement.decode.info.worker_id(),
+                                  placement.decode.info.incarnation(), placement.decode.load_epoch,
+                                  placement.decode_tokens, placement.decode_blocks);
+      return absl::AbortedError(recorded_prefill.status().message());
+    }
+    placement.prefill = std::move(*recorded_prefill);
+    placement.prefill_worker_id = placement.prefill->info.worker_id();
+    placement.prefill_address = placement.prefill->info.address();
   }
-  if (prefill.ok()) {
-    placement.prefill = *prefill;
-    placement.prefill_worker_id = prefill->info.worker_id();
-    placement.prefill_address = prefill->info.address();
-    return placement;
-  }
-  if (prefill.status().code() == absl::StatusCode::kUnavailable && can_prefill) {
-    return placement;  // no prefill pool: the decode worker prefills itself
-  }
-  if (prefill.status().code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(absl::StrCat(prefill.status().message(), ", and decode worker ",
-                                               Quote(placement.decode.info.worker_id()),
-                                               " cannot prefill"));
-  }
-  return prefill.status();
+  if (metrics_ != nullptr) metrics_->RecordPlacement(decision->outcome);
+  spdlog::debug(
+      "[req={}] placed by {}: decode={} prefill={} outcome={} prompt_tokens={} uncached={} "
+      "prompt_blocks={} candidates={} ({})",
+      request.request_id, std::string(policy_->name()), decision->decode_worker,
+      decision->prefill_worker.empty() ? std::string("local") : decision->prefill_worker,
+      std::string(PlacementOutcomeName(decision->outcome)), preq.prompt_tokens,
+      decision->uncached_tokens, hashes.size(), candidates.size(), decision->reason);
+  return placement;
 }
 
 std::unique_ptr<internal::v1::Decode::Stub> InferenceService::DecodeStub(
@@ -254,7 +333,7 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
   std::vector<std::string> exclude;
   grpc::Status first_failure;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<Placement> placement = Place(prompt_tokens, exclude);
+    absl::StatusOr<Placement> placement = Place(request, exclude);
     if (!placement.ok()) {
       if (attempt == 0) return ToGrpcStatus(placement.status());
       // The retry found nowhere to go: the client sees the failure that caused it.
@@ -266,16 +345,15 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
     struct ReleaseOnExit {
       WorkerRegistry* registry;
       const Placement& p;
-      int64_t prompt_tokens;
       ~ReleaseOnExit() {
         registry->ReleasePlacement(p.decode.info.worker_id(), p.decode.info.incarnation(),
-                                   p.decode.load_epoch, 0, p.decode_blocks);
+                                   p.decode.load_epoch, p.decode_tokens, p.decode_blocks);
         if (p.prefill.has_value()) {
           registry->ReleasePlacement(p.prefill->info.worker_id(), p.prefill->info.incarnation(),
-                                     p.prefill->load_epoch, prompt_tokens, 0);
+                                     p.prefill->load_epoch, p.prefill_tokens, 0);
         }
       }
-    } release_on_exit{registry_, *placement, prompt_tokens};
+    } release_on_exit{registry_, *placement};
     outcome->attempts = attempt + 1;
     outcome->decode_worker = placement->decode.info.worker_id();
     outcome->prefill_worker =
@@ -308,16 +386,28 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
     int64_t relayed = 0;
     bool client_gone = false;
     bool finished = false;
+    absl::Time last_token;
     v1::GenerateChunk chunk;
     while (reader->Read(&chunk)) {
       if (client_gone) continue;  // draining the cancelled call
       chunk.set_request_id(request.request_id);
       if (chunk.token_ids_size() > 0) {
-        if (outcome->first_token_us < 0) outcome->first_token_us = MicrosSince(received);
+        const absl::Time now = absl::Now();
+        if (outcome->first_token_us < 0) {
+          outcome->first_token_us = MicrosSince(received);
+        } else if (metrics_ != nullptr) {
+          metrics_->ObserveInterToken(absl::ToDoubleSeconds(now - last_token),
+                                      chunk.token_ids_size());
+        }
+        last_token = now;
         outcome->completion_tokens += chunk.token_ids_size();
       }
       if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         finished = true;
+        if (chunk.has_usage()) {
+          outcome->cached_prompt_tokens = chunk.usage().cached_prompt_tokens();
+          outcome->queued_us = static_cast<int64_t>(chunk.usage().timing().queued_us());
+        }
         v1::Timing* timing = chunk.mutable_usage()->mutable_timing();
         timing->set_first_token_us(
             static_cast<uint64_t>(std::max<int64_t>(0, outcome->first_token_us)));
@@ -359,9 +449,9 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
   return first_failure;  // not reached: the second attempt always returns
 }
 
-void InferenceService::LogFinished(absl::string_view request_id, absl::Time received,
-                                   int64_t prompt_tokens, const Outcome& outcome,
-                                   const grpc::Status& status) const {
+void InferenceService::Finish(absl::string_view request_id, absl::Time received,
+                              int64_t prompt_tokens, const Outcome& outcome,
+                              const grpc::Status& status) const {
   const std::string ttft =
       outcome.first_token_us < 0 ? "-" : absl::StrFormat("%.1fms", outcome.first_token_us / 1e3);
   std::string result;
@@ -380,13 +470,38 @@ void InferenceService::LogFinished(absl::string_view request_id, absl::Time rece
       request_id.empty() ? std::string("-") : std::string(request_id), outcome.decode_worker,
       outcome.prefill_worker, prompt_tokens, outcome.completion_tokens, ttft,
       MicrosSince(received) / 1e3, outcome.attempts, result);
+  if (metrics_ == nullptr) return;
+  FinishedRequest finished;
+  if (outcome.aborted) {
+    finished.outcome = RequestOutcome::kAborted;
+  } else if (status.ok()) {
+    finished.outcome = RequestOutcome::kOk;
+  } else if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    finished.outcome = RequestOutcome::kInvalid;
+  } else if (status.error_code() == grpc::StatusCode::CANCELLED) {
+    finished.outcome = RequestOutcome::kCancelled;
+  } else {
+    finished.outcome = RequestOutcome::kError;
+  }
+  // Tokens count for requests that reached a worker.
+  if (outcome.attempts > 0) finished.prompt_tokens = prompt_tokens;
+  finished.generation_tokens = outcome.completion_tokens;
+  finished.cached_prompt_tokens = outcome.cached_prompt_tokens;
+  if (outcome.first_token_us >= 0) finished.time_to_first_token_s = outcome.first_token_us / 1e6;
+  finished.e2e_s = static_cast<double>(MicrosSince(received)) / 1e6;
+  if (outcome.queued_us >= 0) finished.queue_time_s = static_cast<double>(outcome.queued_us) / 1e6;
+  metrics_->RecordFinished(finished);
 }
 
 grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
                                     grpc::ServerWriter<v1::ChatChunk>* writer) {
   const absl::Time received = absl::Now();
   Admission admission(this);
-  if (!admission.status().ok()) return ToGrpcStatus(admission.status());
+  if (!admission.status().ok()) {
+    const grpc::Status refused = ToGrpcStatus(admission.status());
+    if (metrics_ != nullptr) metrics_->RecordFinished({.outcome = RequestOutcome::kError});
+    return refused;
+  }
   Outcome outcome;
   Prepared prepared;
   auto prepare = [&]() -> absl::Status {
@@ -423,8 +538,8 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
         context, received, prepared, *live,
         [writer](v1::GenerateChunk& chunk) { return writer->Write(ToChatChunk(chunk)); }, &outcome);
   }
-  LogFinished(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
-              static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
+  Finish(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
+         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
   return status;
 }
 
@@ -433,7 +548,11 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                         grpc::ServerWriter<v1::GenerateChunk>* writer) {
   const absl::Time received = absl::Now();
   Admission admission(this);
-  if (!admission.status().ok()) return ToGrpcStatus(admission.status());
+  if (!admission.status().ok()) {
+    const grpc::Status refused = ToGrpcStatus(admission.status());
+    if (metrics_ != nullptr) metrics_->RecordFinished({.outcome = RequestOutcome::kError});
+    return refused;
+  }
   Outcome outcome;
   Prepared prepared;
   auto prepare = [&]() -> absl::Status {
@@ -463,8 +582,8 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
         context, received, prepared, *live,
         [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); }, &outcome);
   }
-  LogFinished(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
-              static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
+  Finish(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
+         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
   return status;
 }
 

@@ -13,13 +13,10 @@
 //      (sampling.max_tokens when prompt + max_tokens exceeds it);
 //   4. an empty request_id is replaced by a generated one ("chat-<16 hex>" / "gen-<16 hex>"); an
 //      id that is already running -> kAlreadyExists naming request_id;
-//   5. placement: the decode worker with the most KV room for ceil((prompt + 1) / block_size)
-//      blocks (block_size of the model's registered decode workers, else 16). The decode worker
-//      prefills itself (DecodeRequest.prefill_address = "") when it can_prefill and either the
-//      prompt has at most colocated_prefill_tokens tokens or no prefill worker is live;
-//      otherwise the least loaded prefill worker's address is sent. No decode worker ->
-//      kUnavailable "no decode worker for model ..."; no room -> kResourceExhausted; no prefill
-//      worker and a decode worker that cannot prefill -> kUnavailable;
+//   5. placement by the configured policy (router/placement.h; see "Placement" below): a decode
+//      worker, and a prefill worker or "prefill locally" (DecodeRequest.prefill_address = "").
+//      No decode worker -> kUnavailable "no decode worker for model ..."; no prefill worker and
+//      no decode worker that can prefill -> kUnavailable; malformed inputs -> kInternal;
 //   6. Decode.Generate on the chosen worker (one cached channel per address), with the client's
 //      sampling parameters as given, deadline_unix_us from the client's deadline (else now +
 //      default_timeout) and the same deadline on the call; cancellation of the client's call
@@ -30,6 +27,26 @@
 //      runs again without the failed decode and prefill workers and the request is sent once
 //      more with request_id "<id>#r1". Any other error, or one after the first chunk, ends the
 //      client's call with the decode node's status (codes map 1:1).
+// Placement: under one lock, a CandidateWorker per live prefill/decode worker of the model
+// (WorkerRegistry::ListLive; counts are the last load report plus what this router placed there
+// since: queue_depth += placed requests (prefill), running_sequences += placed requests
+// (decode), queued_input_tokens += placed tokens, free_kv_blocks -= placed blocks; before the
+// first report free = total = kv_capacity_blocks), with cached_prefix_blocks =
+// WorkerRegistry::PrefixOverlap of the prompt's block-hash chain (router/prompt_block_hashes.h,
+// with the workers' block_hash_seed and block_size, and the request's cache_salt). The policy
+// decides with blocks_needed = ceil((prompt + 1) / block_size); when no decode worker has that
+// many free blocks by the registry's estimate, it decides again with 0 (the decode node's
+// engine is the authority on KV room and refuses with RESOURCE_EXHAUSTED itself). The choice is
+// recorded with WorkerRegistry::RecordPlacement (prefill target: the uncached tokens it
+// computes; decode worker: the blocks) and released when the attempt ends (ReleasePlacement).
+// A retry excludes the failed attempt's workers, but a role left with no candidate falls back
+// to all its live workers (the decode node cannot tell whether it or its prefill node failed).
+// Each decision is logged at debug level with its inputs and counted in
+// deepinfer_placement_decisions_total.
+//
+// Metrics (options.metrics, router/router_metrics.h): every Chat/Generate call is counted by
+// outcome with its latencies and tokens when it returns.
+//
 // Abort(request_id) cancels the running decode call; that request's stream then ends with a last
 // chunk whose finish_reason is ABORTED, and status OK.
 //
@@ -61,7 +78,9 @@
 #include "grpcpp/server_context.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
+#include "router/placement.h"
 #include "router/request_validation.h"
+#include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
 namespace deepinfer::router {
@@ -70,9 +89,14 @@ struct InferenceServiceOptions {
   // The id clients name in ChatRequest.model / GenerateRequest.model and that workers register
   // with (WorkerInfo.model); non-empty.
   std::string model_id;
-  // Prompts of at most this many tokens are prefilled on the decode worker itself when it
-  // can_prefill; 0 = only when no prefill worker is live. >= 0.
-  int colocated_prefill_tokens = 0;
+  // The placement policy's name: "cache_aware" or "least_loaded" (CreatePlacementPolicy).
+  std::string placement_policy = "cache_aware";
+  // Its options. local_prefill_threshold_tokens: a can_prefill decode worker prefills locally
+  // when it would compute fewer than this many prompt tokens; 0 (the default here) = only when
+  // no prefill worker is live.
+  PlacementOptions placement{.local_prefill_threshold_tokens = 0};
+  // Where calls and placements are counted; not owned, must outlive the service. Null: nowhere.
+  RouterMetrics* metrics = nullptr;
   // Largest decoded image, bytes (images are refused anyway without an encoder pool, but the
   // size is checked first).
   size_t max_image_bytes = size_t{20} << 20;
@@ -85,8 +109,9 @@ struct InferenceServiceOptions {
 class InferenceService final : public v1::Inference::Service {
  public:
   // `registry` and `assets` are not owned and must outlive the service. kInvalidArgument for an
-  // empty model_id, a negative colocated_prefill_tokens, a non-positive default_timeout, or a
-  // generation_config.json whose defaults do not parse (naming generation_config.<key>).
+  // empty model_id, an unknown placement_policy or bad placement options (naming the option), a
+  // non-positive default_timeout, or a generation_config.json whose defaults do not parse
+  // (naming generation_config.<key>).
   static absl::StatusOr<std::unique_ptr<InferenceService>> Create(WorkerRegistry* registry,
                                                                   const engine::ModelAssets* assets,
                                                                   InferenceServiceOptions options);
@@ -127,7 +152,7 @@ class InferenceService final : public v1::Inference::Service {
     int32_t priority = 0;
     bool detokenize = false;
   };
-  // What a finished call did, for its log line.
+  // What a finished call did, for its log line and metrics.
   struct Outcome {
     std::string decode_worker = "-";
     std::string prefill_worker = "-";
@@ -135,12 +160,17 @@ class InferenceService final : public v1::Inference::Service {
     int64_t completion_tokens = 0;
     int64_t first_token_us = -1;
     bool aborted = false;
+    // From the last chunk's usage; -1 when none arrived.
+    int64_t cached_prompt_tokens = -1;
+    int64_t queued_us = -1;
   };
-  // Where one attempt goes.
+  // Where one attempt goes, and what RecordPlacement recorded (given back when it ends).
   struct Placement {
     WorkerSnapshot decode;
-    int64_t decode_blocks = 0;  // what PickDecode recorded
+    int64_t decode_blocks = 0;
+    int64_t decode_tokens = 0;              // the uncached tokens when prefilling locally
     std::optional<WorkerSnapshot> prefill;  // unset: colocated
+    int64_t prefill_tokens = 0;
     std::string prefill_worker_id;  // empty: colocated
     std::string prefill_address;    // empty: colocated
   };
@@ -153,19 +183,25 @@ class InferenceService final : public v1::Inference::Service {
   class Admission;
 
   InferenceService(WorkerRegistry* registry, const engine::ModelAssets* assets,
-                   InferenceServiceOptions options, GenerationDefaults defaults);
+                   InferenceServiceOptions options, GenerationDefaults defaults,
+                   std::unique_ptr<PlacementPolicy> policy);
 
   absl::Status CheckModel(absl::string_view model) const;
   std::string NewRequestId(absl::string_view prefix);
-  int64_t BlockSize() const;
-  absl::StatusOr<Placement> Place(int64_t prompt_tokens, absl::Span<const std::string> exclude);
+  absl::StatusOr<Placement> Place(const Prepared& request, absl::Span<const std::string> exclude);
+  // One placement from the registry's current state; kAborted when a chosen worker vanished
+  // before its placement was recorded (the caller tries again).
+  absl::StatusOr<Placement> PlaceOnce(const Prepared& request,
+                                      absl::Span<const std::string> exclude)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(placement_mu_);
   std::unique_ptr<internal::v1::Decode::Stub> DecodeStub(const std::string& address);
   // Places and forwards `request`, relaying chunks through `write` (false: the client is gone).
   grpc::Status Forward(grpc::ServerContext* context, absl::Time received, const Prepared& request,
                        LiveRequest* live, absl::FunctionRef<bool(v1::GenerateChunk&)> write,
                        Outcome* outcome);
-  void LogFinished(absl::string_view request_id, absl::Time received, int64_t prompt_tokens,
-                   const Outcome& outcome, const grpc::Status& status) const;
+  // Logs the call's line and counts it in the metrics.
+  void Finish(absl::string_view request_id, absl::Time received, int64_t prompt_tokens,
+              const Outcome& outcome, const grpc::Status& status) const;
 
   WorkerRegistry* const registry_;
   const engine::ModelAssets* const assets_;
@@ -173,6 +209,11 @@ class InferenceService final : public v1::Inference::Service {
   const GenerationDefaults defaults_;
   const RequestLimits limits_;
   v1::ModelInfo model_info_;
+  RouterMetrics* const metrics_;
+
+  // Serialises placements, so that each sees the counts the previous one recorded.
+  absl::Mutex placement_mu_;
+  const std::unique_ptr<PlacementPolicy> policy_;
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -13,6 +13,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_server.h"
+#include "common/metrics.h"
+#include "common/metrics_http_server.h"
+#include "common/metrics_test_util.h"
 #include "engine/model_assets.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -20,7 +23,9 @@
 #include "gtest/gtest.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
+#include "router/prompt_block_hashes.h"
 #include "router/request_validation.h"
+#include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
 namespace deepinfer::router {
@@ -52,6 +57,8 @@ struct Script {
   int chunks_before_failure = 0;
   // Pause before each token (a slow stream); cancellation is checked between tokens.
   absl::Duration per_token_delay = absl::ZeroDuration();
+  // Reported in the last chunk's usage.
+  uint32_t cached_prompt_tokens = 0;
 };
 
 // A real gRPC server implementing internal::v1::Decode: streams deterministic tokens (one chunk
@@ -154,6 +161,7 @@ class FakeDecodeWorker final : public internal::v1::Decode::Service {
     v1::Usage* usage = last.mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(prompt));
     usage->set_completion_tokens(static_cast<uint32_t>(n));
+    usage->set_cached_prompt_tokens(script.cached_prompt_tokens);
     usage->mutable_timing()->set_queued_us(kQueuedUs);
     usage->mutable_timing()->set_prefill_us(kPrefillUs);
     usage->mutable_timing()->set_first_token_us(999'999'999);  // the router's view replaces it
@@ -318,7 +326,13 @@ TEST_F(InferenceServiceTest, CreateRefusesBadOptions) {
   EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(), {}).status().message(),
             "model_id: expected a non-empty id; got \"\"");
   EXPECT_EQ(InferenceService::Create(registry_.get(), assets_.get(),
-                                     {.model_id = "m", .colocated_prefill_tokens = -1})
+                                     {.model_id = "m", .placement_policy = "random"})
+                .status()
+                .message(),
+            "--placement_policy: expected least_loaded or cache_aware; got \"random\"");
+  EXPECT_EQ(InferenceService::Create(
+                registry_.get(), assets_.get(),
+                {.model_id = "m", .placement = {.local_prefill_threshold_tokens = -1}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -662,8 +676,9 @@ TEST_F(InferenceServiceTest, ColocatedSelection) {
   ASSERT_TRUE(Generate(SimpleGenerate("co-2")).status.ok());
   EXPECT_EQ(decode->requests().back().prefill_address(), prefill_address);
 
-  // Below the threshold the decode worker prefills; above it the pool does.
-  StartService(InferenceServiceOptions{.model_id = kModelId, .colocated_prefill_tokens = 10});
+  // Below the threshold the decode worker prefills; at or above it the pool does.
+  StartService(InferenceServiceOptions{.model_id = kModelId,
+                                       .placement = {.local_prefill_threshold_tokens = 11}});
   ASSERT_TRUE(Generate(SimpleGenerate("co-3", 10)).status.ok());
   EXPECT_EQ(decode->requests().back().prefill_address(), "");
   ASSERT_TRUE(Generate(SimpleGenerate("co-4", 11)).status.ok());
@@ -741,6 +756,180 @@ TEST_F(InferenceServiceTest, ARunningRequestIdCannotBeReused) {
   reader->Finish();
   EXPECT_TRUE(service_->WaitIdle(absl::Seconds(5)));
   EXPECT_TRUE(decode->WaitIdle(absl::Seconds(5)));
+}
+
+// Prefill worker `id` reports `queued_input_tokens` queued (its first load report).
+void ReportPrefillLoad(WorkerRegistry& registry, absl::string_view id, uint64_t queued_tokens) {
+  internal::v1::LoadReport report;
+  report.set_worker_id(std::string(id));
+  report.set_incarnation(1);
+  report.set_sequence(1);
+  report.set_queue_depth(queued_tokens > 0 ? 1 : 0);
+  report.set_queued_input_tokens(queued_tokens);
+  ASSERT_TRUE(registry.ReportLoad(report).known());
+}
+
+// Worker `id` publishes that its prefix cache holds `hashes` (a chain from the root).
+void PublishStored(WorkerRegistry& registry, absl::string_view id,
+                   const std::vector<uint64_t>& hashes) {
+  internal::v1::KvEventBatch batch;
+  batch.set_worker_id(std::string(id));
+  batch.set_incarnation(1);
+  batch.set_sequence(1);
+  internal::v1::KvEvent* event = batch.add_events();
+  event->set_kind(internal::v1::KvEvent::KIND_STORED);
+  for (uint64_t h : hashes) event->add_block_hashes(h);
+  absl::StatusOr<internal::v1::KvEventAck> ack = registry.PublishKvEvents(batch);
+  ASSERT_TRUE(ack.ok()) << ack.status();
+}
+
+GenerateRequest LongPrompt(absl::string_view request_id, absl::string_view salt) {
+  GenerateRequest r = SimpleGenerate(request_id, 200);
+  r.set_cache_salt(std::string(salt));
+  return r;
+}
+
+std::vector<uint32_t> PromptOf(const GenerateRequest& r) {
+  return std::vector<uint32_t>(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+}
+
+TEST_F(InferenceServiceTest, CacheAwareSendsThePrefillToTheWorkerHoldingThePrefix) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/false);
+  const std::string idle_address = AddPrefill("pA", 9);
+  const std::string holder_address = AddPrefill("pB", 10);
+  // pA is idle; pB has 50 tokens queued but holds the 200-token prompt's 12 full blocks (with
+  // the workers' seed 0 and block size 16, and the request's salt).
+  ReportPrefillLoad(*registry_, "pB", 50);
+  const GenerateRequest request = LongPrompt("ca-1", "tenant-a");
+  PublishStored(*registry_, "pB", PromptBlockHashes(PromptOf(request), 0, "tenant-a", 16));
+
+  ASSERT_TRUE(Generate(request).status.ok());
+  EXPECT_EQ(decode->requests().back().prefill_address(), holder_address);
+  // Every later turn too: the choice is by cost, not by chance.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(Generate(LongPrompt(absl::StrCat("ca-more-", i), "tenant-a")).status.ok());
+    EXPECT_EQ(decode->requests().back().prefill_address(), holder_address);
+  }
+  // Another tenant's salt makes other hashes: nothing cached anywhere, the idle worker wins.
+  ASSERT_TRUE(Generate(LongPrompt("ca-2", "tenant-b")).status.ok());
+  EXPECT_EQ(decode->requests().back().prefill_address(), idle_address);
+  // Placements are given back once the requests ended.
+  for (const char* id : {"pA", "pB", "d0"}) {
+    std::optional<WorkerSnapshot> w = registry_->Get(id);
+    ASSERT_TRUE(w.has_value());
+    EXPECT_EQ(w->placed_requests, 0) << id;
+    EXPECT_EQ(w->placed_tokens, 0) << id;
+    EXPECT_EQ(w->placed_blocks, 0) << id;
+  }
+}
+
+TEST_F(InferenceServiceTest, LeastLoadedIgnoresThePrefix) {
+  StartService(InferenceServiceOptions{.model_id = kModelId, .placement_policy = "least_loaded"});
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/false);
+  const std::string idle_address = AddPrefill("pA", 9);
+  AddPrefill("pB", 10);
+  ReportPrefillLoad(*registry_, "pB", 50);
+  const GenerateRequest request = LongPrompt("ll-1", "tenant-a");
+  PublishStored(*registry_, "pB", PromptBlockHashes(PromptOf(request), 0, "tenant-a", 16));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Generate(LongPrompt(absl::StrCat("ll-", i), "tenant-a")).status.ok());
+    EXPECT_EQ(decode->requests().back().prefill_address(), idle_address);
+  }
+}
+
+TEST_F(InferenceServiceTest, PlacementIsRecordedWhileTheRequestRuns) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/false);
+  AddPrefill("pB", 10);
+  const GenerateRequest request = LongPrompt("rec-1", "");
+  // pB holds the first 5 blocks (80 tokens): it computes the other 120.
+  std::vector<uint64_t> hashes = PromptBlockHashes(PromptOf(request), 0, "", 16);
+  hashes.resize(5);
+  PublishStored(*registry_, "pB", hashes);
+  decode->SetScript({.tokens = 1000, .per_token_delay = absl::Milliseconds(5)});
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader = stub_->Generate(&context, request);
+  GenerateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  EXPECT_EQ(registry_->Get("pB")->placed_requests, 1);
+  EXPECT_EQ(registry_->Get("pB")->placed_tokens, 120);
+  EXPECT_EQ(registry_->Get("d0")->placed_requests, 1);
+  EXPECT_EQ(registry_->Get("d0")->placed_blocks, (200 + 1 + 15) / 16);
+  EXPECT_EQ(registry_->Get("d0")->placed_tokens, 0);  // prefilled remotely
+  context.TryCancel();
+  while (reader->Read(&chunk)) {
+  }
+  reader->Finish();
+  EXPECT_TRUE(service_->WaitIdle(absl::Seconds(5)));
+  EXPECT_EQ(registry_->Get("pB")->placed_tokens, 0);
+  EXPECT_EQ(registry_->Get("d0")->placed_blocks, 0);
+}
+
+TEST_F(InferenceServiceTest, CacheAwareLocalPrefillOnTheDecodeWorkerHoldingThePrefix) {
+  // Two colocated decode workers, no prefill pool, threshold 64: d1 holds the prompt's prefix so
+  // it computes only 8 tokens locally (below the threshold); d0 would compute all 200.
+  StartService(InferenceServiceOptions{.model_id = kModelId,
+                                       .placement = {.local_prefill_threshold_tokens = 64}});
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/true, 2000);
+  FakeDecodeWorker* d1 = AddDecode("d1", /*can_prefill=*/true, 1000);
+  AddPrefill("p0", 9);
+  const GenerateRequest request = LongPrompt("loc-1", "");
+  PublishStored(*registry_, "d1", PromptBlockHashes(PromptOf(request), 0, "", 16));
+  ASSERT_TRUE(Generate(request).status.ok());
+  EXPECT_TRUE(d0->requests().empty());
+  ASSERT_EQ(d1->requests().size(), 1u);
+  EXPECT_EQ(d1->requests()[0].prefill_address(), "");
+}
+
+TEST_F(InferenceServiceTest, MetricsCountCallsTokensAndPlacementsOverHttp) {
+  MetricsRegistry metrics_registry;
+  std::unique_ptr<RouterMetrics> metrics = RouterMetrics::Create(&metrics_registry).value();
+  StartService(InferenceServiceOptions{.model_id = kModelId, .metrics = metrics.get()});
+  MetricsHttpServerOptions server_options;
+  server_options.before_scrape = [&] { metrics->RefreshPools(*registry_, kModelId); };
+  std::unique_ptr<MetricsHttpServer> http =
+      MetricsHttpServer::Create(&metrics_registry, server_options).value();
+  ASSERT_TRUE(http->Start().ok());
+  auto scrape = [&](absl::string_view series) {
+    absl::StatusOr<std::string> text = testutil::HttpGet(http->port());
+    EXPECT_TRUE(text.ok()) << text.status();
+    return testutil::SampleValue(text.ok() ? *text : "", series).value_or(-1);
+  };
+  EXPECT_EQ(scrape("deepinfer_requests_total{outcome=\"ok\"}"), 0);
+
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  AddPrefill("p0", 9);
+  decode->SetScript({.tokens = 4, .cached_prompt_tokens = 5});
+  ASSERT_TRUE(Generate(SimpleGenerate("m-1", 20)).status.ok());  // remote prefill on p0
+  GenerateRequest invalid = SimpleGenerate("m-2");
+  invalid.set_prompt_token_ids(0, 900);
+  EXPECT_EQ(Generate(invalid).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  decode->SetScript({.fail_code = grpc::StatusCode::RESOURCE_EXHAUSTED});
+  EXPECT_FALSE(Generate(SimpleGenerate("m-3", 20)).status.ok());
+
+  EXPECT_EQ(scrape("deepinfer_requests_total{outcome=\"ok\"}"), 1);
+  EXPECT_EQ(scrape("deepinfer_requests_total{outcome=\"invalid\"}"), 1);
+  EXPECT_EQ(scrape("deepinfer_requests_total{outcome=\"error\"}"), 1);
+  EXPECT_EQ(scrape("deepinfer_placement_decisions_total{outcome=\"remote_prefill\"}"), 2);
+  EXPECT_EQ(scrape("deepinfer_prompt_tokens_total"), 40);
+  EXPECT_EQ(scrape("deepinfer_generation_tokens_total"), 4);
+  EXPECT_EQ(scrape("deepinfer_cached_prompt_tokens_total"), 5);
+  EXPECT_EQ(scrape("deepinfer_prefix_cache_hit_ratio"), 0.25);
+  EXPECT_EQ(scrape("deepinfer_time_to_first_token_seconds_count"), 1);
+  EXPECT_EQ(scrape("deepinfer_inter_token_latency_seconds_count"), 3);
+  EXPECT_EQ(scrape("deepinfer_queue_time_seconds_count"), 1);
+  EXPECT_EQ(scrape("deepinfer_e2e_request_latency_seconds_count"), 3);
+  EXPECT_EQ(scrape("deepinfer_workers{pool=\"prefill\"}"), 1);
+  EXPECT_EQ(scrape("deepinfer_workers{pool=\"decode\"}"), 1);
+
+  // Below the threshold on a colocated worker: local.
+  StartService(InferenceServiceOptions{.model_id = kModelId,
+                                       .placement = {.local_prefill_threshold_tokens = 100},
+                                       .metrics = metrics.get()});
+  decode->SetScript({});
+  ASSERT_TRUE(Generate(SimpleGenerate("m-4", 20)).status.ok());
+  EXPECT_EQ(scrape("deepinfer_placement_decisions_total{outcome=\"local_below_threshold\"}"), 1);
+  http->Stop();
 }
 
 }  // namespace

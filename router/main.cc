@@ -11,25 +11,36 @@
 // SIGTERM / SIGINT: health goes NOT_SERVING, new Chat/Generate calls are refused with
 // UNAVAILABLE, the calls in flight get up to --drain_timeout to finish, then the server stops.
 // Invalid flags exit with status 2 and a message naming the flag.
+//
+// Placement: --placement=cache_aware (prefix overlap + load, the default) or least_loaded, with
+// the cost weights --placement_w_*; --metrics_listen=host:port serves Prometheus /metrics.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
+#include "common/metrics.h"
+#include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "engine/model_assets.h"
 #include "router/autoscale_flags.h"
+#include "router/autoscaler.h"
 #include "router/inference_service.h"
 #include "router/router_admin_service.h"
+#include "router/placement.h"
+#include "router/router_metrics.h"
 #include "router/worker_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -47,8 +58,20 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
 ABSL_FLAG(int, missed_heartbeats, 3,
           "A worker silent for this many heartbeat intervals is dropped.");
 ABSL_FLAG(int, colocated_prefill_tokens, 0,
-          "Prompts of at most this many tokens are prefilled on the decode node itself (when it "
-          "can prefill); 0 = never, except when no prefill worker is live.");
+          "Prompts with at most this many uncached tokens are prefilled on the decode node itself "
+          "(when it can prefill); 0 = never, except when no prefill worker is live.");
+ABSL_FLAG(std::string, placement, "cache_aware",
+          "Placement policy: cache_aware (prefix-cache overlap and load) or least_loaded.");
+ABSL_FLAG(double, placement_w_uncached_tokens, 1.0,
+          "cache_aware prefill cost per prompt token the worker would compute (>= 0).");
+ABSL_FLAG(double, placement_w_queued_tokens, 1.0,
+          "cache_aware prefill cost per prompt token queued on the worker (>= 0).");
+ABSL_FLAG(double, placement_w_kv_used, 4096.0,
+          "cache_aware decode cost of a full KV cache, in prefill-token units (>= 0).");
+ABSL_FLAG(double, placement_w_running_sequences, 64.0,
+          "cache_aware decode cost per running sequence, in prefill-token units (>= 0).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus /metrics and /healthz (e.g. 0.0.0.0:9090); empty = off.");
 ABSL_FLAG(std::string, max_image_bytes, "20MiB",
           "Largest decoded image in a Chat request (e.g. 20MiB).");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10),
@@ -129,9 +152,31 @@ int Main() {
       WorkerRegistry::Create(registry_options);
   if (!registry.ok()) return Fail(registry.status());
 
+  MetricsRegistry metrics_registry;
+  absl::StatusOr<std::unique_ptr<RouterMetrics>> metrics = RouterMetrics::Create(&metrics_registry);
+  if (!metrics.ok()) return Fail(metrics.status());
+
   InferenceServiceOptions service_options;
   service_options.model_id = model_id;
-  service_options.colocated_prefill_tokens = colocated;
+  service_options.placement_policy = absl::GetFlag(FLAGS_placement);
+  // The flag counts "at most N" uncached tokens; the policy's threshold is "fewer than".
+  service_options.placement.local_prefill_threshold_tokens = colocated > 0 ? colocated + 1 : 0;
+  service_options.placement.w_uncached_tokens = absl::GetFlag(FLAGS_placement_w_uncached_tokens);
+  service_options.placement.w_queued_tokens = absl::GetFlag(FLAGS_placement_w_queued_tokens);
+  service_options.placement.w_kv_used = absl::GetFlag(FLAGS_placement_w_kv_used);
+  service_options.placement.w_running_sequences =
+      absl::GetFlag(FLAGS_placement_w_running_sequences);
+  service_options.placement.rng_seed = registry_options.rng_seed;
+  if (absl::Status s = ValidatePlacementOptions(service_options.placement); !s.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--placement_", s.message())));
+  }
+  if (absl::Status s = CreatePlacementPolicy(service_options.placement_policy,
+                                             service_options.placement, "placement")
+                           .status();
+      !s.ok()) {
+    return Fail(s);
+  }
+  service_options.metrics = metrics->get();
   service_options.max_image_bytes = static_cast<size_t>(*max_image_bytes);
   service_options.default_timeout = request_timeout;
   absl::StatusOr<std::unique_ptr<InferenceService>> inference =
@@ -162,6 +207,42 @@ int Main() {
       return Fail(s);
     }
   }
+  // The planner's output for HPA/KEDA and dashboards (set on each scrape with --autoscale).
+  absl::StatusOr<GaugeFamily*> desired_replicas = metrics_registry.AddGaugeFamily(
+      "deepinfer_desired_replicas", "Replicas the planner wants per pool.", {"pool"});
+  absl::StatusOr<GaugeFamily*> actual_replicas = metrics_registry.AddGaugeFamily(
+      "deepinfer_actual_replicas", "Live (heartbeating) workers per pool.", {"pool"});
+  if (!desired_replicas.ok() || !actual_replicas.ok()) {
+    return Fail(desired_replicas.ok() ? actual_replicas.status() : desired_replicas.status());
+  }
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    MetricsHttpServerOptions metrics_options;
+    metrics_options.listen_address = address;
+    metrics_options.before_scrape = [&] {
+      (*metrics)->RefreshPools(**registry, model_id);
+      if (autoscale->autoscaler == nullptr) return;
+      for (const AutoscalePoolStatus& pool : autoscale->autoscaler->Status()) {
+        const std::vector<std::string> labels = {std::string(PoolName(pool.pool))};
+        if (auto g = (*desired_replicas)->WithLabels(labels); g.ok() && pool.planned) {
+          (*g)->Set(pool.desired);
+        }
+        if (auto g = (*actual_replicas)->WithLabels(labels); g.ok()) {
+          (*g)->Set(pool.live_replicas);
+        }
+      }
+    };
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> created =
+        MetricsHttpServer::Create(&metrics_registry, metrics_options);
+    absl::Status started = created.ok() ? (*created)->Start() : created.status();
+    if (!started.ok()) {
+      (*server)->Shutdown(absl::ZeroDuration());
+      (*registry)->Stop();
+      return Fail(started);
+    }
+    metrics_server = std::move(*created);
+    spdlog::info("serving metrics on {} (port {})", address, metrics_server->port());
+  }
   (*server)->SetServing(true);
   if (autoscale->autoscaler != nullptr) {
     autoscale->autoscaler->Start();
@@ -181,6 +262,7 @@ int Main() {
     spdlog::warn("drain timeout: cancelling {} calls still in flight", (*inference)->in_flight());
   }
   (*server)->Shutdown(absl::Seconds(1));
+  if (metrics_server != nullptr) metrics_server->Stop();
   (*registry)->Stop();
   spdlog::info("stopped");
   return 0;
@@ -194,6 +276,14 @@ int main(int argc, char** argv) {
   deepinfer::InstallShutdownSignalHandlers();
   absl::SetProgramUsageMessage(
       "The deepinfer router: router --model DIR [--listen host:port] [--port_file FILE]");
+  // --help lists the router's flags (the ones defined in router/): Abseil's default matches only
+  // flags defined in a file named like the binary's main source.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "router/");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return deepinfer::router::Main();
 }

@@ -211,9 +211,35 @@ WorkerSnapshot WorkerRegistry::Snapshot(const Entry& e) {
   return s;
 }
 
+absl::StatusOr<WorkerSnapshot> WorkerRegistry::RecordPlacement(absl::string_view worker_id,
+                                                               uint64_t incarnation,
+                                                               int64_t input_tokens,
+                                                               int64_t blocks) {
+  if (input_tokens < 0 || blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(input_tokens < 0 ? "input_tokens" : "blocks",
+                                                   ": expected >= 0; got ",
+                                                   input_tokens < 0 ? input_tokens : blocks));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !Alive(*it->second, Now())) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", Quote(worker_id), " is not registered or no longer live"));
+  }
+  Entry& e = *it->second;
+  if (e.info.incarnation() != incarnation) {
+    return absl::AbortedError(absl::StrCat("worker ", Quote(worker_id), ": incarnation ",
+                                           incarnation, " was replaced by ", e.info.incarnation()));
+  }
+  e.placed_requests += 1;
+  e.placed_tokens += input_tokens;
+  e.placed_blocks += blocks;
+  e.last_chosen = ++pick_counter_;
+  return Snapshot(e);
+}
+
 void WorkerRegistry::ReleasePlacement(absl::string_view worker_id, uint64_t incarnation,
-                                      uint64_t load_epoch, int64_t input_tokens,
-                                      int64_t blocks) {
+                                      uint64_t load_epoch, int64_t input_tokens, int64_t blocks) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return;
@@ -635,6 +661,21 @@ std::vector<WorkerSnapshot> WorkerRegistry::List() const {
     absl::ReaderMutexLock lock(&mu_);
     out.reserve(workers_.size());
     for (const auto& [id, entry] : workers_) out.push_back(Snapshot(*entry));
+  }
+  std::sort(out.begin(), out.end(), [](const WorkerSnapshot& a, const WorkerSnapshot& b) {
+    return a.info.worker_id() < b.info.worker_id();
+  });
+  return out;
+}
+
+std::vector<WorkerSnapshot> WorkerRegistry::ListLive(absl::string_view model) const {
+  std::vector<WorkerSnapshot> out;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    const absl::Time now = Now();
+    for (const auto& [id, entry] : workers_) {
+      if (entry->info.model() == model && Alive(*entry, now)) out.push_back(Snapshot(*entry));
+    }
   }
   std::sort(out.begin(), out.end(), [](const WorkerSnapshot& a, const WorkerSnapshot& b) {
     return a.info.worker_id() < b.info.worker_id();

@@ -159,7 +159,17 @@ class WorkerRegistry {
   absl::StatusOr<WorkerSnapshot> PickDecode(absl::string_view model, int64_t blocks_needed,
                                             absl::Span<const std::string> exclude = {});
 
-  // Gives back what one PickPrefill (input_tokens) or PickDecode (blocks) recorded, when that
+  // Records one request placed on `worker_id` by a caller that chose it from a snapshot (the
+  // placement policies of router/placement.h): `input_tokens` prompt tokens it will compute and
+  // `blocks` KV blocks it will hold count in its placed_* until the next accepted load report
+  // (or ReleasePlacement). Returns the updated snapshot, whose load_epoch ReleasePlacement takes.
+  // kInvalidArgument for negative counts; kNotFound when the worker is not registered or no
+  // longer live; kAborted when `incarnation` is not the registered one.
+  absl::StatusOr<WorkerSnapshot> RecordPlacement(absl::string_view worker_id, uint64_t incarnation,
+                                                 int64_t input_tokens, int64_t blocks);
+
+  // Gives back what one PickPrefill (input_tokens), PickDecode (blocks) or RecordPlacement
+  // recorded, when that
   // request left the worker (finished, failed, cancelled) before the worker's next load report
   // could count it. `load_epoch` and `incarnation` come from the snapshot the pick returned; when
   // a load report arrived since (it already reflects the request) or the worker is gone, nothing
@@ -170,6 +180,9 @@ class WorkerRegistry {
   std::optional<WorkerSnapshot> Get(absl::string_view worker_id) const;
   // Every registered worker (live or not yet swept), ordered by worker_id.
   std::vector<WorkerSnapshot> List() const;
+  // The live workers (heartbeat within the deadline, by Options::clock) serving `model`, ordered
+  // by worker_id.
+  std::vector<WorkerSnapshot> ListLive(absl::string_view model) const;
 
   absl::Duration heartbeat_interval() const { return options_.heartbeat_interval; }
   int missed_heartbeats_allowed() const { return options_.missed_heartbeats_allowed; }

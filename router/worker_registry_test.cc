@@ -653,8 +653,7 @@ TEST_F(WorkerRegistryTest, ReleasePlacementGivesBackOnlyWithinTheSameLoadEpoch) 
   ASSERT_TRUE(registry_->Register(Decode("d0")).ok());  // 1000 blocks
   absl::StatusOr<WorkerSnapshot> a = registry_->PickDecode("m", 600);
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(registry_->PickDecode("m", 600).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(registry_->PickDecode("m", 600).status().code(), absl::StatusCode::kResourceExhausted);
   // The first request finished before any load report: its blocks count as free again.
   registry_->ReleasePlacement("d0", a->info.incarnation(), a->load_epoch, 0, 600);
   absl::StatusOr<WorkerSnapshot> b = registry_->PickDecode("m", 600);
@@ -669,9 +668,52 @@ TEST_F(WorkerRegistryTest, ReleasePlacementGivesBackOnlyWithinTheSameLoadEpoch) 
   EXPECT_EQ(registry_->Get("d0")->placed_blocks, 300);
   // Unknown workers and stale incarnations are ignored.
   registry_->ReleasePlacement("nobody", 1, 0, 0, 5);
-  registry_->ReleasePlacement("d0", b->info.incarnation() + 1, registry_->Get("d0")->load_epoch,
-                              0, 300);
+  registry_->ReleasePlacement("d0", b->info.incarnation() + 1, registry_->Get("d0")->load_epoch, 0,
+                              300);
   EXPECT_EQ(registry_->Get("d0")->placed_blocks, 300);
+}
+
+TEST_F(WorkerRegistryTest, RecordPlacementCountsUntilTheNextReportOrRelease) {
+  ASSERT_TRUE(registry_->Register(Prefill("p0")).ok());
+  ASSERT_TRUE(registry_->Register(Decode("d0")).ok());
+  absl::StatusOr<WorkerSnapshot> p = registry_->RecordPlacement("p0", 100, 120, 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->placed_requests, 1);
+  EXPECT_EQ(p->placed_tokens, 120);
+  absl::StatusOr<WorkerSnapshot> d = registry_->RecordPlacement("d0", 100, 7, 30);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->placed_blocks, 30);
+  EXPECT_EQ(d->placed_tokens, 7);
+  // PickPrefill sees what was recorded: p1 (nothing placed) wins over p0.
+  ASSERT_TRUE(registry_->Register(Prefill("p1")).ok());
+  EXPECT_EQ(registry_->PickPrefill("m", 1)->info.worker_id(), "p1");
+  // Released within the same epoch: gone.
+  registry_->ReleasePlacement("p0", 100, p->load_epoch, 120, 0);
+  EXPECT_EQ(registry_->Get("p0")->placed_tokens, 0);
+  EXPECT_EQ(registry_->Get("p0")->placed_requests, 0);
+  // A load report resets the counts.
+  ASSERT_TRUE(registry_->ReportLoad(Load("d0", 100, 1)).known());
+  EXPECT_EQ(registry_->Get("d0")->placed_blocks, 0);
+  // Wrong incarnation, unknown or dead workers, negative counts.
+  EXPECT_EQ(registry_->RecordPlacement("d0", 101, 1, 1).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(registry_->RecordPlacement("nobody", 1, 1, 1).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_->RecordPlacement("d0", 100, -1, 0).status().message(),
+            "input_tokens: expected >= 0; got -1");
+  EXPECT_EQ(registry_->RecordPlacement("d0", 100, 0, -2).status().message(),
+            "blocks: expected >= 0; got -2");
+  // ListLive: the live workers of one model.
+  ASSERT_TRUE(
+      registry_->Register(Worker("x0", internal::v1::WORKER_ROLE_DECODE, 100, "other")).ok());
+  std::vector<std::string> live;
+  for (const WorkerSnapshot& w : registry_->ListLive("m")) live.push_back(w.info.worker_id());
+  EXPECT_EQ(live, (std::vector<std::string>{"d0", "p0", "p1"}));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_TRUE(registry_->ListLive("m").empty());
+  EXPECT_EQ(registry_->List().size(), 4u);  // not swept yet
+  EXPECT_EQ(registry_->RecordPlacement("d0", 100, 1, 1).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST_F(WorkerRegistryTest, TiesAreBrokenByTheSeededRandomChoice) {

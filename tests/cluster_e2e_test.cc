@@ -45,7 +45,9 @@ class ClusterE2eTest : public ::testing::Test {
     cluster_ = cluster->release();
   }
   static void TearDownTestSuite() {
-    if (cluster_ != nullptr) EXPECT_TRUE(cluster_->Stop(absl::Seconds(20)).ok());
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->Stop(absl::Seconds(20)).ok());
+    }
     delete cluster_;
     delete model_;
   }
