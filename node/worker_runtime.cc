@@ -20,6 +20,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "kv_transfer/agent_factory.h"
+#include "proto/worker_role.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::node {
@@ -35,19 +36,6 @@ constexpr absl::Duration kTick = absl::Milliseconds(50);
 // Unacknowledged KV-event batches kept for resending; beyond it the worker starts over with
 // KIND_ALL_CLEARED.
 constexpr size_t kMaxUnackedKvBatches = 256;
-
-const char* RoleName(WorkerRole role) {
-  switch (role) {
-    case internal::v1::WORKER_ROLE_PREFILL:
-      return "prefill";
-    case internal::v1::WORKER_ROLE_DECODE:
-      return "decode";
-    case internal::v1::WORKER_ROLE_ENCODER:
-      return "encoder";
-    default:
-      return "unspecified";
-  }
-}
 
 absl::Status Positive(absl::string_view flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
@@ -70,7 +58,7 @@ uint64_t NewIncarnation() {
 std::string DefaultWorkerId(WorkerRole role) {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-  return absl::StrCat(RoleName(role), "-", host[0] != '\0' ? host : "localhost", "-", getpid());
+  return absl::StrCat(WorkerRoleName(role), "-", host[0] != '\0' ? host : "localhost", "-", getpid());
 }
 
 std::string LastPathComponent(std::string path) {
@@ -223,7 +211,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   if (options.role != internal::v1::WORKER_ROLE_PREFILL &&
       options.role != internal::v1::WORKER_ROLE_DECODE) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "role: expected WORKER_ROLE_PREFILL or WORKER_ROLE_DECODE, got ", RoleName(options.role)));
+        "role: expected WORKER_ROLE_PREFILL or WORKER_ROLE_DECODE, got ", WorkerRoleName(options.role)));
   }
   if (options.model_path.empty()) {
     return absl::InvalidArgumentError("--model: required (a Hugging Face model directory)");
@@ -316,7 +304,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   spdlog::info(
       "worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
       "incarnation {}, kv backend {}",
-      o.worker_id, RoleName(o.role), o.model_id, rt->pool_layout_.num_layers(), o.kv_blocks,
+      o.worker_id, std::string(WorkerRoleName(o.role)), o.model_id, rt->pool_layout_.num_layers(), o.kv_blocks,
       o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
       std::string(kv_transfer::BackendName(o.kv_backend)));
   return rt;

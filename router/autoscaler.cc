@@ -11,18 +11,6 @@ namespace {
 
 using internal::v1::WorkerRole;
 
-WorkerRole RoleOf(Pool pool) {
-  switch (pool) {
-    case Pool::kEncoder:
-      return internal::v1::WORKER_ROLE_ENCODER;
-    case Pool::kPrefill:
-      return internal::v1::WORKER_ROLE_PREFILL;
-    case Pool::kDecode:
-      return internal::v1::WORKER_ROLE_DECODE;
-  }
-  return internal::v1::WORKER_ROLE_UNSPECIFIED;
-}
-
 constexpr Pool kPools[] = {Pool::kEncoder, Pool::kPrefill, Pool::kDecode};
 
 }  // namespace
@@ -93,7 +81,7 @@ void Autoscaler::Loop() {
 
 PoolSample Autoscaler::BuildSample(Pool pool, const std::vector<WorkerSnapshot>& workers,
                                    absl::Time now, absl::Duration liveness) {
-  const WorkerRole role = RoleOf(pool);
+  const WorkerRole role = PoolRole(pool);
   PoolSample s;
   int reported = 0;
   double prefill_tps = 0;
@@ -228,6 +216,18 @@ std::optional<AutoscalePoolStatus> Autoscaler::PoolStatusOf(Pool pool) const {
 int64_t Autoscaler::ticks() const {
   absl::MutexLock lock(&mu_);
   return ticks_;
+}
+
+internal::v1::WorkerRole PoolRole(Pool pool) {
+  switch (pool) {
+    case Pool::kEncoder:
+      return internal::v1::WORKER_ROLE_ENCODER;
+    case Pool::kPrefill:
+      return internal::v1::WORKER_ROLE_PREFILL;
+    case Pool::kDecode:
+      return internal::v1::WORKER_ROLE_DECODE;
+  }
+  return internal::v1::WORKER_ROLE_UNSPECIFIED;
 }
 
 }  // namespace deepinfer::router

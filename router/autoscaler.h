@@ -56,6 +56,9 @@
 
 namespace deepinfer::router {
 
+// The worker role that serves `pool`.
+internal::v1::WorkerRole PoolRole(Pool pool);
+
 // One pool as the autoscaler last saw and handled it.
 struct AutoscalePoolStatus {
   Pool pool = Pool::kPrefill;

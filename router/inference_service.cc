@@ -493,8 +493,10 @@ void InferenceService::Finish(absl::string_view request_id, absl::Time received,
   metrics_->RecordFinished(finished);
 }
 
-grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
-                                    grpc::ServerWriter<v1::ChatChunk>* writer) {
+grpc::Status InferenceService::Serve(grpc::ServerContext* context,
+                                     absl::string_view client_request_id,
+                                     absl::FunctionRef<absl::Status(Prepared*)> prepare,
+                                     absl::FunctionRef<bool(v1::GenerateChunk&)> write) {
   const absl::Time received = absl::Now();
   Admission admission(this);
   if (!admission.status().ok()) {
@@ -504,7 +506,23 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
   }
   Outcome outcome;
   Prepared prepared;
-  auto prepare = [&]() -> absl::Status {
+  grpc::Status status;
+  if (absl::Status s = prepare(&prepared); !s.ok()) {
+    status = ToGrpcStatus(s);
+  } else if (absl::StatusOr<LiveRequest*> live = admission.Register(prepared.request_id);
+             !live.ok()) {
+    status = ToGrpcStatus(live.status());
+  } else {
+    status = Forward(context, received, prepared, *live, write, &outcome);
+  }
+  Finish(prepared.request_id.empty() ? client_request_id : prepared.request_id, received,
+         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
+  return status;
+}
+
+grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
+                                    grpc::ServerWriter<v1::ChatChunk>* writer) {
+  auto prepare = [&](Prepared* prepared) -> absl::Status {
     DI_RETURN_IF_ERROR(CheckModel(request->model()));
     DI_ASSIGN_OR_RETURN(ChatPrompt prompt, ConvertChatMessages(*request, limits_));
     if (!prompt.images.empty()) {
@@ -518,73 +536,40 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
     DI_RETURN_IF_ERROR(ToEngineSamplingParams(request->sampling(), defaults_, limits_,
                                               static_cast<int64_t>(ids.size()))
                            .status());
-    prepared.prompt_token_ids.assign(ids.begin(), ids.end());
-    prepared.request_id =
+    prepared->prompt_token_ids.assign(ids.begin(), ids.end());
+    prepared->request_id =
         request->request_id().empty() ? NewRequestId("chat") : request->request_id();
-    prepared.sampling = &request->sampling();
-    prepared.cache_salt = request->cache_salt();
-    prepared.priority = request->priority();
-    prepared.detokenize = true;
+    prepared->sampling = &request->sampling();
+    prepared->cache_salt = request->cache_salt();
+    prepared->priority = request->priority();
+    prepared->detokenize = true;
     return absl::OkStatus();
   };
-  grpc::Status status;
-  if (absl::Status s = prepare(); !s.ok()) {
-    status = ToGrpcStatus(s);
-  } else if (absl::StatusOr<LiveRequest*> live = admission.Register(prepared.request_id);
-             !live.ok()) {
-    status = ToGrpcStatus(live.status());
-  } else {
-    status = Forward(
-        context, received, prepared, *live,
-        [writer](v1::GenerateChunk& chunk) { return writer->Write(ToChatChunk(chunk)); }, &outcome);
-  }
-  Finish(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
-         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
-  return status;
+  return Serve(context, request->request_id(), prepare,
+               [writer](v1::GenerateChunk& chunk) { return writer->Write(ToChatChunk(chunk)); });
 }
 
 grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateChunk>* writer) {
-  const absl::Time received = absl::Now();
-  Admission admission(this);
-  if (!admission.status().ok()) {
-    const grpc::Status refused = ToGrpcStatus(admission.status());
-    if (metrics_ != nullptr) metrics_->RecordFinished({.outcome = RequestOutcome::kError});
-    return refused;
-  }
-  Outcome outcome;
-  Prepared prepared;
-  auto prepare = [&]() -> absl::Status {
+  auto prepare = [&](Prepared* prepared) -> absl::Status {
     DI_RETURN_IF_ERROR(CheckModel(request->model()));
     DI_RETURN_IF_ERROR(ValidateGenerateRequest(*request, limits_));
     DI_RETURN_IF_ERROR(ToEngineSamplingParams(request->sampling(), defaults_, limits_,
                                               request->prompt_token_ids_size())
                            .status());
-    prepared.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                                     request->prompt_token_ids().end());
-    prepared.request_id =
+    prepared->prompt_token_ids.assign(request->prompt_token_ids().begin(),
+                                      request->prompt_token_ids().end());
+    prepared->request_id =
         request->request_id().empty() ? NewRequestId("gen") : request->request_id();
-    prepared.sampling = &request->sampling();
-    prepared.cache_salt = request->cache_salt();
-    prepared.priority = request->priority();
-    prepared.detokenize = request->detokenize();
+    prepared->sampling = &request->sampling();
+    prepared->cache_salt = request->cache_salt();
+    prepared->priority = request->priority();
+    prepared->detokenize = request->detokenize();
     return absl::OkStatus();
   };
-  grpc::Status status;
-  if (absl::Status s = prepare(); !s.ok()) {
-    status = ToGrpcStatus(s);
-  } else if (absl::StatusOr<LiveRequest*> live = admission.Register(prepared.request_id);
-             !live.ok()) {
-    status = ToGrpcStatus(live.status());
-  } else {
-    status = Forward(
-        context, received, prepared, *live,
-        [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); }, &outcome);
-  }
-  Finish(prepared.request_id.empty() ? request->request_id() : prepared.request_id, received,
-         static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
-  return status;
+  return Serve(context, request->request_id(), prepare,
+               [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); });
 }
 
 grpc::Status InferenceService::Abort(grpc::ServerContext* /*context*/,

@@ -199,6 +199,11 @@ class InferenceService final : public v1::Inference::Service {
   grpc::Status Forward(grpc::ServerContext* context, absl::Time received, const Prepared& request,
                        LiveRequest* live, absl::FunctionRef<bool(v1::GenerateChunk&)> write,
                        Outcome* outcome);
+  // What Chat and Generate share: admission, `prepare` (validation through tokenization, filling
+  // a Prepared), Forward, and the final log line and metrics.
+  grpc::Status Serve(grpc::ServerContext* context, absl::string_view client_request_id,
+                     absl::FunctionRef<absl::Status(Prepared*)> prepare,
+                     absl::FunctionRef<bool(v1::GenerateChunk&)> write);
   // Logs the call's line and counts it in the metrics.
   void Finish(absl::string_view request_id, absl::Time received, int64_t prompt_tokens,
               const Outcome& outcome, const grpc::Status& status) const;

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/worker_role.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::router {
@@ -21,19 +22,6 @@ using internal::v1::WorkerRole;
 
 bool Tied(double a, double b) {
   return std::fabs(a - b) <= 1e-9 * std::max({1.0, std::fabs(a), std::fabs(b)});
-}
-
-absl::string_view RoleName(WorkerRole role) {
-  switch (role) {
-    case WORKER_ROLE_PREFILL:
-      return "prefill";
-    case WORKER_ROLE_DECODE:
-      return "decode";
-    case internal::v1::WORKER_ROLE_ENCODER:
-      return "encoder";
-    default:
-      return "unspecified";
-  }
 }
 
 absl::Status ValidateRequest(const PlacementRequest& request,
@@ -102,7 +90,7 @@ std::string DescribeInputs(absl::string_view policy, const PlacementRequest& req
     absl::StrAppendFormat(&out,
                           " {%s %s%s queue=%d queued_tokens=%d running=%d kv_free=%d/%d "
                           "cached_blocks=%d",
-                          c.worker_id, RoleName(c.role), c.can_prefill ? " can_prefill" : "",
+                          c.worker_id, WorkerRoleName(c.role), c.can_prefill ? " can_prefill" : "",
                           c.queue_depth, c.queued_input_tokens, c.running_sequences,
                           c.free_kv_blocks, c.total_kv_blocks, c.cached_prefix_blocks);
     if (k < costs.size() && costs[k].worker_id == c.worker_id) {

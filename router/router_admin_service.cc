@@ -3,21 +3,6 @@
 #include <utility>
 
 namespace deepinfer::router {
-namespace {
-
-internal::v1::WorkerRole RoleOf(Pool pool) {
-  switch (pool) {
-    case Pool::kEncoder:
-      return internal::v1::WORKER_ROLE_ENCODER;
-    case Pool::kPrefill:
-      return internal::v1::WORKER_ROLE_PREFILL;
-    case Pool::kDecode:
-      return internal::v1::WORKER_ROLE_DECODE;
-  }
-  return internal::v1::WORKER_ROLE_UNSPECIFIED;
-}
-
-}  // namespace
 
 internal::v1::GetPlanResponse PlanToProto(const std::vector<AutoscalePoolStatus>& pools,
                                           int64_t ticks, const std::string& scaler) {
@@ -26,7 +11,7 @@ internal::v1::GetPlanResponse PlanToProto(const std::vector<AutoscalePoolStatus>
   out.set_ticks(static_cast<uint64_t>(ticks));
   for (const AutoscalePoolStatus& st : pools) {
     internal::v1::PoolPlan* p = out.add_pools();
-    p->set_pool(RoleOf(st.pool));
+    p->set_pool(PoolRole(st.pool));
     p->set_planned(st.planned);
     p->set_desired_replicas(static_cast<uint32_t>(st.desired));
     p->set_live_replicas(static_cast<uint32_t>(st.live_replicas));

@@ -8,6 +8,7 @@
 #include "absl/strings/strip.h"
 #include "common/flags.h"
 #include "common/grpc_status.h"
+#include "proto/worker_role.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::router {
@@ -28,19 +29,6 @@ constexpr uint32_t kMaxTier = 2;  // 0 device, 1 host, 2 shared store
 
 bool HoldsKv(WorkerRole role) {
   return role == internal::v1::WORKER_ROLE_PREFILL || role == internal::v1::WORKER_ROLE_DECODE;
-}
-
-absl::string_view RoleName(WorkerRole role) {
-  switch (role) {
-    case internal::v1::WORKER_ROLE_PREFILL:
-      return "prefill";
-    case internal::v1::WORKER_ROLE_DECODE:
-      return "decode";
-    case internal::v1::WORKER_ROLE_ENCODER:
-      return "encoder";
-    default:
-      return "unspecified";
-  }
 }
 
 std::string Quote(absl::string_view s) {
@@ -81,7 +69,7 @@ absl::Status ValidateWorkerInfo(const WorkerInfo& w) {
   }
   if (HoldsKv(w.role()) && w.block_size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("worker.block_size: expected > 0 for a ",
-                                                   RoleName(w.role()), " worker; got 0"));
+                                                   WorkerRoleName(w.role()), " worker; got 0"));
   }
   if (w.has_kv_metadata()) {
     if (w.kv_metadata().agent_name() != w.worker_id()) {
@@ -253,7 +241,7 @@ void WorkerRegistry::ReleasePlacement(absl::string_view worker_id, uint64_t inca
 void WorkerRegistry::Notify(std::vector<Removed> removed) {
   for (const Removed& r : removed) {
     spdlog::info("worker {} ({} {}, incarnation {}) removed: {}", r.info.worker_id(),
-                 std::string(RoleName(r.info.role())), r.info.address(), r.info.incarnation(),
+                 std::string(WorkerRoleName(r.info.role())), r.info.address(), r.info.incarnation(),
                  r.reason.ToString());
     if (options_.on_removed) options_.on_removed(r.info, r.reason);
   }
@@ -315,7 +303,7 @@ absl::StatusOr<RegisterResponse> WorkerRegistry::Register(const WorkerInfo& work
   }
   if (result.ok()) {
     spdlog::info("worker {} registered: {} {} model {} incarnation {}", worker.worker_id(),
-                 std::string(RoleName(worker.role())), worker.address(), worker.model(),
+                 std::string(WorkerRoleName(worker.role())), worker.address(), worker.model(),
                  worker.incarnation());
   }
   Notify(std::move(removed));
