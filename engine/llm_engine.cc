@@ -141,7 +141,12 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         /*max_match_length=*/so.max_n,
         spec::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
     if (so.adaptive) {
-      absl::Status profiled = engine->ProfileCost();
+      absl::Status profiled = absl::OkStatus();
+      if (so.cost_table != nullptr) {
+        engine->cost_ = std::make_unique<spec::CostTable>(*so.cost_table);
+      } else {
+        profiled = engine->ProfileCost();
+      }
       if (!profiled.ok()) {
         spdlog::warn("speculative: no cost table ({}); verifying every draft token",
                      profiled.ToString());
@@ -653,13 +658,14 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
 
   // Plans `seq` for up to the remaining budget; returns false when it had to be skipped.
   auto plan = [&](Sequence* seq) {
+    // Drafts chosen by Draft for this step (decoding sequences only).
+    std::vector<int32_t> draft = std::move(seq->draft);
+    seq->draft.clear();
     const int64_t known = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples;
     const int64_t avail = known - seq->scheduled_end;
     if (avail <= 0 || budget <= 0) return;
     // A sequence whose planned samples already reach max_tokens is finishing: nothing to do.
     if (seq->generated() + seq->pending_samples >= seq->sampling.max_tokens) return;
-    std::vector<int32_t> draft = std::move(seq->draft);
-    seq->draft.clear();
     if (avail != 1) draft.clear();
     draft.resize(std::min<int64_t>(draft.size(), std::max<int64_t>(budget - 1, 0)));
     int64_t count = std::min(avail + static_cast<int64_t>(draft.size()), budget);

@@ -87,6 +87,10 @@ struct SpecOptions {
   // every draft is verified (and a warning is logged once).
   bool adaptive = false;
   int profile_runs = 5;  // adaptive: forward passes per profiled shape (median), >= 5
+  // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
+  // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
+  // (so no other thread may be running the model then).
+  const spec::CostTable* cost_table = nullptr;
 };
 
 struct EngineOptions {

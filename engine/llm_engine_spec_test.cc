@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/llm_engine.h"
+#include "engine/spec/budget.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -149,7 +150,12 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   const std::string dir = "engine/testdata/models/" + GetParam();
   auto model = Model::Load(dir, ModelOptions{2}).value();
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 12, 17);
-  const auto reqs = GreedyRequests(prompts, 24);
+  auto reqs = GreedyRequests(prompts, 24);
+  for (size_t i = 1; i < reqs.size(); i += 3) {  // penalties see the drafts as pending history
+    reqs[i].sampling.repetition_penalty = 1.3f;
+    reqs[i].sampling.presence_penalty = 0.5f;
+    reqs[i].sampling.frequency_penalty = 0.2f;
+  }
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   int64_t accepted = 0;
   for (int k : {1, 2, 4, 8}) {
@@ -180,6 +186,7 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   for (int k : {2, 8}) {
     for (size_t i = 0; i < 4; ++i) {
       const std::vector<EngineRequest> one = {reqs[i]};
+      SCOPED_TRACE(::testing::Message() << "alone: k " << k << " request " << i);
       const RunResult plain = RunAll(model.get(), BaseOptions(), one);
       const RunResult got = RunAll(model.get(), WithSpec(BaseOptions(), k, false), one);
       EXPECT_EQ(plain.stats.steps, 24);
@@ -214,6 +221,48 @@ TEST(SpecEngineLlamaTest, IdenticalUnderPreemptionAndWithoutPrefixCache) {
     }
     if (o.num_blocks == tight.num_blocks) {
       EXPECT_GT(got.stats.preemptions, 0);
+    }
+  }
+}
+
+// Adaptive verification with fixed cost tables: a step whose time explodes with every extra token
+// verifies no draft; a flat one verifies every draft; a cheap slope verifies some. Outputs never
+// change.
+TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 29);
+  const auto reqs = GreedyRequests(prompts, 24);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  auto table = [](double slope) {
+    std::vector<spec::CostTable::Sample> samples;
+    for (int requests : {1, 8}) {
+      for (int tokens : {1, 2, 8, 64}) {
+        for (int run = 0; run < 5; ++run) {
+          samples.push_back({tokens, requests, 1e-3 + slope * tokens});
+        }
+      }
+    }
+    return spec::CostTable::FromSamples(samples).value();
+  };
+  const spec::CostTable steep = table(1.0), flat = table(0.0), cheap = table(1e-5);
+  for (const spec::CostTable* cost : {&steep, &flat, &cheap}) {
+    EngineOptions o = WithSpec(BaseOptions(), 4, /*adaptive=*/true);
+    o.speculative.cost_table = cost;
+    const RunResult got = RunAll(model.get(), o, reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens);
+    }
+    EXPECT_GT(got.stats.spec_drafted_tokens, 0);
+    if (cost == &steep) {
+      EXPECT_TRUE(got.stats.spec_adaptive_active);
+      EXPECT_EQ(got.stats.spec_verified_tokens, 0);
+    } else if (cost == &flat) {
+      EXPECT_FALSE(got.stats.spec_adaptive_active);
+      EXPECT_GT(got.stats.spec_verified_tokens, 0);
+    } else {
+      EXPECT_TRUE(got.stats.spec_adaptive_active);
+      EXPECT_GT(got.stats.spec_verified_tokens, 0);
+      EXPECT_GT(got.stats.spec_accepted_tokens, 0);
     }
   }
 }
