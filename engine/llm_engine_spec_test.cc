@@ -4,6 +4,8 @@
 // and rejected draft positions never reach the prefix cache.
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -198,7 +200,9 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   EXPECT_GT(accepted, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest, ::testing::Values("llama", "qwen3", "hybrid"));
+// mistral: every layer slides (window 8), so blocks behind the window are released as well.
+INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest,
+                         ::testing::Values("llama", "qwen3", "hybrid", "mistral"));
 
 constexpr char kLlama[] = "engine/testdata/models/llama";
 
@@ -425,6 +429,55 @@ TEST(SpecEngineLlamaTest, PrefixCacheHoldsOnlyAcceptedTokens) {
         << r.request_id;
     EXPECT_EQ(g.tokens, ref.results.at(r.request_id).tokens) << r.request_id;
   }
+}
+
+// Disaggregated: the prompt's KV comes from a prefill engine (no speculation) into a decode
+// engine's reservation; the decode engine speculates from the first token on.
+TEST(SpecEngineLlamaTest, DecodeAfterRemotePrefillSpeculatesAndMatchesTheReference) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 4, 61);
+  const auto reqs = GreedyRequests(prompts, 20);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  auto prefill = LlmEngine::Create(model.get(), BaseOptions()).value();
+  auto decode = LlmEngine::Create(model.get(), WithSpec(BaseOptions(), 4, false)).value();
+  ASSERT_TRUE(prefill->Start().ok());
+  ASSERT_TRUE(decode->Start().ok());
+  KvCache* src = prefill->kv_cache();
+  KvCache* dst = decode->kv_cache();
+  const size_t block_bytes = src->block_bytes();
+  int64_t drafts = 0;
+  for (const EngineRequest& req : reqs) {
+    std::promise<absl::StatusOr<PrefillResult>> done;
+    ASSERT_TRUE(prefill->SubmitPrefill(req, [&](absl::StatusOr<PrefillResult> r) {
+      done.set_value(std::move(r));
+    }).ok());
+    absl::StatusOr<PrefillResult> pre = done.get_future().get();
+    ASSERT_TRUE(pre.ok()) << pre.status();
+    Collector c;
+    absl::StatusOr<KvReservation> res = decode->ReserveForRemotePrefill(req, c.Callback());
+    ASSERT_TRUE(res.ok()) << res.status();
+    for (size_t b = res->cached_tokens / res->block_size; b < res->block_ids.size(); ++b) {
+      for (int l = 0; l < model->config().num_layers; ++l) {
+        std::memcpy(static_cast<char*>(dst->k_layer(l)) + res->block_ids[b] * block_bytes,
+                    static_cast<char*>(src->k_layer(l)) + pre->block_ids[b] * block_bytes,
+                    block_bytes);
+        std::memcpy(static_cast<char*>(dst->v_layer(l)) + res->block_ids[b] * block_bytes,
+                    static_cast<char*>(src->v_layer(l)) + pre->block_ids[b] * block_bytes,
+                    block_bytes);
+      }
+    }
+    ASSERT_TRUE(prefill->ReleasePrefilled(req.request_id).ok());
+    ASSERT_TRUE(decode->CompleteRemotePrefill(req.request_id, {pre->first_token, 0.0f, {}}).ok());
+    ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+    const auto r = c.results()[req.request_id];
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, ref.results.at(req.request_id).tokens) << req.request_id;
+    drafts += r.usage.draft_tokens;
+  }
+  EXPECT_GT(drafts, 0);
+  decode->Stop();
+  prefill->Stop();
+  EXPECT_EQ(decode->GetStats().blocks.used_blocks, 0);
 }
 
 TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
