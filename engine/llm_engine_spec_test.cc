@@ -28,7 +28,11 @@ class Collector {
     return [this](const EngineOutput& out) {
       std::lock_guard<std::mutex> lock(mu_);
       Result& r = results_[out.request_id];
-      for (const StepOutput& s : out.new_tokens) r.tokens.push_back(s.token);
+      for (const StepOutput& s : out.new_tokens) {
+        r.tokens.push_back(s.token);
+        r.logprobs.push_back(s.logprob);
+        for (const TokenLogprob& t : s.top) r.top.push_back(t.token);
+      }
       r.text += out.text_delta;
       if (!out.matched_stop.empty()) r.matched_stop = out.matched_stop;
       if (out.finished) {
@@ -47,6 +51,8 @@ class Collector {
   }
   struct Result {
     std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<int32_t> top;  // the top alternatives' ids, token after token
     std::string text;
     std::string matched_stop;
     int final_outputs = 0;
@@ -158,6 +164,7 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
     reqs[i].sampling.presence_penalty = 0.5f;
     reqs[i].sampling.frequency_penalty = 0.2f;
   }
+  for (size_t i = 0; i < reqs.size(); i += 2) reqs[i].sampling.logprobs = 3;
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   int64_t accepted = 0;
   for (int k : {1, 2, 4, 8}) {
@@ -170,7 +177,14 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
         EXPECT_EQ(g.final_outputs, 1);
         EXPECT_TRUE(g.status.ok()) << g.status;
         EXPECT_EQ(g.finish, FinishReason::kLength);
-        EXPECT_EQ(g.tokens, ref.results.at(r.request_id).tokens) << r.request_id;
+        const auto& want = ref.results.at(r.request_id);
+        EXPECT_EQ(g.tokens, want.tokens) << r.request_id;
+        // Logprobs and alternatives from verification rows match the plain decode's.
+        EXPECT_EQ(g.top, want.top) << r.request_id;
+        ASSERT_EQ(g.logprobs.size(), want.logprobs.size());
+        for (size_t j = 0; j < g.logprobs.size(); ++j) {
+          EXPECT_NEAR(g.logprobs[j], want.logprobs[j], 1e-4) << r.request_id << " token " << j;
+        }
         EXPECT_EQ(g.usage.completion_tokens, 24);
         EXPECT_LE(g.usage.accepted_draft_tokens, g.usage.draft_tokens);
         usage_drafts += g.usage.draft_tokens;
