@@ -35,9 +35,9 @@ struct LlmEngine::Sequence {
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t prompt_len = 0;       // original prompt
   SamplingParams sampling;
-  std::unique_ptr<Sampler> sampler;
-  // With speculative decoding: samples and verifies instead of `sampler` (same distribution;
-  // its own random stream).
+  std::unique_ptr<Sampler> sampler;  // without speculative decoding
+  // With speculative decoding: samples and verifies instead of `sampler` (same distribution and
+  // penalty history; its own random stream).
   std::unique_ptr<spec::Verifier> verifier;
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
@@ -313,11 +313,12 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
   seq->tokens = std::move(request.prompt);
   seq->prompt_len = static_cast<int64_t>(seq->tokens.size());
   seq->sampling = request.sampling;
-  seq->sampler = std::make_unique<Sampler>(request.sampling);
-  seq->sampler->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
   if (options_.speculative.enabled) {
     seq->verifier = std::make_unique<spec::Verifier>(request.sampling);
     seq->verifier->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
+  } else {
+    seq->sampler = std::make_unique<Sampler>(request.sampling);
+    seq->sampler->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
   }
   seq->on_output = std::move(on_output);
   if (options_.tokenizer != nullptr) {

@@ -103,7 +103,8 @@ struct RunResult {
 };
 
 // Submits every request at once, waits for all, stops the engine.
-RunResult RunAll(Model* model, const EngineOptions& options, const std::vector<EngineRequest>& reqs) {
+RunResult RunAll(Model* model, const EngineOptions& options,
+                 const std::vector<EngineRequest>& reqs) {
   RunResult out;
   auto engine = LlmEngine::Create(model, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
