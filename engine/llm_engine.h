@@ -27,7 +27,11 @@
 //   rejected positions are freed); only blocks whose tokens are all accepted are published to
 //   the prefix cache. EOS, stop token ids, max_tokens and stop strings apply per emitted token.
 //   With speculation on the engine does not overlap scheduling with execution (the next step's
-//   positions depend on how many drafts the running step accepts): `overlap` is ignored.
+//   positions depend on how many drafts the running step accepts): `overlap` is ignored. Drafts
+//   share the step's token budget with what one token per decode and the running prefills leave.
+//   Greedy outputs are token-identical to decoding without speculation; sampled outputs have the
+//   same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
+//   (rejection sampling draws differently; an adaptive budget depends on measured step times).
 //
 // Thread-safety: Submit, Abort and GetStats are thread-safe. Output callbacks run on the engine's
 // scheduler thread and must not block (hand the output to another queue). Start() launches the
