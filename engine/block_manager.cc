@@ -149,6 +149,22 @@ absl::Status BlockManager::Free(uint64_t seq_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> BlockManager::Truncate(uint64_t seq_id, int64_t num_tokens) {
+  auto it = tables_.find(seq_id);
+  if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq_id, " unknown"));
+  std::vector<int32_t>& table = it->second;
+  const int64_t keep = (std::max<int64_t>(num_tokens, 0) + block_size_ - 1) / block_size_;
+  int64_t released = 0;
+  while (static_cast<int64_t>(table.size()) > keep) {
+    if (table.back() >= 0) {
+      Release(table.back());
+      ++released;
+    }
+    table.pop_back();
+  }
+  return released;
+}
+
 absl::StatusOr<int64_t> BlockManager::ReleasePrefix(uint64_t seq_id, int64_t end_index) {
   auto it = tables_.find(seq_id);
   if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("sequence ", seq_id, " unknown"));

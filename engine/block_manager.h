@@ -82,6 +82,12 @@ class BlockManager {
   // hash, this block stays private (no duplicate in the index).
   absl::Status Commit(uint64_t seq_id, int64_t block_index, uint64_t hash, uint64_t parent_hash);
 
+  // Shrinks `seq_id`'s table to the blocks needed for `num_tokens` tokens, releasing the trailing
+  // ones (speculative decoding rolls back the KV of rejected draft positions this way). Released
+  // blocks that were never committed return to the free list. Returns the number released;
+  // kNotFound when unknown.
+  absl::StatusOr<int64_t> Truncate(uint64_t seq_id, int64_t num_tokens);
+
   // Releases every block of the sequence. kNotFound when unknown.
   absl::Status Free(uint64_t seq_id);
 

@@ -130,6 +130,23 @@ TEST(BlockManagerTest, ReleasePrefixLeavesHolesAndKeepsCommittedBlocksCached) {
   EXPECT_EQ(bm.stats().used_blocks, 0);
 }
 
+TEST(BlockManagerTest, TruncateReleasesTrailingBlocksToTheFreeList) {
+  BlockManager bm(8, 4);
+  ASSERT_TRUE(bm.AllocateSequence(1, 5, {}).ok());
+  ASSERT_TRUE(bm.Grow(1, 17).ok());  // 5 blocks: speculative positions up to 17
+  EXPECT_EQ(bm.Table(1)->size(), 5u);
+  EXPECT_EQ(bm.Truncate(1, 9).value(), 2);  // 9 tokens need 3 blocks
+  EXPECT_EQ(bm.Table(1)->size(), 3u);
+  EXPECT_EQ(bm.Truncate(1, 9).value(), 0);  // idempotent
+  EXPECT_EQ(bm.Truncate(1, 12).value(), 0);
+  EXPECT_EQ(bm.stats().free_blocks, 5);
+  EXPECT_EQ(bm.stats().cached_blocks, 0);
+  EXPECT_EQ(bm.Truncate(7, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants();
+  ASSERT_TRUE(bm.Free(1).ok());
+  EXPECT_EQ(bm.stats().used_blocks, 0);
+}
+
 TEST(BlockManagerTest, RandomizedLoadLeavesEverythingFreeOrCached) {
   std::mt19937 rng(2024);
   const int block_size = 4;

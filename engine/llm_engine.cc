@@ -7,6 +7,11 @@
 #include "common/status_macros.h"
 #include "engine/block_hash.h"
 #include "engine/chat_template/chat_template.h"
+#include "engine/spec/budget.h"
+#include "engine/spec/drafter.h"
+#include "engine/spec/ngram_drafter.h"
+#include "engine/spec/verifier.h"
+#include "spdlog/spdlog.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -30,7 +35,13 @@ struct LlmEngine::Sequence {
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t prompt_len = 0;       // original prompt
   SamplingParams sampling;
-  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<Sampler> sampler;  // without speculative decoding
+  // With speculative decoding: samples and verifies instead of `sampler` (same distribution and
+  // penalty history; its own random stream).
+  std::unique_ptr<spec::Verifier> verifier;
+  // Drafts chosen for the step being planned (Draft -> Schedule's plan).
+  std::vector<int32_t> draft;
+  int draft_match = 0;
   OutputCallback on_output;
   int priority = 0;
   uint64_t arrival = 0;
@@ -68,9 +79,12 @@ struct LlmEngine::Planned {
   int64_t start = 0;
   int64_t count = 0;
   bool sample = false;
+  std::vector<int32_t> draft;  // speculative tokens after the one known input token
+  int draft_match = 0;         // the n-gram drafter's match length for them
   std::vector<int32_t> table;
   std::vector<int32_t> input;
   SampleResult result;
+  spec::VerifyResult verify;  // with a draft: the emitted tokens instead of `result`
 };
 
 struct LlmEngine::Step {
@@ -97,14 +111,123 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   } else {
     DI_ASSIGN_OR_RETURN(cache, KvCache::Create(kv));
   }
-  return std::unique_ptr<LlmEngine>(new LlmEngine(model, options, std::move(cache)));
+  const SpecOptions& so = options.speculative;
+  std::unique_ptr<spec::Drafter> drafter;
+  if (so.enabled) {
+    if (so.drafter != "ngram") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculative.drafter: expected \"ngram\", got \"", so.drafter, "\""));
+    }
+    if (so.num_speculative_tokens < 1 || so.num_speculative_tokens > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculative.num_speculative_tokens: expected [1, 64], got ", so.num_speculative_tokens));
+    }
+    if (so.adaptive && so.profile_runs < 5) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
+    }
+    absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
+        spec::NgramDrafter::Create({so.min_n, so.max_n});
+    if (!ngram.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculative: ", ngram.status().message()));
+    }
+    drafter = std::move(*ngram);
+  }
+  std::unique_ptr<LlmEngine> engine(new LlmEngine(model, options, std::move(cache)));
+  if (so.enabled) {
+    engine->drafter_ = std::move(drafter);
+    engine->survival_ = std::make_unique<spec::NgramSurvivalStats>(
+        /*max_match_length=*/so.max_n,
+        spec::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
+    if (so.adaptive) {
+      absl::Status profiled = absl::OkStatus();
+      if (so.cost_table != nullptr) {
+        engine->cost_ = std::make_unique<spec::CostTable>(*so.cost_table);
+      } else {
+        profiled = engine->ProfileCost();
+      }
+      if (!profiled.ok()) {
+        spdlog::warn("speculative: no cost table ({}); verifying every draft token",
+                     profiled.ToString());
+        engine->cost_.reset();
+      } else if (engine->cost_->IsFlat()) {
+        spdlog::warn("speculative: cost table is flat ({}); verifying every draft token",
+                     engine->cost_->DebugString());
+      } else {
+        spdlog::info("speculative: adaptive verification with cost table {}",
+                     engine->cost_->DebugString());
+      }
+      std::lock_guard<std::mutex> lock(engine->mu_);
+      engine->stats_.spec_adaptive_active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
+    }
+  }
+  return engine;
+}
+
+absl::Status LlmEngine::ProfileCost() {
+  // Decode-like steps: `requests` sequences with a context of `kContext` tokens each feed
+  // tokens / requests new tokens with logits for all of them, into scratch blocks (no sequence
+  // holds any block yet, and whatever is written is overwritten before anyone reads it).
+  constexpr int64_t kContext = 32;
+  const int k = options_.speculative.num_speculative_tokens;
+  const int bs = options_.block_size;
+  const int vocab = model_->config().vocab_size;
+  std::vector<std::pair<int, int>> shapes;
+  for (int r : {1, std::min(8, options_.max_running)}) {
+    if (!shapes.empty() && shapes.back().second == r) break;
+    for (int m = 1;; m = std::min(2 * m, k + 1)) {
+      const int tokens = r * m;
+      const int64_t blocks_needed = r * ((kContext + m + bs - 1) / bs);
+      if (tokens > options_.max_batch_tokens || blocks_needed > options_.num_blocks) break;
+      shapes.emplace_back(tokens, r);
+      if (m == k + 1) break;
+    }
+  }
+  if (shapes.size() < 2) {
+    return absl::FailedPreconditionError(
+        "speculative: the KV cache or the step budget is too small to profile the step cost");
+  }
+  std::vector<int32_t> ids;
+  std::vector<int32_t> tables;
+  std::vector<float> logits;
+  auto run_step = [&](int tokens, int requests) -> absl::StatusOr<double> {
+    std::vector<SequenceInput> batch(requests);
+    const int64_t per_blocks = (kContext + (tokens + requests - 1) / requests + bs - 1) / bs;
+    ids.assign(tokens, 0);
+    for (int i = 0; i < tokens; ++i) ids[i] = (i * 131 + 7) % vocab;
+    tables.resize(requests * per_blocks);
+    for (size_t i = 0; i < tables.size(); ++i) {
+      tables[i] = static_cast<int32_t>(i % options_.num_blocks);
+    }
+    int offset = 0;
+    for (int r = 0; r < requests; ++r) {
+      const int n = tokens / requests + (r < tokens % requests ? 1 : 0);
+      batch[r].tokens = ids.data() + offset;
+      batch[r].num_tokens = n;
+      batch[r].start_position = kContext;
+      batch[r].block_table = tables.data() + r * per_blocks;
+      batch[r].num_blocks = per_blocks;
+      batch[r].all_logits = true;
+      offset += n;
+    }
+    const auto t0 = Clock::now();
+    DI_RETURN_IF_ERROR(model_->Forward(batch, cache_.get(), &logits));
+    return Seconds(t0, Clock::now());
+  };
+  (void)run_step(shapes.back().first, shapes.back().second);  // warm-up (buffers, rope tables)
+  DI_ASSIGN_OR_RETURN(spec::CostTable table,
+                      spec::ProfileCostTable(run_step, shapes, options_.speculative.profile_runs));
+  cost_ = std::make_unique<spec::CostTable>(std::move(table));
+  return absl::OkStatus();
 }
 
 LlmEngine::LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr<KvCache> cache)
     : model_(model),
       options_(options),
       cache_(std::move(cache)),
-      blocks_(options.num_blocks, options.block_size) {}
+      blocks_(options.num_blocks, options.block_size),
+      overlap_(options.overlap && !options.speculative.enabled) {}
 
 LlmEngine::~LlmEngine() { Stop(); }
 
@@ -190,8 +313,13 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
   seq->tokens = std::move(request.prompt);
   seq->prompt_len = static_cast<int64_t>(seq->tokens.size());
   seq->sampling = request.sampling;
-  seq->sampler = std::make_unique<Sampler>(request.sampling);
-  seq->sampler->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
+  if (options_.speculative.enabled) {
+    seq->verifier = std::make_unique<spec::Verifier>(request.sampling);
+    seq->verifier->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
+  } else {
+    seq->sampler = std::make_unique<Sampler>(request.sampling);
+    seq->sampler->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
+  }
   seq->on_output = std::move(on_output);
   if (options_.tokenizer != nullptr) {
     seq->text = std::make_unique<TextStream>(*options_.tokenizer, request.sampling.stop);
@@ -333,7 +461,7 @@ absl::Status LlmEngine::CompleteRemotePrefill(const std::string& request_id,
     p.result.token = first.token;
     p.result.logprob = first.logprob;
     p.result.top = first.top;
-    seq->sampler->AddOutputToken(first.token);
+    RecordOutputToken(seq, first.token);
     ++seq->in_flight;
     ++seq->pending_samples;
     Step step;
@@ -410,6 +538,7 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   if (seq->state == Sequence::State::kFinished) return;
   const Sequence::State was = seq->state;
   seq->state = Sequence::State::kFinished;
+  if (drafter_ != nullptr) drafter_->Release(static_cast<int64_t>(seq->id));
   const auto now = Clock::now();
   seq->usage.completion_tokens = seq->generated();
   seq->usage.total_us = Micros(seq->arrived, now);
@@ -530,17 +659,28 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
 
   // Plans `seq` for up to the remaining budget; returns false when it had to be skipped.
   auto plan = [&](Sequence* seq) {
+    // Drafts chosen by Draft for this step (decoding sequences only).
+    std::vector<int32_t> draft = std::move(seq->draft);
+    seq->draft.clear();
     const int64_t known = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples;
     const int64_t avail = known - seq->scheduled_end;
     if (avail <= 0 || budget <= 0) return;
     // A sequence whose planned samples already reach max_tokens is finishing: nothing to do.
     if (seq->generated() + seq->pending_samples >= seq->sampling.max_tokens) return;
-    int64_t count = std::min(avail, budget);
+    if (avail != 1) draft.clear();
+    draft.resize(std::min<int64_t>(draft.size(), std::max<int64_t>(budget - 1, 0)));
+    int64_t count = std::min(avail + static_cast<int64_t>(draft.size()), budget);
     if (!options_.chunked_prefill && count < avail) {
       if (!step->items.empty()) return;
       count = avail;  // alone in the step: run the whole prompt
     }
     absl::Status grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
+    if (!grown.ok() && !draft.empty()) {
+      // No room for the drafts: decode without them rather than preempt anyone.
+      draft.clear();
+      count = avail;
+      grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
+    }
     if (!grown.ok()) {
       // Free room: ask the newest, lowest-priority other running sequence to give its blocks
       // back once the step in flight is done.
@@ -559,14 +699,44 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
     p.epoch = seq->epoch;
     p.start = seq->scheduled_end;
     p.count = count;
-    p.sample = p.start + count == known;
+    p.sample = p.start + count - static_cast<int64_t>(draft.size()) == known;
+    if (!draft.empty()) {
+      p.draft = std::move(draft);
+      p.draft_match = seq->draft_match;
+    }
     seq->scheduled_end += count;
     if (p.sample) ++seq->pending_samples;
     budget -= count;
     step->items.push_back(std::move(p));
   };
 
-  // Decodes first (one token each), then continuing prefills.
+  if (drafter_ != nullptr) {
+    // Speculative decoding (no overlap: every sequence's tokens are known here). Decoding
+    // sequences get drafts within what the budget has left after one token each.
+    std::vector<Sequence*> decodes;
+    int64_t prefill_tokens = 0;
+    int prefills = 0;
+    for (auto& owned : running_) {
+      Sequence* seq = owned.get();
+      if (seq->preempt_requested) continue;
+      const int64_t avail = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples -
+                            seq->scheduled_end;
+      if (avail == 1 && seq->pending_samples == 0 && seq->verifier != nullptr) {
+        decodes.push_back(seq);
+      } else if (avail > 0) {
+        prefill_tokens += avail;
+        ++prefills;
+      }
+    }
+    if (!decodes.empty()) {
+      // Drafts take what one token per decode and the running prefills leave of the budget.
+      const int64_t n = static_cast<int64_t>(decodes.size());
+      const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
+      Draft(decodes, spare, static_cast<int>(std::min(n + prefill_tokens, budget)),
+            static_cast<int>(n) + prefills);
+    }
+  }
+  // Decodes first (one token each, plus drafts), then continuing prefills.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
@@ -621,14 +791,16 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step) {
   for (Planned& p : step->items) {
     Sequence* seq = p.seq;
     if (seq->state != Sequence::State::kRunning || seq->epoch != p.epoch) continue;
-    p.input.assign(seq->tokens.begin() + p.start, seq->tokens.begin() + p.start + p.count);
+    const int64_t known = p.count - static_cast<int64_t>(p.draft.size());
+    p.input.assign(seq->tokens.begin() + p.start, seq->tokens.begin() + p.start + known);
+    p.input.insert(p.input.end(), p.draft.begin(), p.draft.end());
     p.table = *blocks_.Table(seq->id);
     ++seq->in_flight;
     kept.push_back(std::move(p));
   }
   step->items = std::move(kept);
   if (step->items.empty()) return false;
-  if (!options_.overlap) {
+  if (!overlap_) {
     ExecuteStep(*step);
     Process(*step);
     return false;
@@ -652,17 +824,34 @@ void LlmEngine::ExecuteStep(Step& step) {
     in.start_position = p.start;
     in.block_table = p.table.data();
     in.num_blocks = static_cast<int64_t>(p.table.size());
+    in.all_logits = !p.draft.empty();
     inputs.push_back(in);
   }
   std::vector<float> logits;
   step.status = model_->Forward(inputs, cache_.get(), &logits);
   if (step.status.ok()) {
     const int vocab = model_->config().vocab_size;
-    for (size_t i = 0; i < step.items.size(); ++i) {
-      Planned& p = step.items[i];
+    int64_t row = 0;
+    for (Planned& p : step.items) {
+      const float* rows = logits.data() + row * vocab;
+      row += p.draft.empty() ? 1 : p.count;
       if (!p.sample) continue;
-      p.result = p.seq->sampler->Sample(logits.data() + i * vocab, vocab);
-      p.seq->sampler->AddOutputToken(p.result.token);
+      Sequence* seq = p.seq;
+      if (!p.draft.empty()) {
+        // Rows of the known token and the drafts: verify the drafts (records what it emits).
+        const int64_t first = p.count - static_cast<int64_t>(p.draft.size()) - 1;
+        absl::Status verified = seq->verifier->Verify(rows + first * vocab, vocab, p.draft, {},
+                                                      &p.verify);
+        if (!verified.ok()) {
+          step.status = verified;
+          break;
+        }
+      } else if (seq->verifier != nullptr) {
+        p.result = seq->verifier->Sample(rows, vocab);
+      } else {
+        p.result = seq->sampler->Sample(rows, vocab);
+        seq->sampler->AddOutputToken(p.result.token);
+      }
     }
   }
   step.done_at = Clock::now();
@@ -689,6 +878,7 @@ void LlmEngine::ExecutorLoop() {
 
 void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
+  int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0;
   for (Planned& p : step.items) {
     Sequence* seq = p.seq;
     --seq->in_flight;
@@ -699,33 +889,50 @@ void LlmEngine::Process(Step& step) {
       Finish(seq, FinishReason::kAborted, step.status);
       continue;
     }
-    seq->computed = std::max(seq->computed, p.start + p.count);
     if (!p.sample) {
+      seq->computed = std::max(seq->computed, p.start + p.count);
       CommitBlocks(seq);
       ReleaseOutOfWindow(seq);
       continue;
     }
-    const int32_t token = p.result.token;
-    seq->tokens.push_back(token);
-    CommitBlocks(seq);
-    ReleaseOutOfWindow(seq);
-    const auto now = Clock::now();
-    if (!seq->first_token_seen) {
+    // The tokens this step emits for the sequence, and how far its KV is valid.
+    std::vector<SampleResult> emitted;
+    int64_t kv_end = p.start + p.count;
+    if (p.draft.empty()) {
+      emitted.push_back(std::move(p.result));
+    } else {
+      const int verified = static_cast<int>(p.draft.size());
+      const int accepted = p.verify.accepted;
+      ++spec_steps;
+      spec_verified += verified;
+      spec_accepted += accepted;
+      seq->usage.draft_tokens += verified;
+      seq->usage.accepted_draft_tokens += accepted;
+      survival_->Observe(p.draft_match, verified, accepted);
+      spec::DraftProposal proposal;
+      proposal.tokens = p.draft;
+      proposal.match_length = p.draft_match;
+      drafter_->OnVerified(static_cast<int64_t>(seq->id), proposal, verified, accepted);
+      // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
+      kv_end -= verified - accepted;
+      seq->scheduled_end -= verified - accepted;
+      emitted = std::move(p.verify.tokens);
+    }
+    if (seq->prefill_only) {
+      seq->computed = std::max(seq->computed, kv_end);
+      const int32_t token = emitted[0].token;
+      seq->tokens.push_back(token);
+      CommitBlocks(seq);
+      ReleaseOutOfWindow(seq);
+      const auto now = Clock::now();
       seq->first_token_seen = true;
       seq->usage.first_token_us = Micros(seq->arrived, now);
-    } else {
-      const int64_t gap = Micros(seq->last_token_at, now);
-      seq->itl_sum_us += gap;
-      seq->usage.max_itl_us = std::max(seq->usage.max_itl_us, gap);
-    }
-    seq->last_token_at = now;
-    StepOutput out{token, p.result.logprob, std::move(p.result.top)};
-    if (seq->prefill_only) {
+      seq->last_token_at = now;
       // Hold the prompt's blocks for the transfer; the caller releases them.
       PrefillResult result;
       result.first_token = token;
-      result.first_logprob = out.logprob;
-      result.first_top = std::move(out.top);
+      result.first_logprob = emitted[0].logprob;
+      result.first_top = std::move(emitted[0].top);
       const int64_t prompt_blocks =
           (seq->prompt_len + options_.block_size - 1) / options_.block_size;
       const std::vector<int32_t>& table = *blocks_.Table(seq->id);
@@ -739,42 +946,62 @@ void LlmEngine::Process(Step& step) {
       seq->prefill_done(std::move(result));
       continue;
     }
-    std::string delta;
-    if (seq->text != nullptr) {
-      absl::StatusOr<std::string> d = seq->text->Push(token);
-      if (d.ok()) delta = std::move(*d);
-      if (seq->text->stopped()) {
-        EngineOutput last;
-        last.request_id = seq->request_id;
-        last.new_tokens.push_back(std::move(out));
-        last.text_delta = std::move(delta);
-        last.matched_stop = seq->text->matched_stop();
-        seq->on_output(last);
-        Finish(seq, FinishReason::kStopString, absl::OkStatus());
-        continue;
-      }
-    }
-    const auto& eos = options_.eos_token_ids;
-    const bool is_eos =
-        !seq->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
-    const auto& stops = seq->sampling.stop_token_ids;
-    const bool is_stop = std::find(stops.begin(), stops.end(), token) != stops.end();
-    const bool at_max = seq->generated() >= seq->sampling.max_tokens;
-    if (is_eos || is_stop || at_max) {
-      // Deliver the token with the final output.
-      seq->usage.completion_tokens = seq->generated();
-      EngineOutput last;
-      last.request_id = seq->request_id;
-      last.new_tokens.push_back(std::move(out));
-      last.text_delta = std::move(delta);
-      seq->on_output(last);
-      Finish(seq, is_eos || is_stop ? FinishReason::kStop : FinishReason::kLength, absl::OkStatus());
-      continue;
-    }
+    // Emit token by token; the first stop condition truncates the rest of the run.
     EngineOutput o;
     o.request_id = seq->request_id;
-    o.new_tokens.push_back(std::move(out));
-    o.text_delta = std::move(delta);
+    bool stopped = false;
+    FinishReason reason = FinishReason::kLength;
+    const auto now = Clock::now();
+    for (SampleResult& r : emitted) {
+      const int32_t token = r.token;
+      seq->tokens.push_back(token);
+      if (!seq->first_token_seen) {
+        seq->first_token_seen = true;
+        seq->usage.first_token_us = Micros(seq->arrived, now);
+      } else {
+        const int64_t gap = Micros(seq->last_token_at, now);
+        seq->itl_sum_us += gap;
+        seq->usage.max_itl_us = std::max(seq->usage.max_itl_us, gap);
+      }
+      seq->last_token_at = now;
+      o.new_tokens.push_back(StepOutput{token, r.logprob, std::move(r.top)});
+      if (seq->text != nullptr) {
+        absl::StatusOr<std::string> d = seq->text->Push(token);
+        if (d.ok()) o.text_delta += *d;
+        if (seq->text->stopped()) {
+          o.matched_stop = seq->text->matched_stop();
+          stopped = true;
+          reason = FinishReason::kStopString;
+          break;
+        }
+      }
+      const auto& eos = options_.eos_token_ids;
+      const bool is_eos =
+          !seq->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+      const auto& stops = seq->sampling.stop_token_ids;
+      const bool is_stop = std::find(stops.begin(), stops.end(), token) != stops.end();
+      if (is_eos || is_stop || seq->generated() >= seq->sampling.max_tokens) {
+        stopped = true;
+        reason = is_eos || is_stop ? FinishReason::kStop : FinishReason::kLength;
+        break;
+      }
+    }
+    // KV is valid for the accepted run only, and never beyond the tokens actually kept.
+    seq->computed = std::max(seq->computed,
+                             std::min(kv_end, static_cast<int64_t>(seq->tokens.size())));
+    CommitBlocks(seq);
+    ReleaseOutOfWindow(seq);
+    if (!p.draft.empty() && !stopped) {
+      // Free the blocks only rejected positions needed (the table covers `computed` tokens,
+      // as after a step without speculation).
+      (void)blocks_.Truncate(seq->id, seq->scheduled_end);
+    }
+    if (stopped) {
+      if (reason != FinishReason::kStopString) seq->usage.completion_tokens = seq->generated();
+      seq->on_output(o);
+      Finish(seq, reason, absl::OkStatus());
+      continue;
+    }
     seq->on_output(o);
   }
   if (step.external) return;
@@ -785,6 +1012,66 @@ void LlmEngine::Process(Step& step) {
   stats_.last_step_tokens = tokens;
   stats_.last_step_sequences = static_cast<int64_t>(step.items.size());
   stats_.forward_seconds += step.forward_seconds;
+  stats_.spec_steps += spec_steps;
+  stats_.spec_verified_tokens += spec_verified;
+  stats_.spec_accepted_tokens += spec_accepted;
+}
+
+void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
+  if (seq->verifier != nullptr) {
+    seq->verifier->processor().AddOutputToken(token);
+  } else {
+    seq->sampler->AddOutputToken(token);
+  }
+}
+
+void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
+                      int step_requests) {
+  const int k = options_.speculative.num_speculative_tokens;
+  int64_t drafted = 0;
+  spec::DraftProposal proposal;
+  for (Sequence* seq : decodes) {
+    seq->draft.clear();
+    seq->draft_match = 0;
+    // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
+    const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
+    const int cap = static_cast<int>(std::min<int64_t>(k, room));
+    if (cap <= 0) continue;
+    if (!drafter_->Propose(static_cast<int64_t>(seq->id), seq->tokens, cap, &proposal).ok()) {
+      continue;
+    }
+    seq->draft = std::move(proposal.tokens);
+    seq->draft_match = proposal.match_length;
+    drafted += static_cast<int64_t>(seq->draft.size());
+  }
+  if (drafted == 0) return;
+  std::vector<int> verify_len(decodes.size());
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    verify_len[i] = static_cast<int>(decodes[i]->draft.size());
+  }
+  if (options_.speculative.adaptive && cost_ != nullptr) {
+    // The budget comes from earlier steps' acceptance estimates (keyed by match length and
+    // position), never from the drafted tokens themselves: lossless (budget.h).
+    std::vector<spec::VerifyCandidate> candidates(decodes.size());
+    for (size_t i = 0; i < decodes.size(); ++i) {
+      survival_->Survival(decodes[i]->draft_match, verify_len[i], &candidates[i].prior);
+    }
+    spec::StepShape shape;
+    shape.sampling_requests = static_cast<int>(decodes.size());
+    shape.step_tokens = step_tokens;
+    shape.step_requests = step_requests;
+    absl::StatusOr<spec::VerifyPlan> plan =
+        spec::PlanVerification(shape, candidates, cost_.get());
+    if (plan.ok()) verify_len = plan->verify_len;
+  }
+  // Whatever the plan, the step's token budget has the last word (in running order).
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    const int64_t len = std::min<int64_t>(verify_len[i], spare);
+    decodes[i]->draft.resize(len);
+    spare -= len;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.spec_drafted_tokens += drafted;
 }
 
 void LlmEngine::SchedulerLoop() {
@@ -861,7 +1148,7 @@ void LlmEngine::SchedulerLoop() {
     const bool had_work = !next->items.empty();
     if (had_work) {
       const auto submit_at = Clock::now();
-      if (options_.overlap && have_last_done && submit_at > last_done) {
+      if (overlap_ && have_last_done && submit_at > last_done) {
         // The executor sat idle from the previous step's end until now: scheduling time that
         // the overlap did not hide.
         std::lock_guard<std::mutex> lock(mu_);

@@ -19,6 +19,19 @@
 //   blocks: their full-attention layers read every key; their sliding layers share the table.)
 // - Abort at any point frees every block the request held (after the step that may be using
 //   them has finished).
+// - Speculative decoding (EngineOptions::speculative, off by default): a decoding sequence's
+//   drafter (engine/spec) proposes up to k tokens; the step feeds the last accepted token plus
+//   the k' drafts it verifies and gets logits for all 1 + k' positions; the verifier (greedy, or
+//   rejection sampling: lossless) emits 1..k'+1 tokens. The KV of rejected positions is rolled
+//   back (the sequence's length returns to the accepted count and blocks needed only by
+//   rejected positions are freed); only blocks whose tokens are all accepted are published to
+//   the prefix cache. EOS, stop token ids, max_tokens and stop strings apply per emitted token.
+//   With speculation on the engine does not overlap scheduling with execution (the next step's
+//   positions depend on how many drafts the running step accepts): `overlap` is ignored. Drafts
+//   share the step's token budget with what one token per decode and the running prefills leave.
+//   Greedy outputs are token-identical to decoding without speculation; sampled outputs have the
+//   same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
+//   (rejection sampling draws differently; an adaptive budget depends on measured step times).
 //
 // Thread-safety: Submit, Abort and GetStats are thread-safe. Output callbacks run on the engine's
 // scheduler thread and must not block (hand the output to another queue). Start() launches the
@@ -54,9 +67,35 @@
 
 namespace deepinfer::engine {
 class ChatTemplate;
+namespace spec {
+class CostTable;
+class Drafter;
+class NgramSurvivalStats;
+}  // namespace spec
 }  // namespace deepinfer::engine
 
 namespace deepinfer::engine {
+
+// Speculative decoding. The decode node (node/worker_runtime.cc, where it builds EngineOptions)
+// should fill this from its flags; a prefill-only node has no use for it.
+struct SpecOptions {
+  bool enabled = false;
+  std::string drafter = "ngram";  // prompt lookup (engine/spec/ngram_drafter.h); the only one
+  int min_n = 1;                  // n-gram drafter: shortest suffix matched, >= 1
+  int max_n = 4;                  // longest suffix matched, in [min_n, 64]
+  int num_speculative_tokens = 4;  // k: drafts proposed per sequence and step, in [1, 64]
+  // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
+  // maximises expected tokens per second, from online per-position acceptance estimates (keyed
+  // by n-gram match length) and a cost table profiled on the model when the engine is created.
+  // Still lossless: the budget depends only on earlier steps. With a flat or missing cost table
+  // every draft is verified (and a warning is logged once).
+  bool adaptive = false;
+  int profile_runs = 5;  // adaptive: forward passes per profiled shape (median), >= 5
+  // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
+  // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
+  // (so no other thread may be running the model then).
+  const spec::CostTable* cost_table = nullptr;
+};
 
 struct EngineOptions {
   int num_blocks = 1024;
@@ -81,6 +120,7 @@ struct EngineOptions {
   std::function<absl::StatusOr<std::pair<void*, void*>>(size_t pool_bytes)> kv_memory;
   const ChatTemplate* chat_template = nullptr;
   nlohmann::ordered_json template_context = nlohmann::ordered_json::object();
+  SpecOptions speculative;
 };
 
 struct EngineRequest {
@@ -105,6 +145,10 @@ struct RequestUsage {
   double mean_itl_us = 0.0;    // mean gap between consecutive tokens
   int64_t max_itl_us = 0;
   int64_t preemptions = 0;
+  // Speculative decoding (0 when off): draft tokens sent to the model for verification, and of
+  // those the ones accepted (for v1::Usage.draft_tokens / accepted_draft_tokens).
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
 };
 
 struct EngineOutput {
@@ -155,6 +199,12 @@ struct EngineStats {
   int64_t finished = 0;
   int64_t window_released_blocks = 0;  // blocks given back early by sliding-window models
   int64_t kv_events_dropped = 0;
+  // Speculative decoding (0 when off).
+  int64_t spec_steps = 0;              // steps that verified at least one draft token
+  int64_t spec_drafted_tokens = 0;     // tokens the drafter proposed (capped by k and max_tokens)
+  int64_t spec_verified_tokens = 0;    // of those, fed to the model for verification
+  int64_t spec_accepted_tokens = 0;    // of those, accepted
+  bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
 };
 
 class LlmEngine {
@@ -246,11 +296,21 @@ class LlmEngine {
   // Sliding-window models: gives back blocks no future step will read.
   void ReleaseOutOfWindow(Sequence* seq);
   void ExecuteStep(Step& step);
+  // Speculative decoding: the drafts each decoding sequence in `decodes` verifies this step
+  // (adaptive or all), within `spare` extra tokens of the step's budget. `step_tokens` and
+  // `step_requests` estimate the step's shape before drafts, for the cost table.
+  void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
+             int step_requests);
+  // Records a sampled or verified token in the sequence's sampler state.
+  void RecordOutputToken(Sequence* seq, int32_t token);
+  // Profiles the model's step cost for the adaptive budget (called by Create).
+  absl::Status ProfileCost();
 
   Model* const model_;
   const EngineOptions options_;
   std::unique_ptr<KvCache> cache_;
   BlockManager blocks_;  // scheduler thread only
+  const bool overlap_;   // options.overlap, off with speculative decoding
 
   // Submission side (guarded by mu_).
   mutable std::mutex mu_;
@@ -283,6 +343,11 @@ class LlmEngine {
 
   std::thread scheduler_;
   std::thread executor_;
+
+  // Speculative decoding (scheduler thread only).
+  std::unique_ptr<spec::Drafter> drafter_;
+  std::unique_ptr<spec::NgramSurvivalStats> survival_;
+  std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft
 };
 
 }  // namespace deepinfer::engine

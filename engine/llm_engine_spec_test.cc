@@ -1,0 +1,515 @@
+// Speculative decoding in the serving engine: greedy outputs are token-identical with speculation
+// on and off (any k, adaptive or not, under chunking, concurrency and preemption), stop
+// conditions truncate an accepted run, seeded sampling is reproducible, aborts leak no KV block,
+// and rejected draft positions never reach the prefix cache.
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/llm_engine.h"
+#include "engine/spec/budget.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+
+namespace deepinfer::engine {
+namespace {
+
+class Collector {
+ public:
+  OutputCallback Callback() {
+    return [this](const EngineOutput& out) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Result& r = results_[out.request_id];
+      for (const StepOutput& s : out.new_tokens) {
+        r.tokens.push_back(s.token);
+        r.logprobs.push_back(s.logprob);
+        for (const TokenLogprob& t : s.top) r.top.push_back(t.token);
+      }
+      r.text += out.text_delta;
+      if (!out.matched_stop.empty()) r.matched_stop = out.matched_stop;
+      if (out.finished) {
+        ++r.final_outputs;
+        r.finish = out.finish_reason;
+        r.status = out.status;
+        r.usage = out.usage;
+        ++finished_;
+        cv_.notify_all();
+      }
+    };
+  }
+  bool WaitFor(int n, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return finished_ >= n; });
+  }
+  struct Result {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<int32_t> top;  // the top alternatives' ids, token after token
+    std::string text;
+    std::string matched_stop;
+    int final_outputs = 0;
+    FinishReason finish = FinishReason::kLength;
+    absl::Status status;
+    RequestUsage usage;
+  };
+  std::map<std::string, Result> results() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Result> results_;
+  int finished_ = 0;
+};
+
+SamplingParams Greedy(int max_tokens) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = max_tokens;
+  sp.ignore_eos = true;
+  return sp;
+}
+
+// Prompts with repetition (a short motif repeated, then a tail), so n-gram drafts find matches.
+std::vector<std::vector<int32_t>> RepetitivePrompts(int vocab, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> motif(2 + rng() % 5);
+    for (int32_t& t : motif) t = rng() % vocab;
+    std::vector<int32_t> p;
+    const int repeats = 2 + rng() % 4;
+    for (int r = 0; r < repeats; ++r) p.insert(p.end(), motif.begin(), motif.end());
+    const int tail = rng() % 4;
+    for (int j = 0; j < tail; ++j) p.push_back(rng() % vocab);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+struct RunResult {
+  std::map<std::string, Collector::Result> results;
+  EngineStats stats;
+};
+
+// Submits every request at once, waits for all, stops the engine.
+RunResult RunAll(Model* model, const EngineOptions& options,
+                 const std::vector<EngineRequest>& reqs) {
+  RunResult out;
+  auto engine = LlmEngine::Create(model, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return out;
+  EXPECT_TRUE((*engine)->Start().ok());
+  Collector c;
+  for (const EngineRequest& r : reqs) {
+    absl::Status s = (*engine)->Submit(r, c.Callback());
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  EXPECT_TRUE(c.WaitFor(static_cast<int>(reqs.size()), std::chrono::seconds(240)));
+  out.results = c.results();
+  (*engine)->Stop();
+  out.stats = (*engine)->GetStats();
+  EXPECT_EQ(out.stats.blocks.used_blocks, 0);
+  return out;
+}
+
+std::vector<EngineRequest> GreedyRequests(const std::vector<std::vector<int32_t>>& prompts,
+                                          int max_tokens) {
+  std::vector<EngineRequest> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EngineRequest req;
+    req.request_id = "r" + std::to_string(i);
+    req.prompt = prompts[i];
+    req.sampling = Greedy(max_tokens);
+    reqs.push_back(req);
+  }
+  return reqs;
+}
+
+EngineOptions BaseOptions() {
+  EngineOptions o;
+  o.num_blocks = 256;
+  o.block_size = 4;
+  o.max_batch_tokens = 40;  // small: prompts are chunked and mixed with decodes and drafts
+  return o;
+}
+
+EngineOptions WithSpec(EngineOptions o, int k, bool adaptive) {
+  o.speculative.enabled = true;
+  o.speculative.num_speculative_tokens = k;
+  o.speculative.min_n = 1;
+  o.speculative.max_n = 3;
+  o.speculative.adaptive = adaptive;
+  return o;
+}
+
+class SpecEngineTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
+  const std::string dir = "engine/testdata/models/" + GetParam();
+  auto model = Model::Load(dir, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 12, 17);
+  auto reqs = GreedyRequests(prompts, 24);
+  for (size_t i = 1; i < reqs.size(); i += 3) {  // penalties see the drafts as pending history
+    reqs[i].sampling.repetition_penalty = 1.3f;
+    reqs[i].sampling.presence_penalty = 0.5f;
+    reqs[i].sampling.frequency_penalty = 0.2f;
+  }
+  for (size_t i = 0; i < reqs.size(); i += 2) reqs[i].sampling.logprobs = 3;
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  int64_t accepted = 0;
+  for (int k : {1, 2, 4, 8}) {
+    for (bool adaptive : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << GetParam() << " k " << k << " adaptive " << adaptive);
+      const RunResult got = RunAll(model.get(), WithSpec(BaseOptions(), k, adaptive), reqs);
+      int64_t usage_drafts = 0, usage_accepted = 0;
+      for (const EngineRequest& r : reqs) {
+        const auto& g = got.results.at(r.request_id);
+        EXPECT_EQ(g.final_outputs, 1);
+        EXPECT_TRUE(g.status.ok()) << g.status;
+        EXPECT_EQ(g.finish, FinishReason::kLength);
+        const auto& want = ref.results.at(r.request_id);
+        EXPECT_EQ(g.tokens, want.tokens) << r.request_id;
+        // Logprobs and alternatives from verification rows match the plain decode's.
+        EXPECT_EQ(g.top, want.top) << r.request_id;
+        ASSERT_EQ(g.logprobs.size(), want.logprobs.size());
+        for (size_t j = 0; j < g.logprobs.size(); ++j) {
+          EXPECT_NEAR(g.logprobs[j], want.logprobs[j], 1e-4) << r.request_id << " token " << j;
+        }
+        EXPECT_EQ(g.usage.completion_tokens, 24);
+        EXPECT_LE(g.usage.accepted_draft_tokens, g.usage.draft_tokens);
+        usage_drafts += g.usage.draft_tokens;
+        usage_accepted += g.usage.accepted_draft_tokens;
+      }
+      EXPECT_EQ(usage_drafts, got.stats.spec_verified_tokens);
+      EXPECT_EQ(usage_accepted, got.stats.spec_accepted_tokens);
+      EXPECT_LE(got.stats.spec_verified_tokens, got.stats.spec_drafted_tokens);
+      EXPECT_GT(got.stats.spec_drafted_tokens, 0);
+      accepted += got.stats.spec_accepted_tokens;
+    }
+  }
+  // Alone (the prompt fits one step): 1 prefill step, then each decode step emits one token plus
+  // its accepted drafts, so every accepted draft saves exactly one step.
+  for (int k : {2, 8}) {
+    for (size_t i = 0; i < 4; ++i) {
+      const std::vector<EngineRequest> one = {reqs[i]};
+      SCOPED_TRACE(::testing::Message() << "alone: k " << k << " request " << i);
+      const RunResult plain = RunAll(model.get(), BaseOptions(), one);
+      const RunResult got = RunAll(model.get(), WithSpec(BaseOptions(), k, false), one);
+      EXPECT_EQ(plain.stats.steps, 24);
+      EXPECT_EQ(got.stats.steps, 24 - got.stats.spec_accepted_tokens) << i;
+      EXPECT_EQ(got.results.at(reqs[i].request_id).tokens,
+                ref.results.at(reqs[i].request_id).tokens);
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+// mistral: every layer slides (window 8), so blocks behind the window are released as well.
+INSTANTIATE_TEST_SUITE_P(Models, SpecEngineTest,
+                         ::testing::Values("llama", "qwen3", "hybrid", "mistral"));
+
+constexpr char kLlama[] = "engine/testdata/models/llama";
+
+TEST(SpecEngineLlamaTest, IdenticalUnderPreemptionAndWithoutPrefixCache) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 10, 23);
+  const auto reqs = GreedyRequests(prompts, 20);
+  EngineOptions base = BaseOptions();
+  const RunResult ref = RunAll(model.get(), base, reqs);
+  EngineOptions tight = base;
+  tight.num_blocks = 24;  // 96 tokens for 10 requests of up to ~45: forces preemption
+  EngineOptions nocache = base;
+  nocache.enable_prefix_cache = false;
+  nocache.chunked_prefill = false;
+  for (const EngineOptions& o : {tight, nocache}) {
+    const RunResult got = RunAll(model.get(), WithSpec(o, 4, false), reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+          << r.request_id << " blocks " << o.num_blocks;
+    }
+    if (o.num_blocks == tight.num_blocks) {
+      EXPECT_GT(got.stats.preemptions, 0);
+    }
+  }
+}
+
+// Adaptive verification with fixed cost tables: a step whose time explodes with every extra token
+// verifies no draft; a flat one verifies every draft; a cheap slope verifies some. Outputs never
+// change.
+TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 29);
+  const auto reqs = GreedyRequests(prompts, 24);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  auto table = [](double slope) {
+    std::vector<spec::CostTable::Sample> samples;
+    for (int requests : {1, 8}) {
+      for (int tokens : {1, 2, 8, 64}) {
+        for (int run = 0; run < 5; ++run) {
+          samples.push_back({tokens, requests, 1e-3 + slope * tokens});
+        }
+      }
+    }
+    return spec::CostTable::FromSamples(samples).value();
+  };
+  const spec::CostTable steep = table(1.0), flat = table(0.0), cheap = table(1e-5);
+  for (const spec::CostTable* cost : {&steep, &flat, &cheap}) {
+    EngineOptions o = WithSpec(BaseOptions(), 4, /*adaptive=*/true);
+    o.speculative.cost_table = cost;
+    const RunResult got = RunAll(model.get(), o, reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens);
+    }
+    EXPECT_GT(got.stats.spec_drafted_tokens, 0);
+    if (cost == &steep) {
+      EXPECT_TRUE(got.stats.spec_adaptive_active);
+      EXPECT_EQ(got.stats.spec_verified_tokens, 0);
+    } else if (cost == &flat) {
+      EXPECT_FALSE(got.stats.spec_adaptive_active);
+      EXPECT_GT(got.stats.spec_verified_tokens, 0);
+    } else {
+      EXPECT_TRUE(got.stats.spec_adaptive_active);
+      EXPECT_GT(got.stats.spec_verified_tokens, 0);
+      EXPECT_GT(got.stats.spec_accepted_tokens, 0);
+    }
+  }
+}
+
+TEST(SpecEngineLlamaTest, StopTokensAndStopStringsTruncateTheAcceptedRun) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  auto tok = tokenizer::Tokenizer::FromDirectory(kLlama);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 31);
+  EngineOptions base = BaseOptions();
+  base.tokenizer = tok->get();
+  const auto plain = GreedyRequests(prompts, 24);
+  const RunResult first = RunAll(model.get(), base, plain);
+  // Stop at a token (and at a string) from the middle of each reference output.
+  std::vector<EngineRequest> reqs;
+  for (const EngineRequest& r : plain) {
+    const auto& out = first.results.at(r.request_id);
+    EngineRequest by_token = r;
+    by_token.request_id = r.request_id + "/token";
+    by_token.sampling.stop_token_ids = {out.tokens[10]};
+    reqs.push_back(by_token);
+    if (out.text.size() >= 8) {
+      EngineRequest by_string = r;
+      by_string.request_id = r.request_id + "/string";
+      by_string.sampling.stop = {out.text.substr(out.text.size() / 2, 2)};
+      reqs.push_back(by_string);
+    }
+    EngineRequest eos = r;  // the same token as EOS
+    eos.request_id = r.request_id + "/eos";
+    eos.sampling.ignore_eos = false;
+    reqs.push_back(eos);
+  }
+  EngineOptions with_eos = base;
+  with_eos.eos_token_ids = {first.results.at("r0").tokens[6]};
+  const RunResult ref = RunAll(model.get(), with_eos, reqs);
+  int truncated = 0;
+  for (int k : {2, 8}) {
+    const RunResult got = RunAll(model.get(), WithSpec(with_eos, k, false), reqs);
+    for (const EngineRequest& r : reqs) {
+      SCOPED_TRACE(r.request_id);
+      const auto& want = ref.results.at(r.request_id);
+      const auto& g = got.results.at(r.request_id);
+      EXPECT_EQ(g.tokens, want.tokens);
+      EXPECT_EQ(g.text, want.text);
+      EXPECT_EQ(g.finish, want.finish);
+      EXPECT_EQ(g.matched_stop, want.matched_stop);
+      EXPECT_EQ(g.usage.completion_tokens, want.usage.completion_tokens);
+      if (want.finish != FinishReason::kLength) ++truncated;
+    }
+  }
+  EXPECT_GT(truncated, 0);
+}
+
+TEST(SpecEngineLlamaTest, SeededSamplingIsReproducible) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 41);
+  auto reqs = GreedyRequests(prompts, 20);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].sampling.temperature = 0.7f;
+    reqs[i].sampling.top_k = 20;
+    reqs[i].sampling.repetition_penalty = 1.1f;
+    reqs[i].sampling.has_seed = true;
+    reqs[i].sampling.seed = 1000 + i;
+  }
+  for (bool adaptive : {false, true}) {
+    const RunResult a = RunAll(model.get(), WithSpec(BaseOptions(), 4, adaptive), reqs);
+    const RunResult b = RunAll(model.get(), WithSpec(BaseOptions(), 4, adaptive), reqs);
+    EXPECT_GT(a.stats.spec_verified_tokens, 0);
+    for (const EngineRequest& r : reqs) {
+      const auto& x = a.results.at(r.request_id);
+      EXPECT_TRUE(x.status.ok()) << x.status;
+      EXPECT_EQ(x.tokens.size(), 20u);
+      if (!adaptive) {
+        EXPECT_EQ(x.tokens, b.results.at(r.request_id).tokens) << r.request_id;
+      }
+    }
+  }
+}
+
+TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  EngineOptions o = WithSpec(BaseOptions(), 4, false);
+  o.num_blocks = 64;
+  o.max_running = 16;
+  auto engine = LlmEngine::Create(model.get(), o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  std::mt19937 rng(99);
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 20, 7);
+  const int n = 150;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest req;
+    req.request_id = "q" + std::to_string(i);
+    req.prompt = prompts[rng() % prompts.size()];
+    req.sampling = Greedy(1 + rng() % 16);
+    req.priority = rng() % 3;
+    ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+    if (rng() % 4 == 0) {
+      if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+      engine->Abort("q" + std::to_string(rng() % (i + 1)));
+    }
+  }
+  ASSERT_TRUE(c.WaitFor(n, std::chrono::seconds(240)));
+  int aborted = 0;
+  for (const auto& [id, r] : c.results()) {
+    EXPECT_EQ(r.final_outputs, 1) << id;
+    if (r.finish == FinishReason::kAborted) ++aborted;
+  }
+  EngineStats s;
+  for (int i = 0; i < 200; ++i) {
+    s = engine->GetStats();
+    if (s.blocks.used_blocks == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.blocks.used_blocks, 0);
+  EXPECT_EQ(s.blocks.free_blocks + s.blocks.cached_blocks, 64);
+  EXPECT_GT(aborted, 0);
+  EXPECT_GT(s.spec_verified_tokens, 0);
+}
+
+// A prompt equal to an earlier request's prompt + output is served from the blocks that request
+// published, and continues exactly as the reference: no rejected draft's KV was published.
+TEST(SpecEngineLlamaTest, PrefixCacheHoldsOnlyAcceptedTokens) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 57);
+  EngineOptions o = WithSpec(BaseOptions(), 8, false);
+  auto engine = LlmEngine::Create(model.get(), o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  auto first = GreedyRequests(prompts, 30);
+  for (const EngineRequest& r : first) ASSERT_TRUE(engine->Submit(r, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(static_cast<int>(first.size()), std::chrono::seconds(120)));
+  auto results = c.results();
+  std::vector<EngineRequest> second;
+  for (const EngineRequest& r : first) {
+    EngineRequest next = r;
+    next.request_id = r.request_id + "/turn2";
+    next.prompt.insert(next.prompt.end(), results[r.request_id].tokens.begin(),
+                       results[r.request_id].tokens.end());
+    next.sampling = Greedy(12);
+    second.push_back(next);
+  }
+  for (const EngineRequest& r : second) ASSERT_TRUE(engine->Submit(r, c.Callback()).ok());
+  ASSERT_TRUE(c.WaitFor(static_cast<int>(first.size() + second.size()),
+                        std::chrono::seconds(120)));
+  results = c.results();
+  const EngineStats stats = engine->GetStats();
+  EXPECT_GT(stats.spec_accepted_tokens, 0);
+  engine->Stop();
+  // Reference: no speculation, no prefix cache.
+  EngineOptions plain = BaseOptions();
+  plain.enable_prefix_cache = false;
+  const RunResult ref = RunAll(model.get(), plain, second);
+  for (const EngineRequest& r : second) {
+    const auto& g = results[r.request_id];
+    // Everything up to the last full block before the final output token was published.
+    EXPECT_GE(g.usage.cached_prompt_tokens,
+              (static_cast<int64_t>(r.prompt.size()) - 1) / o.block_size * o.block_size -
+                  o.block_size)
+        << r.request_id;
+    EXPECT_EQ(g.tokens, ref.results.at(r.request_id).tokens) << r.request_id;
+  }
+}
+
+// Disaggregated: the prompt's KV comes from a prefill engine (no speculation) into a decode
+// engine's reservation; the decode engine speculates from the first token on.
+TEST(SpecEngineLlamaTest, DecodeAfterRemotePrefillSpeculatesAndMatchesTheReference) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 4, 61);
+  const auto reqs = GreedyRequests(prompts, 20);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  auto prefill = LlmEngine::Create(model.get(), BaseOptions()).value();
+  auto decode = LlmEngine::Create(model.get(), WithSpec(BaseOptions(), 4, false)).value();
+  ASSERT_TRUE(prefill->Start().ok());
+  ASSERT_TRUE(decode->Start().ok());
+  KvCache* src = prefill->kv_cache();
+  KvCache* dst = decode->kv_cache();
+  const size_t block_bytes = src->block_bytes();
+  int64_t drafts = 0;
+  for (const EngineRequest& req : reqs) {
+    std::promise<absl::StatusOr<PrefillResult>> done;
+    ASSERT_TRUE(prefill->SubmitPrefill(req, [&](absl::StatusOr<PrefillResult> r) {
+      done.set_value(std::move(r));
+    }).ok());
+    absl::StatusOr<PrefillResult> pre = done.get_future().get();
+    ASSERT_TRUE(pre.ok()) << pre.status();
+    Collector c;
+    absl::StatusOr<KvReservation> res = decode->ReserveForRemotePrefill(req, c.Callback());
+    ASSERT_TRUE(res.ok()) << res.status();
+    for (size_t b = res->cached_tokens / res->block_size; b < res->block_ids.size(); ++b) {
+      for (int l = 0; l < model->config().num_layers; ++l) {
+        std::memcpy(static_cast<char*>(dst->k_layer(l)) + res->block_ids[b] * block_bytes,
+                    static_cast<char*>(src->k_layer(l)) + pre->block_ids[b] * block_bytes,
+                    block_bytes);
+        std::memcpy(static_cast<char*>(dst->v_layer(l)) + res->block_ids[b] * block_bytes,
+                    static_cast<char*>(src->v_layer(l)) + pre->block_ids[b] * block_bytes,
+                    block_bytes);
+      }
+    }
+    ASSERT_TRUE(prefill->ReleasePrefilled(req.request_id).ok());
+    ASSERT_TRUE(decode->CompleteRemotePrefill(req.request_id, {pre->first_token, 0.0f, {}}).ok());
+    ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+    const auto r = c.results()[req.request_id];
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, ref.results.at(req.request_id).tokens) << req.request_id;
+    drafts += r.usage.draft_tokens;
+  }
+  EXPECT_GT(drafts, 0);
+  decode->Stop();
+  prefill->Stop();
+  EXPECT_EQ(decode->GetStats().blocks.used_blocks, 0);
+}
+
+TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  EngineOptions o = WithSpec(BaseOptions(), 0, false);
+  auto e = LlmEngine::Create(model.get(), o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("speculative.num_speculative_tokens"), std::string::npos);
+  o = WithSpec(BaseOptions(), 4, false);
+  o.speculative.drafter = "eagle";
+  EXPECT_NE(LlmEngine::Create(model.get(), o).status().message().find("speculative.drafter"),
+            std::string::npos);
+  o = WithSpec(BaseOptions(), 4, false);
+  o.speculative.min_n = 0;
+  EXPECT_EQ(LlmEngine::Create(model.get(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine
