@@ -54,6 +54,8 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
     s.input_tokens += r.prompt_tokens;
     s.cached_input_tokens += r.cached_prompt_tokens;
     s.output_tokens += r.completion_tokens;
+    s.draft_tokens += r.draft_tokens;
+    s.accepted_draft_tokens += r.accepted_draft_tokens;
     const double e = (r.end_s - r.send_s) * 1e3;
     e2e.push_back(e);
     if (r.chunk_times_s.empty()) continue;
@@ -79,6 +81,13 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
   }
   s.prefix_cache_hit_ratio =
       s.input_tokens > 0 ? static_cast<double>(s.cached_input_tokens) / s.input_tokens : 0;
+  if (s.draft_tokens > 0) {
+    s.draft_acceptance_rate = static_cast<double>(s.accepted_draft_tokens) / s.draft_tokens;
+  }
+  if (s.output_tokens > s.accepted_draft_tokens) {
+    s.mean_accepted_length =
+        static_cast<double>(s.output_tokens) / (s.output_tokens - s.accepted_draft_tokens);
+  }
   s.ttft_ms = Summarize(std::move(ttft));
   s.tpot_ms = Summarize(std::move(tpot));
   s.itl_ms = Summarize(std::move(itl));
@@ -120,6 +129,12 @@ std::string FormatSummary(const Summary& s, const std::string& title) {
   Line(&out, "Output token throughput (tok/s):", F(s.output_token_throughput));
   Line(&out, "Total token throughput (tok/s):", F(s.total_token_throughput));
   Line(&out, "Prefix cache hit ratio:", F(s.prefix_cache_hit_ratio));
+  if (s.draft_tokens > 0) {
+    Line(&out, "Draft tokens verified / accepted:",
+         absl::StrCat(s.draft_tokens, " / ", s.accepted_draft_tokens));
+    Line(&out, "Draft acceptance rate:", F(s.draft_acceptance_rate));
+    Line(&out, "Tokens per decode step:", F(s.mean_accepted_length));
+  }
   Line(&out, "SLO TTFT / TPOT (ms):", absl::StrCat(F(s.slo_ttft_ms), " / ", F(s.slo_tpot_ms)));
   Dist(&out, "Time to First Token", "TTFT", s.ttft_ms);
   Dist(&out, "Time per Output Token (excl. 1st token)", "TPOT", s.tpot_ms);
@@ -151,6 +166,10 @@ nlohmann::json SummaryJson(const Summary& s) {
           {"slo_ttft_ms", s.slo_ttft_ms},
           {"slo_tpot_ms", s.slo_tpot_ms},
           {"prefix_cache_hit_ratio", s.prefix_cache_hit_ratio},
+          {"draft_tokens", s.draft_tokens},
+          {"accepted_draft_tokens", s.accepted_draft_tokens},
+          {"draft_acceptance_rate", s.draft_acceptance_rate},
+          {"mean_accepted_length", s.mean_accepted_length},
           {"ttft_ms", DistJson(s.ttft_ms)},
           {"tpot_ms", DistJson(s.tpot_ms)},
           {"itl_ms", DistJson(s.itl_ms)},
@@ -171,7 +190,9 @@ nlohmann::json RecordJson(const RequestRecord& r) {
           {"finish_reason", r.finish_reason},
           {"prompt_tokens", r.prompt_tokens},
           {"cached_prompt_tokens", r.cached_prompt_tokens},
-          {"completion_tokens", r.completion_tokens}};
+          {"completion_tokens", r.completion_tokens},
+          {"draft_tokens", r.draft_tokens},
+          {"accepted_draft_tokens", r.accepted_draft_tokens}};
 }
 
 std::string FormatComparison(const Summary& a, const std::string& name_a, const Summary& b,
@@ -188,6 +209,7 @@ std::string FormatComparison(const Summary& a, const std::string& name_a, const 
   row("goodput (req/s)", a.goodput, b.goodput);
   row("output tok/s", a.output_token_throughput, b.output_token_throughput);
   row("prefix cache hit ratio", a.prefix_cache_hit_ratio, b.prefix_cache_hit_ratio);
+  row("tokens per decode step", a.mean_accepted_length, b.mean_accepted_length);
   row("TTFT mean (ms)", a.ttft_ms.mean, b.ttft_ms.mean);
   row("TTFT p90 (ms)", a.ttft_ms.p90, b.ttft_ms.p90);
   row("TTFT p99 (ms)", a.ttft_ms.p99, b.ttft_ms.p99);

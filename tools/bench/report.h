@@ -38,6 +38,9 @@ struct RequestRecord {
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Speculative decoding (0 when off): drafts verified and accepted for this request.
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
 };
 
 struct Distribution {
@@ -61,6 +64,12 @@ struct Summary {
   double goodput = 0;                  // requests / s meeting both SLOs
   double slo_ttft_ms = 0, slo_tpot_ms = 0;
   double prefix_cache_hit_ratio = 0;   // cached / input tokens
+  // Speculative decoding: accepted / verified drafts, and tokens per decode step
+  // (completion / (completion - accepted)), over all completed requests; 0 without drafts.
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
+  double draft_acceptance_rate = 0;
+  double mean_accepted_length = 0;
   Distribution ttft_ms, tpot_ms, itl_ms, e2e_ms;
   std::vector<std::string> errors;  // first few distinct errors
 };

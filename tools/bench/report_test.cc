@@ -58,10 +58,22 @@ TEST(ReportTest, LatenciesThroughputAndGoodput) {
   // ITL values: 10,10,10,10 (first) and 50, 0 (second).
   EXPECT_EQ(s.itl_ms.count, 6);
   EXPECT_NEAR(s.itl_ms.max, 50, 1e-9);
+  EXPECT_EQ(s.draft_tokens, 0);
+  EXPECT_DOUBLE_EQ(s.mean_accepted_length, 1.0);  // no drafts: one token per step
   ASSERT_EQ(s.errors.size(), 1u);
   EXPECT_NE(FormatSummary(s, "t").find("Request goodput (req/s):"), std::string::npos);
   EXPECT_NE(FormatComparison(s, "a", s, "b").find("1.000"), std::string::npos);
   EXPECT_EQ(SummaryJson(s)["completed"], 2);
+}
+
+TEST(ReportTest, SpeculativeDecodingFigures) {
+  RequestRecord r = Rec(0.0, {0.1, 0.2}, {4, 4});  // 8 tokens in 2 chunks
+  r.draft_tokens = 10;
+  r.accepted_draft_tokens = 6;  // 8 tokens in 2 decode steps
+  Summary s = Summarize({r}, 1000, 1000);
+  EXPECT_DOUBLE_EQ(s.draft_acceptance_rate, 0.6);
+  EXPECT_DOUBLE_EQ(s.mean_accepted_length, 4.0);
+  EXPECT_NE(FormatSummary(s, "t").find("Tokens per decode step:"), std::string::npos);
 }
 
 }  // namespace

@@ -83,6 +83,8 @@ class Runner {
           r.prompt_tokens = chunk.usage().prompt_tokens();
           r.cached_prompt_tokens = chunk.usage().cached_prompt_tokens();
           r.completion_tokens = chunk.usage().completion_tokens();
+          r.draft_tokens = chunk.usage().draft_tokens();
+          r.accepted_draft_tokens = chunk.usage().accepted_draft_tokens();
         }
       }
       grpc::Status st = reader->Finish();
