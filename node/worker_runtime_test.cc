@@ -249,6 +249,42 @@ TEST(WorkerRuntimeTest, SpeculativeDecodeNodeExportsSpecMetrics) {
   rt->Drain(absl::Seconds(1));
 }
 
+// --spec_adaptive: the decode engine profiles its cost table on the model inside Create (before
+// any other thread runs the model) and drafts; a prefill node with the same flags never drafts.
+TEST(WorkerRuntimeTest, AdaptiveSpeculationRunsOnDecodeNodesOnly) {
+  WorkerOptions o = TestOptions("decode-adaptive");
+  o.speculative.enabled = true;
+  o.speculative.adaptive = true;
+  for (internal::v1::WorkerRole role :
+       {internal::v1::WORKER_ROLE_DECODE, internal::v1::WORKER_ROLE_PREFILL}) {
+    o.role = role;
+    auto created = WorkerRuntime::Create(o);
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<WorkerRuntime> rt = std::move(*created);
+    engine::EngineRequest request;
+    request.request_id = "adaptive";
+    for (int r = 0; r < 4; ++r) request.prompt.insert(request.prompt.end(), {31, 32, 33});
+    request.sampling.temperature = 0;
+    request.sampling.max_tokens = 16;
+    request.sampling.ignore_eos = true;
+    std::promise<void> done;
+    ASSERT_TRUE(rt->engine()
+                    ->Submit(request,
+                             [&](const engine::EngineOutput& out) {
+                               if (out.finished) done.set_value();
+                             })
+                    .ok());
+    ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    const engine::EngineStats stats = rt->engine()->GetStats();
+    if (role == internal::v1::WORKER_ROLE_DECODE) {
+      EXPECT_GT(stats.spec_drafted_tokens, 0);
+    } else {
+      EXPECT_EQ(stats.spec_drafted_tokens, 0);
+      EXPECT_FALSE(stats.spec_adaptive_active);
+    }
+  }
+}
+
 TEST(WorkerRuntimeTest, DrainWaitsForRequestsInFlight) {
   auto created = WorkerRuntime::Create(TestOptions("prefill-drain"));
   ASSERT_TRUE(created.ok()) << created.status();
