@@ -46,8 +46,8 @@ struct DecodeNode {
   }
 };
 
-node::WorkerOptions Options(internal::v1::WorkerRole role, const std::string& id,
-                            bool can_prefill, engine::SpecOptions speculative = {}) {
+node::WorkerOptions Options(internal::v1::WorkerRole role, const std::string& id, bool can_prefill,
+                            engine::SpecOptions speculative = {}) {
   node::WorkerOptions o;
   o.role = role;
   o.worker_id = id;

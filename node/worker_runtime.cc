@@ -150,9 +150,8 @@ class WorkerRuntime::Metrics {
     DI_ASSIGN_OR_RETURN(m->spec_verified_,
                         r.AddCounter("deepinfer_spec_verified_tokens_total",
                                      "Draft tokens fed to the model for verification."));
-    DI_ASSIGN_OR_RETURN(m->spec_accepted_,
-                        r.AddCounter("deepinfer_spec_accepted_tokens_total",
-                                     "Verified draft tokens accepted."));
+    DI_ASSIGN_OR_RETURN(m->spec_accepted_, r.AddCounter("deepinfer_spec_accepted_tokens_total",
+                                                        "Verified draft tokens accepted."));
     MetricsHttpServerOptions options;
     options.listen_address = listen_address;
     Metrics* self = m.get();
@@ -232,8 +231,8 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
     return absl::InvalidArgumentError(absl::StrCat("--ngram_min: expected >= 1, got ", spec.min_n));
   }
   if (spec.max_n < spec.min_n || spec.max_n > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("--ngram_max: expected [--ngram_min = ",
-                                                   spec.min_n, ", 64], got ", spec.max_n));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ngram_max: expected [--ngram_min = ", spec.min_n, ", 64], got ", spec.max_n));
   }
   return absl::OkStatus();
 }

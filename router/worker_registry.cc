@@ -364,8 +364,8 @@ absl::StatusOr<RegisterResponse> WorkerRegistry::RegisterLocked(const WorkerInfo
                          Quote(id), " of model ", Quote(o.model()),
                          ", so that block hashes compare); got ", worker.block_hash_seed()));
       }
-      if (absl::Status same = CompareSpeculative(o.speculative(), worker.speculative(), id,
-                                                 o.model());
+      if (absl::Status same =
+              CompareSpeculative(o.speculative(), worker.speculative(), id, o.model());
           !same.ok()) {
         return same;
       }
