@@ -416,6 +416,8 @@ absl::Status DecodeService::Stream(grpc::ServerContext* context, Call& call, abs
   usage->set_cached_prompt_tokens(static_cast<uint32_t>(
       cached_prompt_tokens >= 0 ? cached_prompt_tokens : u.cached_prompt_tokens));
   usage->set_completion_tokens(static_cast<uint32_t>(u.completion_tokens));
+  usage->set_draft_tokens(static_cast<uint32_t>(u.draft_tokens));
+  usage->set_accepted_draft_tokens(static_cast<uint32_t>(u.accepted_draft_tokens));
   v1::Timing* timing = usage->mutable_timing();
   timing->set_queued_us(static_cast<uint64_t>(std::max<int64_t>(0, u.queue_us)));
   timing->set_prefill_us(static_cast<uint64_t>(

@@ -46,8 +46,8 @@ struct DecodeNode {
   }
 };
 
-node::WorkerOptions Options(internal::v1::WorkerRole role, const std::string& id,
-                            bool can_prefill) {
+node::WorkerOptions Options(internal::v1::WorkerRole role, const std::string& id, bool can_prefill,
+                            engine::SpecOptions speculative = {}) {
   node::WorkerOptions o;
   o.role = role;
   o.worker_id = id;
@@ -58,13 +58,16 @@ node::WorkerOptions Options(internal::v1::WorkerRole role, const std::string& id
   o.kv_backend = kv_transfer::Backend::kLoopback;
   o.can_prefill = can_prefill;
   o.drain_timeout = absl::Seconds(5);
+  o.speculative = speculative;
   return o;
 }
 
 absl::StatusOr<std::unique_ptr<DecodeNode>> StartDecode(const std::string& id, bool can_prefill,
-                                                        DecodeServiceOptions service_options) {
+                                                        DecodeServiceOptions service_options,
+                                                        engine::SpecOptions speculative = {}) {
   auto n = std::make_unique<DecodeNode>();
-  auto rt = node::WorkerRuntime::Create(Options(internal::v1::WORKER_ROLE_DECODE, id, can_prefill));
+  auto rt = node::WorkerRuntime::Create(
+      Options(internal::v1::WORKER_ROLE_DECODE, id, can_prefill, speculative));
   if (!rt.ok()) return rt.status();
   n->runtime = std::move(*rt);
   n->service = std::make_unique<DecodeService>(n->runtime.get(), service_options);
@@ -251,6 +254,59 @@ TEST_F(DecodeServiceTest, DisaggregatedGreedyOutputsEqualReference) {
   EXPECT_EQ(s.requests_failed(), 0u);
   EXPECT_GT(prefill_->Stats().transfer_bytes_written(), 0u);
   ExpectQuiet();
+}
+
+// A decode node that speculates (n-gram drafts, k = 4) after a remote prefill: the first token
+// comes from the prefill node and anchors the first draft; greedy outputs equal decoding without
+// speculation, and the last chunk's usage reports the drafts.
+TEST_F(DecodeServiceTest, SpeculativeDecodeNodeMatchesReferenceAndReportsDrafts) {
+  engine::SpecOptions spec;
+  spec.enabled = true;
+  spec.num_speculative_tokens = 4;
+  DecodeServiceOptions o;
+  o.prefill_timeout = absl::Seconds(20);
+  auto d = StartDecode("decode-spec", /*can_prefill=*/true, o, spec);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Repetitive prompts (a motif repeated, then a tail) give the n-gram drafter matches.
+  std::vector<std::vector<int32_t>> prompts = {
+      {11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 11},
+      {300, 301, 300, 301, 300, 301, 300},
+      {5, 6, 7, 5, 6, 7, 5, 6, 7, 700, 5, 6},
+  };
+  prompts.push_back(Prompts()[0]);
+  constexpr int kMaxTokens = 24;
+  uint64_t drafts = 0;
+  uint64_t accepted = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // Disaggregated, then colocated (the decode node prefills itself).
+    for (const std::string& prefill : {prefill_address(), std::string()}) {
+      const std::string id = absl::StrCat("s", i, prefill.empty() ? "-local" : "-remote");
+      Outcome out = Generate((*d)->stub.get(), Greedy(id, prompts[i], kMaxTokens, prefill));
+      ASSERT_TRUE(out.status.ok()) << id << ": " << out.status.error_message();
+      EXPECT_EQ(out.tokens, Reference(prompts[i], kMaxTokens)) << id;
+      ASSERT_FALSE(out.chunks.empty());
+      const v1::Usage& usage = out.chunks.back().usage();
+      EXPECT_EQ(usage.completion_tokens(), static_cast<uint32_t>(kMaxTokens)) << id;
+      EXPECT_LE(usage.accepted_draft_tokens(), usage.draft_tokens()) << id;
+      drafts += usage.draft_tokens();
+      accepted += usage.accepted_draft_tokens();
+    }
+  }
+  EXPECT_GT(accepted, 0u);
+  // The worker's stats count what the requests' usage reported (verified drafts); the engine
+  // counts a step's drafts just after that step's outputs went out.
+  EXPECT_TRUE(WaitUntil([&] { return (*d)->runtime->Stats().spec_verified_tokens() >= drafts; },
+                        absl::Seconds(5)));
+  const internal::v1::WorkerStats s = (*d)->runtime->Stats();
+  EXPECT_EQ(s.spec_verified_tokens(), drafts);
+  EXPECT_EQ(s.spec_accepted_tokens(), accepted);
+  EXPECT_GE(s.spec_draft_tokens(), s.spec_verified_tokens());
+  EXPECT_GT(s.spec_steps(), 0u);
+  // The plain decode node and the prefill node never speculated.
+  EXPECT_EQ(decode_->runtime->Stats().spec_draft_tokens(), 0u);
+  EXPECT_EQ(prefill_->Stats().spec_draft_tokens(), 0u);
+  EXPECT_TRUE(WaitUntil([&] { return Quiet(*(*d)->runtime); }, absl::Seconds(5)))
+      << (*d)->runtime->Stats().DebugString();
 }
 
 TEST_F(DecodeServiceTest, ConcurrentDisaggregatedRequests) {

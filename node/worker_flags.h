@@ -34,6 +34,11 @@ ABSL_DECLARE_FLAG(std::string, metrics_listen);
 ABSL_DECLARE_FLAG(std::string, port_file);
 ABSL_DECLARE_FLAG(absl::Duration, drain_timeout);
 ABSL_DECLARE_FLAG(std::string, log_level);
+ABSL_DECLARE_FLAG(std::string, speculative);
+ABSL_DECLARE_FLAG(int, num_speculative_tokens);
+ABSL_DECLARE_FLAG(int, ngram_min);
+ABSL_DECLARE_FLAG(int, ngram_max);
+ABSL_DECLARE_FLAG(bool, spec_adaptive);
 
 namespace deepinfer::node {
 

@@ -36,6 +36,36 @@ TEST_F(WorkerFlagsTest, DefaultsBecomeOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->metrics_listen, "0.0.0.0:9091");
+  EXPECT_FALSE(o->speculative.enabled);  // off by default
+}
+
+TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
+  absl::SetFlag(&FLAGS_speculative, "ngram");
+  absl::SetFlag(&FLAGS_num_speculative_tokens, 6);
+  absl::SetFlag(&FLAGS_ngram_min, 2);
+  absl::SetFlag(&FLAGS_ngram_max, 3);
+  absl::SetFlag(&FLAGS_spec_adaptive, true);
+  auto o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->speculative.enabled);
+  EXPECT_EQ(o->speculative.drafter, "ngram");
+  EXPECT_EQ(o->speculative.num_speculative_tokens, 6);
+  EXPECT_EQ(o->speculative.min_n, 2);
+  EXPECT_EQ(o->speculative.max_n, 3);
+  EXPECT_TRUE(o->speculative.adaptive);
+  const internal::v1::SpeculativeConfig c = ToSpeculativeConfig(o->speculative);
+  EXPECT_EQ(c.method(), "ngram");
+  EXPECT_EQ(c.num_speculative_tokens(), 6u);
+  EXPECT_EQ(c.min_n(), 2u);
+  EXPECT_EQ(c.max_n(), 3u);
+  EXPECT_TRUE(c.adaptive());
+  // Off: the other speculative flags are not checked, and the config says only "off".
+  absl::SetFlag(&FLAGS_speculative, "off");
+  absl::SetFlag(&FLAGS_num_speculative_tokens, 0);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->speculative.enabled);
+  EXPECT_EQ(ToSpeculativeConfig(o->speculative).ShortDebugString(), "method: \"off\"");
 }
 
 TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
@@ -58,6 +88,29 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_log_level, "loud"); }, "--log_level:"},
       {[] { absl::SetFlag(&FLAGS_metrics_listen, "no-port"); }, "--metrics_listen:"},
       {[] { absl::SetFlag(&FLAGS_worker_id, std::string(129, 'w')); }, "--worker_id:"},
+      {[] { absl::SetFlag(&FLAGS_speculative, "eagle"); },
+       "--speculative: expected off or ngram, got \"eagle\""},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "ngram");
+         absl::SetFlag(&FLAGS_num_speculative_tokens, 0);
+       },
+       "--num_speculative_tokens: expected [1, 64], got 0"},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "ngram");
+         absl::SetFlag(&FLAGS_num_speculative_tokens, 65);
+       },
+       "--num_speculative_tokens:"},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "ngram");
+         absl::SetFlag(&FLAGS_ngram_min, 0);
+       },
+       "--ngram_min: expected >= 1, got 0"},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "ngram");
+         absl::SetFlag(&FLAGS_ngram_min, 3);
+         absl::SetFlag(&FLAGS_ngram_max, 2);
+       },
+       "--ngram_max: expected [--ngram_min = 3, 64], got 2"},
   };
   for (const Case& c : cases) {
     absl::FlagSaver restore;

@@ -144,6 +144,14 @@ class WorkerRuntime::Metrics {
     DI_ASSIGN_OR_RETURN(m->requests_ok_, requests->WithLabels({"ok"}));
     DI_ASSIGN_OR_RETURN(m->requests_error_, requests->WithLabels({"error"}));
     DI_ASSIGN_OR_RETURN(m->requests_cancelled_, requests->WithLabels({"cancelled"}));
+    DI_ASSIGN_OR_RETURN(m->spec_draft_,
+                        r.AddCounter("deepinfer_spec_draft_tokens_total",
+                                     "Draft tokens the speculative drafter proposed."));
+    DI_ASSIGN_OR_RETURN(m->spec_verified_,
+                        r.AddCounter("deepinfer_spec_verified_tokens_total",
+                                     "Draft tokens fed to the model for verification."));
+    DI_ASSIGN_OR_RETURN(m->spec_accepted_, r.AddCounter("deepinfer_spec_accepted_tokens_total",
+                                                        "Verified draft tokens accepted."));
     MetricsHttpServerOptions options;
     options.listen_address = listen_address;
     Metrics* self = m.get();
@@ -184,6 +192,9 @@ class WorkerRuntime::Metrics {
     Mirror(requests_ok_, s.requests_ok());
     Mirror(requests_error_, s.requests_failed());
     Mirror(requests_cancelled_, s.requests_cancelled());
+    Mirror(spec_draft_, s.spec_draft_tokens());
+    Mirror(spec_verified_, s.spec_verified_tokens());
+    Mirror(spec_accepted_, s.spec_accepted_tokens());
   }
 
   const WorkerRuntime* const runtime_;
@@ -201,7 +212,44 @@ class WorkerRuntime::Metrics {
   Counter* requests_ok_ = nullptr;
   Counter* requests_error_ = nullptr;
   Counter* requests_cancelled_ = nullptr;
+  Counter* spec_draft_ = nullptr;
+  Counter* spec_verified_ = nullptr;
+  Counter* spec_accepted_ = nullptr;
 };
+
+absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
+  if (!spec.enabled) return absl::OkStatus();
+  if (spec.drafter != "ngram") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative: expected off or ngram, got \"", spec.drafter, "\""));
+  }
+  if (spec.num_speculative_tokens < 1 || spec.num_speculative_tokens > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_speculative_tokens: expected [1, 64], got ", spec.num_speculative_tokens));
+  }
+  if (spec.min_n < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--ngram_min: expected >= 1, got ", spec.min_n));
+  }
+  if (spec.max_n < spec.min_n || spec.max_n > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ngram_max: expected [--ngram_min = ", spec.min_n, ", 64], got ", spec.max_n));
+  }
+  return absl::OkStatus();
+}
+
+internal::v1::SpeculativeConfig ToSpeculativeConfig(const engine::SpecOptions& spec) {
+  internal::v1::SpeculativeConfig c;
+  if (!spec.enabled) {
+    c.set_method("off");
+    return c;
+  }
+  c.set_method(spec.drafter);
+  c.set_num_speculative_tokens(static_cast<uint32_t>(spec.num_speculative_tokens));
+  c.set_min_n(static_cast<uint32_t>(spec.min_n));
+  c.set_max_n(static_cast<uint32_t>(spec.max_n));
+  c.set_adaptive(spec.adaptive);
+  return c;
+}
 
 WorkerRuntime::WorkerRuntime(WorkerOptions options) : options_(std::move(options)) {}
 
@@ -243,6 +291,11 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
     return absl::InvalidArgumentError(absl::StrCat("wedged_after: expected > 0, got ",
                                                    absl::FormatDuration(options.wedged_after)));
   }
+  DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(options.speculative));
+  if (options.speculative.cost_table != nullptr) {
+    return absl::InvalidArgumentError(
+        "speculative.cost_table: expected null (a decode node profiles its own)");
+  }
   if (options.worker_id.empty()) options.worker_id = DefaultWorkerId(options.role);
   if (options.worker_id.size() > 128) {
     return absl::InvalidArgumentError(
@@ -277,6 +330,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   eo.tokenizer = &rt->assets_->tokenizer();
   eo.chat_template = rt->assets_->chat_template();
   eo.template_context = rt->assets_->template_context();
+  // Only a decode engine speculates (see WorkerOptions::speculative).
+  if (o.role == internal::v1::WORKER_ROLE_DECODE) eo.speculative = o.speculative;
   WorkerRuntime* self = rt.get();
   eo.kv_memory = [self](size_t pool_bytes) -> absl::StatusOr<std::pair<void*, void*>> {
     DI_ASSIGN_OR_RETURN(kv_transfer::AllocatedRegion k,
@@ -392,6 +447,7 @@ absl::Status WorkerRuntime::RegisterOnce(internal::v1::WorkerRegistry::Stub* stu
   w->set_can_prefill(options_.role == internal::v1::WORKER_ROLE_DECODE && options_.can_prefill);
   *w->mutable_kv_metadata() = kv_metadata_;
   w->set_block_hash_seed(options_.hash_seed);
+  *w->mutable_speculative() = ToSpeculativeConfig(options_.speculative);
   grpc::ClientContext context;
   SetDeadline(&context);
   return FromGrpcStatus(stub->Register(&context, request, response));
@@ -698,6 +754,10 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_total_kv_blocks(static_cast<uint64_t>(e.blocks.num_blocks));
     s.set_prefix_query_tokens(static_cast<uint64_t>(e.blocks.prefix_queries_tokens));
     s.set_prefix_hit_tokens(static_cast<uint64_t>(e.blocks.prefix_hit_tokens));
+    s.set_spec_steps(static_cast<uint64_t>(e.spec_steps));
+    s.set_spec_draft_tokens(static_cast<uint64_t>(e.spec_drafted_tokens));
+    s.set_spec_verified_tokens(static_cast<uint64_t>(e.spec_verified_tokens));
+    s.set_spec_accepted_tokens(static_cast<uint64_t>(e.spec_accepted_tokens));
   }
   {
     absl::MutexLock lock(&mu_);

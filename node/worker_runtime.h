@@ -18,7 +18,10 @@
 //    deepinfer_prefix_cache_hit_ratio (hit / looked-up prompt tokens since start),
 //    deepinfer_prefix_cache_queries_total / deepinfer_prefix_cache_hits_total (tokens),
 //    deepinfer_kv_transfer_bytes_total, deepinfer_kv_transfer_failures_total and
-//    deepinfer_requests_total{outcome=ok|error|cancelled} (the role service's RPCs);
+//    deepinfer_requests_total{outcome=ok|error|cancelled} (the role service's RPCs), and with
+//    speculative decoding deepinfer_spec_draft_tokens_total (drafted),
+//    deepinfer_spec_verified_tokens_total (of those, verified by the model) and
+//    deepinfer_spec_accepted_tokens_total (of those, accepted);
 //  * the port file: once the server is bound and answering RPCs (health may still say
 //    NOT_SERVING until the first Register succeeds), the bound port is written to --port_file
 //    (write + rename), which is how the launcher and tests learn ports when listening on port 0.
@@ -83,6 +86,12 @@ struct WorkerOptions {
   kv_transfer::Backend kv_backend = kv_transfer::Backend::kUcx;
   // Decode nodes that may also prefill locally (colocated mode).
   bool can_prefill = false;
+  // Speculative decoding (--speculative, --num_speculative_tokens, --ngram_min, --ngram_max,
+  // --spec_adaptive). Registered with the router on every role (the router refuses a worker
+  // whose config differs from its model's other workers), but only a decode node's engine
+  // speculates: a prefill node computes prompts and one token. `cost_table` must stay null
+  // (adaptive: the decode engine profiles the model in Create).
+  engine::SpecOptions speculative;
   // Write the bound port here once serving ("" = don't).
   std::string port_file;
   // "host:port" serving Prometheus /metrics (port 0 = any, see metrics_port()); "" = off.
@@ -92,6 +101,15 @@ struct WorkerOptions {
   // Health reports NOT_SERVING when the engine has work but has not finished a step for this long.
   absl::Duration wedged_after = absl::Seconds(60);
 };
+
+// kInvalidArgument naming the flag for SpecOptions a worker cannot run: drafter other than
+// "ngram", --num_speculative_tokens outside [1, 64], --ngram_min < 1, --ngram_max outside
+// [--ngram_min, 64]. OK when speculation is off (the other fields are then ignored).
+absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec);
+
+// What a worker registers (WorkerInfo.speculative) for `spec`: method "off" and nothing else
+// when disabled.
+internal::v1::SpeculativeConfig ToSpeculativeConfig(const engine::SpecOptions& spec);
 
 // Role-specific counters a service adds to WorkerStats (requests_ok/failed/cancelled and
 // anything else it knows), called with the stats already filled from engine and agent.

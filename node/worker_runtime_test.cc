@@ -71,6 +71,13 @@ TEST(WorkerRuntimeTest, RejectsBadOptionsNamingTheFlag) {
   EXPECT_EQ(rt.status().message().rfind("--listen:", 0), 0u) << rt.status();
 
   o = TestOptions("w");
+  o.speculative.enabled = true;
+  o.speculative.num_speculative_tokens = 65;
+  rt = WorkerRuntime::Create(o);
+  ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt.status().message(), "--num_speculative_tokens: expected [1, 64], got 65");
+
+  o = TestOptions("w");
   o.model_path = "engine/testdata/models/does_not_exist";
   EXPECT_FALSE(WorkerRuntime::Create(o).ok());
 }
@@ -189,6 +196,95 @@ TEST(WorkerRuntimeTest, ServesPrometheusMetricsFromItsStats) {
   EXPECT_EQ(testutil::HttpGet(port).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// A decode node with speculation on: its engine drafts, and the spec counters reach /metrics.
+TEST(WorkerRuntimeTest, SpeculativeDecodeNodeExportsSpecMetrics) {
+  WorkerOptions o = TestOptions("decode-spec-metrics");
+  o.role = internal::v1::WORKER_ROLE_DECODE;
+  o.metrics_listen = "127.0.0.1:0";
+  o.speculative.enabled = true;
+  o.speculative.num_speculative_tokens = 4;
+  auto created = WorkerRuntime::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<WorkerRuntime> rt = std::move(*created);
+  ASSERT_TRUE(rt->Start({}, {}).ok());
+  // A repeated motif: the n-gram drafter finds matches in the prompt and the output.
+  engine::EngineRequest request;
+  request.request_id = "spec";
+  for (int r = 0; r < 4; ++r) request.prompt.insert(request.prompt.end(), {21, 22, 23});
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = 24;
+  request.sampling.ignore_eos = true;
+  std::promise<engine::RequestUsage> done;
+  ASSERT_TRUE(rt->engine()
+                  ->Submit(request,
+                           [&](const engine::EngineOutput& out) {
+                             if (out.finished) done.set_value(out.usage);
+                           })
+                  .ok());
+  std::future<engine::RequestUsage> usage = done.get_future();
+  ASSERT_EQ(usage.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const engine::RequestUsage u = usage.get();
+  EXPECT_GT(u.accepted_draft_tokens, 0);
+  // The engine counts the last step's drafts just after that step's outputs went out.
+  internal::v1::WorkerStats s = rt->Stats();
+  for (int i = 0; i < 500 && s.spec_verified_tokens() < static_cast<uint64_t>(u.draft_tokens);
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    s = rt->Stats();
+  }
+  EXPECT_EQ(s.spec_verified_tokens(), static_cast<uint64_t>(u.draft_tokens));
+  EXPECT_EQ(s.spec_accepted_tokens(), static_cast<uint64_t>(u.accepted_draft_tokens));
+  EXPECT_GE(s.spec_draft_tokens(), s.spec_verified_tokens());
+  EXPECT_GT(s.spec_steps(), 0u);
+  absl::StatusOr<std::string> text = testutil::HttpGet(rt->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  using testutil::SampleValue;
+  EXPECT_EQ(SampleValue(*text, "deepinfer_spec_draft_tokens_total"),
+            static_cast<double>(s.spec_draft_tokens()))
+      << *text;
+  EXPECT_EQ(SampleValue(*text, "deepinfer_spec_verified_tokens_total"),
+            static_cast<double>(s.spec_verified_tokens()));
+  EXPECT_EQ(SampleValue(*text, "deepinfer_spec_accepted_tokens_total"),
+            static_cast<double>(s.spec_accepted_tokens()));
+  rt->Drain(absl::Seconds(1));
+}
+
+// --spec_adaptive: the decode engine profiles its cost table on the model inside Create (before
+// any other thread runs the model) and drafts; a prefill node with the same flags never drafts.
+TEST(WorkerRuntimeTest, AdaptiveSpeculationRunsOnDecodeNodesOnly) {
+  WorkerOptions o = TestOptions("decode-adaptive");
+  o.speculative.enabled = true;
+  o.speculative.adaptive = true;
+  for (internal::v1::WorkerRole role :
+       {internal::v1::WORKER_ROLE_DECODE, internal::v1::WORKER_ROLE_PREFILL}) {
+    o.role = role;
+    auto created = WorkerRuntime::Create(o);
+    ASSERT_TRUE(created.ok()) << created.status();
+    std::unique_ptr<WorkerRuntime> rt = std::move(*created);
+    engine::EngineRequest request;
+    request.request_id = "adaptive";
+    for (int r = 0; r < 4; ++r) request.prompt.insert(request.prompt.end(), {31, 32, 33});
+    request.sampling.temperature = 0;
+    request.sampling.max_tokens = 16;
+    request.sampling.ignore_eos = true;
+    std::promise<void> done;
+    ASSERT_TRUE(rt->engine()
+                    ->Submit(request,
+                             [&](const engine::EngineOutput& out) {
+                               if (out.finished) done.set_value();
+                             })
+                    .ok());
+    ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    const engine::EngineStats stats = rt->engine()->GetStats();
+    if (role == internal::v1::WORKER_ROLE_DECODE) {
+      EXPECT_GT(stats.spec_drafted_tokens, 0);
+    } else {
+      EXPECT_EQ(stats.spec_drafted_tokens, 0);
+      EXPECT_FALSE(stats.spec_adaptive_active);
+    }
+  }
+}
+
 TEST(WorkerRuntimeTest, DrainWaitsForRequestsInFlight) {
   auto created = WorkerRuntime::Create(TestOptions("prefill-drain"));
   ASSERT_TRUE(created.ok()) << created.status();
@@ -220,6 +316,9 @@ TEST(WorkerRuntimeTest, RegistersHeartbeatsPublishesKvEventsAndDeregistersOnDrai
   o.router_address = (*router_server)->address();
   o.advertise_host = "10.1.2.3";
   o.hash_seed = 42;
+  // Registered by every role, though a prefill engine never speculates.
+  o.speculative.enabled = true;
+  o.speculative.num_speculative_tokens = 3;
   auto created = WorkerRuntime::Create(o);
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<WorkerRuntime> rt = std::move(*created);
@@ -238,6 +337,9 @@ TEST(WorkerRuntimeTest, RegistersHeartbeatsPublishesKvEventsAndDeregistersOnDrai
   EXPECT_EQ(snap->info.role(), internal::v1::WORKER_ROLE_PREFILL);
   EXPECT_EQ(snap->info.address(), absl::StrCat("10.1.2.3:", rt->port()));
   EXPECT_EQ(snap->info.model(), "llama");
+  EXPECT_EQ(snap->info.speculative().method(), "ngram");
+  EXPECT_EQ(snap->info.speculative().num_speculative_tokens(), 3u);
+  EXPECT_EQ(snap->info.speculative().max_n(), 4u);
   EXPECT_EQ(snap->info.incarnation(), rt->incarnation());
   EXPECT_EQ(snap->info.block_size(), 4u);
   EXPECT_EQ(snap->info.kv_capacity_blocks(), 64u);

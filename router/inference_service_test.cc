@@ -42,6 +42,9 @@ constexpr char kModelDir[] = "engine/testdata/models/llama";
 constexpr char kModelId[] = "llama";
 constexpr uint64_t kQueuedUs = 7;
 constexpr uint64_t kPrefillUs = 11;
+// Speculative decoding counts the fake decode worker reports (the router relays them).
+constexpr uint32_t kDraftTokens = 6;
+constexpr uint32_t kAcceptedDraftTokens = 4;
 
 // The tokens the fake decode worker streams for a prompt of `prompt_size` tokens.
 uint32_t FakeToken(size_t prompt_size, int i) {
@@ -162,6 +165,8 @@ class FakeDecodeWorker final : public internal::v1::Decode::Service {
     usage->set_prompt_tokens(static_cast<uint32_t>(prompt));
     usage->set_completion_tokens(static_cast<uint32_t>(n));
     usage->set_cached_prompt_tokens(script.cached_prompt_tokens);
+    usage->set_draft_tokens(kDraftTokens);
+    usage->set_accepted_draft_tokens(kAcceptedDraftTokens);
     usage->mutable_timing()->set_queued_us(kQueuedUs);
     usage->mutable_timing()->set_prefill_us(kPrefillUs);
     usage->mutable_timing()->set_first_token_us(999'999'999);  // the router's view replaces it
@@ -413,6 +418,9 @@ TEST_F(InferenceServiceTest, ChatTokenizesWithTheTemplateAndRelaysTheStream) {
   EXPECT_LE(last.usage().timing().first_token_us(), last.usage().timing().total_us());
   EXPECT_LT(last.usage().timing().total_us(),
             static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - before)) + 1);
+  // Speculative decoding counts pass through.
+  EXPECT_EQ(last.usage().draft_tokens(), kDraftTokens);
+  EXPECT_EQ(last.usage().accepted_draft_tokens(), kAcceptedDraftTokens);
   EXPECT_EQ(service_->in_flight(), 0);
 }
 

@@ -128,6 +128,37 @@ absl::Status ValidateBatch(const KvEventBatch& batch) {
   return absl::OkStatus();
 }
 
+// FAILED_PRECONDITION naming the first field of `got` that differs from `want` (the config of
+// registered worker `other_id`). Every prefill and decode worker of a model carries the same
+// speculative flags: a prefill node never speculates, but a different config there means the
+// model was deployed with two configurations.
+absl::Status CompareSpeculative(const internal::v1::SpeculativeConfig& want,
+                                const internal::v1::SpeculativeConfig& got,
+                                const std::string& other_id, const std::string& model) {
+  auto method = [](const internal::v1::SpeculativeConfig& c) {
+    return c.method().empty() ? std::string("off") : c.method();
+  };
+  auto mismatch = [&](absl::string_view field, const auto& expected, const auto& actual) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker.speculative.", field, ": expected ", expected, " (as worker ", Quote(other_id),
+        " of model ", Quote(model), "; every worker of a model needs the same speculative flags)",
+        "; got ", actual));
+  };
+  if (method(want) != method(got)) return mismatch("method", method(want), method(got));
+  if (method(want) == "off") return absl::OkStatus();
+  if (want.num_speculative_tokens() != got.num_speculative_tokens()) {
+    return mismatch("num_speculative_tokens", want.num_speculative_tokens(),
+                    got.num_speculative_tokens());
+  }
+  if (want.min_n() != got.min_n()) return mismatch("min_n", want.min_n(), got.min_n());
+  if (want.max_n() != got.max_n()) return mismatch("max_n", want.max_n(), got.max_n());
+  if (want.adaptive() != got.adaptive()) {
+    return mismatch("adaptive", want.adaptive() ? "true" : "false",
+                    got.adaptive() ? "true" : "false");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct WorkerRegistry::Entry {
@@ -332,6 +363,11 @@ absl::StatusOr<RegisterResponse> WorkerRegistry::RegisterLocked(const WorkerInfo
             absl::StrCat("worker.block_hash_seed: expected ", o.block_hash_seed(), " (as worker ",
                          Quote(id), " of model ", Quote(o.model()),
                          ", so that block hashes compare); got ", worker.block_hash_seed()));
+      }
+      if (absl::Status same =
+              CompareSpeculative(o.speculative(), worker.speculative(), id, o.model());
+          !same.ok()) {
+        return same;
       }
     }
   }

@@ -123,8 +123,10 @@ class WorkerRegistry {
   // (worker.worker_id: 1..128 bytes; worker.role: not UNSPECIFIED; worker.address: a connectable
   // host:port; worker.model: non-empty; worker.incarnation: non-zero; worker.block_size: > 0 for
   // prefill and decode workers; worker.kv_metadata: agent_name and incarnation match the
-  // worker's when set); kFailedPrecondition when block_size or block_hash_seed differ from the
-  // other prefill/decode workers of the same model; kAborted when a higher incarnation of this
+  // worker's when set); kFailedPrecondition when block_size, block_hash_seed or the speculative
+  // config (method; with a method other than "off" also num_speculative_tokens, min_n, max_n,
+  // adaptive; an unset config counts as "off") differ from the other prefill/decode workers of
+  // the same model, naming the field and both values; kAborted when a higher incarnation of this
   // worker_id is registered. The response lists every other registered prefill/decode worker.
   absl::StatusOr<internal::v1::RegisterResponse> Register(const internal::v1::WorkerInfo& worker);
 

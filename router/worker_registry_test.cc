@@ -257,6 +257,59 @@ TEST_F(WorkerRegistryTest, SeedAndBlockSizeMustAgreeWithinAModel) {
   EXPECT_TRUE(registry_->Register(restarted).ok());
 }
 
+internal::v1::SpeculativeConfig Ngram(uint32_t k) {
+  internal::v1::SpeculativeConfig c;
+  c.set_method("ngram");
+  c.set_num_speculative_tokens(k);
+  c.set_min_n(1);
+  c.set_max_n(4);
+  return c;
+}
+
+TEST_F(WorkerRegistryTest, SpeculativeConfigMustAgreeWithinAModel) {
+  WorkerInfo p0 = Prefill("p0");
+  *p0.mutable_speculative() = Ngram(4);
+  ASSERT_TRUE(registry_->Register(p0).ok());
+  // Speculation off (unset, as from an older worker) against ngram: the method differs.
+  absl::StatusOr<internal::v1::RegisterResponse> r = registry_->Register(Decode("d0"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "worker.speculative.method: expected ngram (as worker \"p0\" of model \"m\"; every "
+            "worker of a model needs the same speculative flags); got off");
+  struct Case {
+    internal::v1::SpeculativeConfig config;
+    const char* message_prefix;
+    const char* message_suffix;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Ngram(8), "worker.speculative.num_speculative_tokens: expected 4 ", "; got 8"});
+  cases.push_back({Ngram(4), "worker.speculative.min_n: expected 1 ", "; got 2"});
+  cases.back().config.set_min_n(2);
+  cases.push_back({Ngram(4), "worker.speculative.max_n: expected 4 ", "; got 3"});
+  cases.back().config.set_max_n(3);
+  cases.push_back({Ngram(4), "worker.speculative.adaptive: expected false ", "; got true"});
+  cases.back().config.set_adaptive(true);
+  for (const Case& c : cases) {
+    WorkerInfo d0 = Decode("d0");
+    *d0.mutable_speculative() = c.config;
+    r = registry_->Register(d0);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << c.message_prefix;
+    EXPECT_TRUE(absl::StartsWith(r.status().message(), c.message_prefix)) << r.status();
+    EXPECT_TRUE(absl::EndsWith(r.status().message(), c.message_suffix)) << r.status();
+  }
+  EXPECT_FALSE(registry_->Get("d0").has_value());
+  // The same config registers; another model may speculate differently (or not at all).
+  WorkerInfo d0 = Decode("d0");
+  *d0.mutable_speculative() = Ngram(4);
+  EXPECT_TRUE(registry_->Register(d0).ok());
+  EXPECT_TRUE(registry_->Register(Worker("d1", internal::v1::WORKER_ROLE_DECODE, 100, "m2")).ok());
+  // "off" and unset are the same config; with the method off the other fields do not count.
+  WorkerInfo d2 = Worker("d2", internal::v1::WORKER_ROLE_DECODE, 100, "m2");
+  d2.mutable_speculative()->set_method("off");
+  d2.mutable_speculative()->set_num_speculative_tokens(9);
+  EXPECT_TRUE(registry_->Register(d2).ok());
+}
+
 TEST_F(WorkerRegistryTest, NewerIncarnationReplacesOlderIsRefusedSameRefreshes) {
   ASSERT_TRUE(registry_->Register(Prefill("p0", 100)).ok());
   KvEventBatch b = Batch("p0", 100, 1);
