@@ -110,7 +110,7 @@ TEST(ClusterSpecTest, WorkerWithADifferentSpeculativeConfigIsRefused) {
   config.decode_flags.push_back(kSpecFlags);
   config.decode_flags.push_back(kSpecK4);
   // Whichever registers second is refused, keeps retrying, and never turns SERVING.
-  config.startup_timeout = absl::Seconds(10);
+  config.startup_timeout = absl::Seconds(15);
   auto cluster = deploy::LocalCluster::Start(config);
   ASSERT_FALSE(cluster.ok());
   EXPECT_EQ(cluster.status().code(), absl::StatusCode::kDeadlineExceeded) << cluster.status();
