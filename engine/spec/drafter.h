@@ -34,6 +34,17 @@ struct DraftProposal {
   int match_length = 0;
 };
 
+// One sequence's request in a batched proposal (Drafter::ProposeBatch).
+struct DraftRequest {
+  int64_t seq_id = 0;
+  absl::Span<const int32_t> context;
+  int k = 0;
+  // The request's sampling temperature: 0 (greedy) or > 0. A drafter that samples its drafts
+  // (a draft model) draws from its distribution at this temperature and returns it in `probs`;
+  // at 0 it proposes its arg-max as point masses. Drafters without a distribution ignore it.
+  float temperature = 0.0f;
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -44,6 +55,23 @@ class Drafter {
   // preemption call Release first). Clears `out` first. kInvalidArgument for k < 0.
   virtual absl::Status Propose(int64_t seq_id, absl::Span<const int32_t> context, int k,
                                DraftProposal* out) = 0;
+
+  // Proposals for several sequences at once (out[i] for requests[i]; `out` is resized). A
+  // failure for one request leaves its proposal empty; the returned status is the first failure.
+  // The default proposes one at a time; a draft model batches its forward passes.
+  virtual absl::Status ProposeBatch(absl::Span<const DraftRequest> requests,
+                                    std::vector<DraftProposal>* out) {
+    out->assign(requests.size(), DraftProposal());
+    absl::Status first = absl::OkStatus();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      absl::Status s = Propose(requests[i].seq_id, requests[i].context, requests[i].k, &(*out)[i]);
+      if (!s.ok()) {
+        (*out)[i] = DraftProposal();
+        if (first.ok()) first = s;
+      }
+    }
+    return first;
+  }
 
   // Feedback after verification: of `proposal`'s tokens the first `verified` were checked by the
   // target and the first `accepted` (<= verified) of those were accepted.

@@ -1,0 +1,306 @@
+#include "engine/spec/model_drafter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "engine/model_config.h"
+
+namespace deepinfer::engine::spec {
+
+struct ModelDrafter::Work {
+  size_t index = 0;  // into requests / out
+  int64_t seq_id = 0;
+  SeqCache* seq = nullptr;
+  absl::Span<const int32_t> context;
+  int k = 0;
+  float temperature = 0.0f;
+  int64_t start = 0;  // cached tokens kept before this proposal
+};
+
+namespace {
+
+absl::Status CheckVocab(int draft_vocab, int target_vocab) {
+  if (draft_vocab != target_vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative.draft_model: vocab_size ", draft_vocab,
+                     " differs from the target model's ", target_vocab,
+                     " (the draft must share the target's tokenizer)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Create(
+    Model* model, int target_vocab_size, const ModelDrafterOptions& options) {
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("speculative.draft_model: no model");
+  }
+  if (options.num_blocks < 1 || options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative.draft_model: drafter num_blocks and block_size must be >= 1, got ",
+                     options.num_blocks, " and ", options.block_size));
+  }
+  if (absl::Status s = CheckVocab(model->config().vocab_size, target_vocab_size); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<KvCache>> cache =
+      KvCache::Create(model->MakeKvCacheConfig(options.num_blocks, options.block_size));
+  if (!cache.ok()) return cache.status();
+  return std::unique_ptr<ModelDrafter>(
+      new ModelDrafter(model, nullptr, *std::move(cache), options));
+}
+
+absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(
+    const std::string& dir, int target_vocab_size, const ModelDrafterOptions& options,
+    const ModelOptions& model_options) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative.draft_model: ", config.status().message()));
+  }
+  if (absl::Status s = CheckVocab(config->vocab_size, target_vocab_size); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir, model_options);
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative.draft_model: ", model.status().message()));
+  }
+  Model* raw = model->get();
+  absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter =
+      Create(raw, target_vocab_size, options);
+  if (!drafter.ok()) return drafter.status();
+  (*drafter)->owned_ = *std::move(model);
+  return drafter;
+}
+
+ModelDrafter::ModelDrafter(Model* model, std::unique_ptr<Model> owned,
+                           std::unique_ptr<KvCache> cache, const ModelDrafterOptions& options)
+    : model_(model),
+      owned_(std::move(owned)),
+      cache_(std::move(cache)),
+      options_(options),
+      vocab_(model->config().vocab_size),
+      rng_(options.seed) {
+  free_.reserve(options.num_blocks);
+  // Hand out low block ids first.
+  for (int b = options.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+int64_t ModelDrafter::cached_length(int64_t seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
+}
+
+void ModelDrafter::Truncate(SeqCache* seq, int64_t length) {
+  if (static_cast<int64_t>(seq->tokens.size()) > length) seq->tokens.resize(length);
+  const int64_t bs = options_.block_size;
+  const size_t keep = static_cast<size_t>((length + bs - 1) / bs);
+  while (seq->blocks.size() > keep) {
+    free_.push_back(seq->blocks.back());
+    seq->blocks.pop_back();
+  }
+}
+
+bool ModelDrafter::Reserve(int64_t seq_id, SeqCache* seq, int64_t positions,
+                           const std::vector<int64_t>& pinned) {
+  const int64_t bs = options_.block_size;
+  const int64_t need = (positions + bs - 1) / bs - static_cast<int64_t>(seq->blocks.size());
+  if (need <= 0) return true;
+  if (need > options_.num_blocks) return false;
+  while (static_cast<int64_t>(free_.size()) < need) {
+    // Evict the least recently used sequence that is not part of the current proposal.
+    auto victim = seqs_.end();
+    for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
+      if (it->first == seq_id || it->second.blocks.empty()) continue;
+      if (std::find(pinned.begin(), pinned.end(), it->first) != pinned.end()) continue;
+      if (victim == seqs_.end() || it->second.last_used < victim->second.last_used) victim = it;
+    }
+    if (victim == seqs_.end()) return false;
+    free_.insert(free_.end(), victim->second.blocks.begin(), victim->second.blocks.end());
+    seqs_.erase(victim);
+    ++evictions_;
+  }
+  for (int64_t i = 0; i < need; ++i) {
+    seq->blocks.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+int32_t ModelDrafter::Choose(const float* logits, float temperature, bool keep_probs,
+                             DraftProposal* out) {
+  const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
+  int32_t best = 0;
+  float max_logit = logits[0];
+  for (int v = 1; v < vocab_; ++v) {
+    if (logits[v] > max_logit) {
+      max_logit = logits[v];
+      best = v;
+    }
+  }
+  weights_.resize(vocab_);
+  double total = 0.0;
+  for (int v = 0; v < vocab_; ++v) {
+    weights_[v] = std::exp(static_cast<double>((logits[v] - max_logit) * inv_t));
+    total += weights_[v];
+  }
+  // The arg-max has weight 1: its probability is the largest.
+  out->confidence.push_back(static_cast<float>(1.0 / total));
+  if (temperature <= 0.0f) return best;
+  int32_t token = best;
+  double u = rng_.Uniform() * total;
+  for (int v = 0; v < vocab_; ++v) {
+    u -= weights_[v];
+    if (u < 0.0 && weights_[v] > 0.0) {
+      token = v;
+      break;
+    }
+  }
+  if (keep_probs) {
+    const size_t base = out->probs.size();
+    out->probs.resize(base + vocab_);
+    for (int v = 0; v < vocab_; ++v) out->probs[base + v] = static_cast<float>(weights_[v] / total);
+  }
+  return token;
+}
+
+absl::Status ModelDrafter::Propose(int64_t seq_id, absl::Span<const int32_t> context, int k,
+                                   DraftProposal* out) {
+  DraftRequest request;
+  request.seq_id = seq_id;
+  request.context = context;
+  request.k = k;
+  std::vector<DraftProposal> proposals;
+  absl::Status s = ProposeBatch(absl::MakeConstSpan(&request, 1), &proposals);
+  *out = std::move(proposals[0]);
+  return s;
+}
+
+absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
+                                        std::vector<DraftProposal>* out) {
+  out->assign(requests.size(), DraftProposal());
+  absl::Status first = absl::OkStatus();
+  auto fail = [&](absl::Status s) {
+    if (first.ok()) first = std::move(s);
+  };
+  ++clock_;
+  // Validate and pin the sequences of this proposal (they are never evicted for one another).
+  std::vector<Work> work;
+  std::vector<int64_t> pinned;
+  absl::flat_hash_set<int64_t> seen;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const DraftRequest& r = requests[i];
+    if (r.k < 0) {
+      fail(absl::InvalidArgumentError(absl::StrCat("draft model k: expected >= 0, got ", r.k)));
+      continue;
+    }
+    if (!seen.insert(r.seq_id).second) {
+      fail(absl::InvalidArgumentError(
+          absl::StrCat("draft model: sequence ", r.seq_id, " appears twice in one batch")));
+      continue;
+    }
+    bool in_range = true;
+    for (size_t t = 0; t < r.context.size() && in_range; ++t) {
+      if (r.context[t] < 0 || r.context[t] >= vocab_) {
+        fail(absl::InvalidArgumentError(absl::StrCat("draft model context[", t,
+                                                     "]: expected < ", vocab_, ", got ",
+                                                     r.context[t])));
+        in_range = false;
+      }
+    }
+    if (!in_range || r.k == 0 || r.context.empty()) continue;
+    Work w;
+    w.index = i;
+    w.seq_id = r.seq_id;
+    w.context = r.context;
+    w.k = r.k;
+    w.temperature = r.temperature;
+    work.push_back(w);
+    pinned.push_back(r.seq_id);
+  }
+  // Keep the cached prefix the context still agrees with (rejected drafts are dropped; at least
+  // the last context token is fed again so that its logits come out), then reserve blocks for
+  // the context and the k - 1 drafts that will be fed.
+  std::vector<Work> ready;
+  for (Work& w : work) {
+    SeqCache& seq = seqs_[w.seq_id];
+    seq.last_used = clock_;
+    const int64_t len = static_cast<int64_t>(w.context.size());
+    const int64_t cached = static_cast<int64_t>(seq.tokens.size());
+    int64_t common = 0;
+    while (common < cached && common < len && seq.tokens[common] == w.context[common]) ++common;
+    w.start = std::min(common, len - 1);
+    Truncate(&seq, w.start);
+    if (!Reserve(w.seq_id, &seq, len + w.k - 1, pinned)) continue;  // no room: no draft
+    w.seq = &seq;
+    ready.push_back(w);
+  }
+  if (ready.empty()) return first;
+
+  // Round 0 feeds each sequence's uncached context; round r >= 1 feeds draft r.
+  std::vector<SequenceInput> inputs;
+  std::vector<Work*> active;
+  std::vector<int32_t> fed(ready.size());
+  int max_k = 0;
+  for (const Work& w : ready) max_k = std::max(max_k, w.k);
+  for (int round = 0; round < max_k; ++round) {
+    inputs.clear();
+    active.clear();
+    for (size_t i = 0; i < ready.size(); ++i) {
+      Work& w = ready[i];
+      if (round >= w.k) continue;
+      const int64_t len = static_cast<int64_t>(w.context.size());
+      SequenceInput in;
+      if (round == 0) {
+        in.tokens = w.context.data() + w.start;
+        in.num_tokens = len - w.start;
+        in.start_position = w.start;
+      } else {
+        fed[i] = (*out)[w.index].tokens.back();
+        in.tokens = &fed[i];
+        in.num_tokens = 1;
+        in.start_position = len + round - 1;
+      }
+      in.block_table = w.seq->blocks.data();
+      in.num_blocks = static_cast<int64_t>(w.seq->blocks.size());
+      inputs.push_back(in);
+      active.push_back(&w);
+    }
+    absl::Status s = model_->Forward(inputs, cache_.get(), &logits_);
+    if (!s.ok()) {
+      // KV written by this proposal may be partial: keep only what was valid before it.
+      for (Work& w : ready) {
+        Truncate(w.seq, w.start);
+        (*out)[w.index] = DraftProposal();
+      }
+      fail(s);
+      return first;
+    }
+    for (size_t j = 0; j < active.size(); ++j) {
+      Work& w = *active[j];
+      computed_tokens_ += inputs[j].num_tokens;
+      if (round == 0) {
+        w.seq->tokens.insert(w.seq->tokens.end(), w.context.begin() + w.start, w.context.end());
+      } else {
+        w.seq->tokens.push_back(*inputs[j].tokens);
+      }
+      DraftProposal& p = (*out)[w.index];
+      const bool sampled = w.temperature > 0.0f;
+      p.tokens.push_back(Choose(logits_.data() + j * vocab_, w.temperature, sampled, &p));
+    }
+  }
+  return first;
+}
+
+void ModelDrafter::Release(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  free_.insert(free_.end(), it->second.blocks.begin(), it->second.blocks.end());
+  seqs_.erase(it);
+}
+
+}  // namespace deepinfer::engine::spec

@@ -1,0 +1,131 @@
+// Draft-model drafter: a small checkpoint that shares the target's tokenizer (same vocabulary)
+// proposes k tokens by running k single-token forward passes on its own paged KV cache.
+//
+// Cache. Each sequence holds a list of blocks of the drafter's KvCache and the tokens whose KV
+// is in them. Propose brings that KV up to date with the context: the longest common prefix of
+// the cached tokens and the context is kept (after rejected drafts the cache holds the drafts
+// the target refused; they are dropped, not the whole sequence) and only the rest is computed.
+// Blocks past the kept prefix go back to the free list. After a proposal of k tokens the cache
+// holds the context plus d_1..d_{k-1} (d_k is never fed), so a fully accepted draft costs only
+// d_k plus the target's bonus token on the next call.
+//
+// Memory is bounded by `num_blocks` x `block_size` token slots. When a proposal needs more
+// blocks than are free, the least recently used other sequences are evicted (their KV is
+// recomputed from the context on their next proposal); a sequence that cannot fit even then gets
+// an empty proposal (no draft, OK status).
+//
+// Drafts. With temperature 0 a draft token is the arg-max of the draft logits (lowest id on
+// ties) and `probs` stays empty: the verifier treats it as a point mass, which keeps rejection
+// sampling lossless (the softmax is NOT the distribution a greedy draft was drawn from, so
+// handing it to the verifier would bias a sampled request). With temperature T > 0 the token is
+// drawn from softmax(logits / T) with the drafter's own random stream and that distribution is
+// returned in `probs` (rejection sampling is lossless for any p_d the token was really drawn
+// from; matching the target's temperature makes acceptance high).
+//
+// Survival estimates. `confidence[j]` is the largest probability of the draft's softmax (at
+// temperature 1 when greedy, T otherwise) at position j, known before d_j is chosen. The engine
+// feeds it to DraftCalibration (budget.h): a per-bin running ratio of observed acceptance to
+// confidence, fitted isotonically and clamped to [0, 1], gives the conditional acceptance c_j;
+// the survival row is a_j = prod_{i<=j} c_i, and per-position acceptance rates give the prior
+// row that sizes the budget without looking at the current draft.
+//
+// Batching. ProposeBatch drafts all sequences of a step together: one ragged forward pass
+// brings every sequence's cache up to date and yields d_1, then k - 1 passes of one token per
+// sequence (sequences with smaller k drop out).
+//
+// Thread-safety: not thread-safe; use from one thread (the engine's scheduler thread). The
+// drafter runs the draft model's Forward, so nobody else may run that model concurrently.
+#ifndef DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
+#define DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/node_hash_map.h"
+#include "absl/status/statusor.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/spec/drafter.h"
+#include "engine/spec/verifier.h"
+
+namespace deepinfer::engine::spec {
+
+struct ModelDrafterOptions {
+  int num_blocks = 256;  // drafter KV blocks, >= 1
+  int block_size = 16;   // tokens per block, >= 1
+  uint64_t seed = 0;     // the drafter's random stream (sampled drafts)
+};
+
+class ModelDrafter : public Drafter {
+ public:
+  // Drafts with `model` (not owned; must outlive the drafter). kInvalidArgument
+  // "speculative.draft_model: ..." when its vocabulary size differs from `target_vocab_size`,
+  // or for options out of range.
+  static absl::StatusOr<std::unique_ptr<ModelDrafter>> Create(Model* model, int target_vocab_size,
+                                                              const ModelDrafterOptions& options);
+  // Loads the draft checkpoint from `dir` (the config is checked against the target's vocabulary
+  // before any weight is read) and owns it. kInvalidArgument "speculative.draft_model: ..." for a
+  // directory that does not load or a vocabulary of another size.
+  static absl::StatusOr<std::unique_ptr<ModelDrafter>> Load(const std::string& dir,
+                                                            int target_vocab_size,
+                                                            const ModelDrafterOptions& options,
+                                                            const ModelOptions& model_options = {});
+
+  // Greedy proposal (temperature 0). kInvalidArgument for k < 0 or context tokens out of range;
+  // an empty context gives an empty proposal.
+  absl::Status Propose(int64_t seq_id, absl::Span<const int32_t> context, int k,
+                       DraftProposal* out) override;
+  absl::Status ProposeBatch(absl::Span<const DraftRequest> requests,
+                            std::vector<DraftProposal>* out) override;
+  void Release(int64_t seq_id) override;
+
+  // For tests and metrics.
+  int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
+  int free_blocks() const { return static_cast<int>(free_.size()); }
+  int num_blocks() const { return options_.num_blocks; }
+  // Tokens of `seq_id` whose KV the drafter holds (0 for an unknown sequence).
+  int64_t cached_length(int64_t seq_id) const;
+  int64_t evictions() const { return evictions_; }
+  int64_t computed_tokens() const { return computed_tokens_; }  // tokens fed to the draft model
+  const Model& model() const { return *model_; }
+
+ private:
+  struct SeqCache {
+    std::vector<int32_t> tokens;  // tokens whose KV is cached, in order
+    std::vector<int32_t> blocks;  // drafter block ids covering `tokens`
+    uint64_t last_used = 0;
+  };
+  // One request's working state during ProposeBatch.
+  struct Work;
+
+  ModelDrafter(Model* model, std::unique_ptr<Model> owned, std::unique_ptr<KvCache> cache,
+               const ModelDrafterOptions& options);
+  // Shrinks `seq` to its first `length` tokens, returning blocks no longer needed.
+  void Truncate(SeqCache* seq, int64_t length);
+  // Grows `seq`'s blocks to cover `positions` tokens, evicting LRU sequences not in `pinned`
+  // (by id). False (nothing changed) when the blocks cannot be found.
+  bool Reserve(int64_t seq_id, SeqCache* seq, int64_t positions,
+               const std::vector<int64_t>& pinned);
+  // Fills probs/confidence for one logits row and picks the token.
+  int32_t Choose(const float* logits, float temperature, bool keep_probs, DraftProposal* out);
+
+  Model* const model_;
+  std::unique_ptr<Model> owned_;
+  std::unique_ptr<KvCache> cache_;
+  const ModelDrafterOptions options_;
+  const int vocab_;
+  std::vector<int32_t> free_;
+  absl::node_hash_map<int64_t, SeqCache> seqs_;  // node map: pointers stay valid
+  uint64_t clock_ = 0;
+  SpecRng rng_;
+  int64_t evictions_ = 0;
+  int64_t computed_tokens_ = 0;
+  std::vector<float> logits_;   // workspace
+  std::vector<double> weights_;  // workspace
+};
+
+}  // namespace deepinfer::engine::spec
+
+#endif  // DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_

@@ -1,0 +1,245 @@
+#include "engine/spec/model_drafter.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace deepinfer::engine::spec {
+namespace {
+
+constexpr char kLlama[] = "engine/testdata/models/llama";
+
+Model* SharedModel() {
+  static Model* model = [] {
+    auto m = Model::Load(kLlama, ModelOptions{1});
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m->release();
+  }();
+  return model;
+}
+
+std::unique_ptr<ModelDrafter> Make(int num_blocks = 64, int block_size = 4) {
+  ModelDrafterOptions o;
+  o.num_blocks = num_blocks;
+  o.block_size = block_size;
+  auto d = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return *std::move(d);
+}
+
+// Greedy continuation the slow way: a fresh cache and a full forward pass per token.
+std::vector<int32_t> Reference(std::vector<int32_t> ctx, int k) {
+  Model* model = SharedModel();
+  const int block_size = 16;
+  const int blocks = static_cast<int>((ctx.size() + k) / block_size + 1);
+  auto cache = KvCache::Create(model->MakeKvCacheConfig(blocks, block_size));
+  EXPECT_TRUE(cache.ok());
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = b;
+  const int vocab = model->config().vocab_size;
+  std::vector<int32_t> out;
+  std::vector<float> logits;
+  for (int i = 0; i < k; ++i) {
+    SequenceInput in;
+    in.tokens = ctx.data();
+    in.num_tokens = static_cast<int64_t>(ctx.size());
+    in.block_table = table.data();
+    in.num_blocks = blocks;
+    EXPECT_TRUE(model->Forward({in}, cache->get(), &logits).ok());
+    int32_t best = 0;
+    for (int v = 1; v < vocab; ++v) {
+      if (logits[v] > logits[best]) best = v;
+    }
+    out.push_back(best);
+    ctx.push_back(best);
+  }
+  return out;
+}
+
+std::vector<int32_t> Context(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ctx(n);
+  for (int32_t& t : ctx) t = static_cast<int32_t>(rng() % 700) + 3;
+  return ctx;
+}
+
+std::vector<int32_t> Propose(ModelDrafter* d, int64_t seq, const std::vector<int32_t>& ctx,
+                             int k) {
+  DraftProposal p;
+  absl::Status s = d->Propose(seq, ctx, k, &p);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(p.probs.empty());  // greedy drafts are point masses
+  EXPECT_EQ(p.confidence.size(), p.tokens.size());
+  return p.tokens;
+}
+
+TEST(ModelDrafterTest, GreedyDraftsAreTheDraftModelsGreedyContinuation) {
+  auto d = Make();
+  const std::vector<int32_t> ctx = Context(11, 1);
+  EXPECT_EQ(Propose(d.get(), 1, ctx, 5), Reference(ctx, 5));
+  EXPECT_EQ(d->cached_length(1), 11 + 5 - 1);  // d_k is never fed
+}
+
+TEST(ModelDrafterTest, RejectedDraftsAreTruncatedToTheCommonPrefix) {
+  auto d = Make();
+  std::vector<int32_t> ctx = Context(9, 2);
+  const std::vector<int32_t> first = Propose(d.get(), 7, ctx, 4);
+  ASSERT_EQ(first.size(), 4u);
+  // The target accepts d_1 and corrects d_2: only the correction is new to the drafter.
+  ctx.push_back(first[0]);
+  ctx.push_back((first[1] + 1) % 700 + 3);
+  int64_t before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 7, ctx, 4), Reference(ctx, 4));
+  EXPECT_EQ(d->computed_tokens() - before, 1 + 3);
+  EXPECT_EQ(d->cached_length(7), static_cast<int64_t>(ctx.size()) + 3);
+
+  // All drafts accepted plus a bonus token: d_k and the bonus are fed.
+  const std::vector<int32_t> second = Reference(ctx, 4);
+  ctx.insert(ctx.end(), second.begin(), second.end());
+  ctx.push_back(5);
+  before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 7, ctx, 3), Reference(ctx, 3));
+  EXPECT_EQ(d->computed_tokens() - before, 2 + 2);
+
+  // A context that diverges deep inside (a replaced sequence): keep the 4 shared tokens.
+  std::vector<int32_t> other(ctx.begin(), ctx.begin() + 4);
+  const std::vector<int32_t> tail = Context(6, 3);
+  other.insert(other.end(), tail.begin(), tail.end());
+  other[4] = ctx[4] == 100 ? 101 : 100;
+  before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 7, other, 2), Reference(other, 2));
+  EXPECT_EQ(d->computed_tokens() - before, 6 + 1);
+
+  // The same context again: only its last token is fed again (its logits are needed).
+  before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 7, other, 2), Reference(other, 2));
+  EXPECT_EQ(d->computed_tokens() - before, 1 + 1);
+}
+
+TEST(ModelDrafterTest, BatchEqualsOneAtATime) {
+  auto batched = Make();
+  auto single = Make();
+  std::vector<std::vector<int32_t>> ctx = {Context(5, 4), Context(17, 5), Context(1, 6)};
+  const int ks[] = {3, 1, 4};
+  for (int turn = 0; turn < 2; ++turn) {
+    std::vector<DraftRequest> requests(3);
+    for (int i = 0; i < 3; ++i) {
+      requests[i].seq_id = 10 + i;
+      requests[i].context = ctx[i];
+      requests[i].k = ks[i];
+    }
+    std::vector<DraftProposal> out;
+    ASSERT_TRUE(batched->ProposeBatch(requests, &out).ok());
+    ASSERT_EQ(out.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(out[i].tokens, Propose(single.get(), 10 + i, ctx[i], ks[i])) << i;
+      EXPECT_EQ(out[i].tokens, Reference(ctx[i], ks[i])) << i;
+      // Next turn: accept the first draft and append a correction.
+      ctx[i].push_back(out[i].tokens[0]);
+      ctx[i].push_back(42);
+    }
+  }
+}
+
+TEST(ModelDrafterTest, SampledDraftsCarryTheirDistribution) {
+  auto d = Make();
+  std::vector<DraftRequest> requests(1);
+  const std::vector<int32_t> ctx = Context(6, 7);
+  requests[0].seq_id = 1;
+  requests[0].context = ctx;
+  requests[0].k = 3;
+  requests[0].temperature = 0.8f;
+  std::vector<DraftProposal> out;
+  ASSERT_TRUE(d->ProposeBatch(requests, &out).ok());
+  const DraftProposal& p = out[0];
+  const int vocab = SharedModel()->config().vocab_size;
+  ASSERT_EQ(p.tokens.size(), 3u);
+  ASSERT_EQ(p.probs.size(), 3u * vocab);
+  ASSERT_EQ(p.confidence.size(), 3u);
+  for (int j = 0; j < 3; ++j) {
+    double sum = 0.0;
+    float max_p = 0.0f;
+    for (int v = 0; v < vocab; ++v) {
+      sum += p.probs[j * vocab + v];
+      max_p = std::max(max_p, p.probs[j * vocab + v]);
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-4);
+    EXPECT_GT(p.probs[j * vocab + p.tokens[j]], 0.0f);
+    EXPECT_NEAR(p.confidence[j], max_p, 1e-5);
+  }
+}
+
+TEST(ModelDrafterTest, EvictsLeastRecentlyUsedAndNeverLeaks) {
+  // 8 blocks of 4 slots; a 10-token context with k = 4 needs 13 slots = 4 blocks.
+  auto d = Make(/*num_blocks=*/8, /*block_size=*/4);
+  const auto a = Context(10, 8), b = Context(10, 9), c = Context(10, 10);
+  Propose(d.get(), 1, a, 4);
+  Propose(d.get(), 2, b, 4);
+  EXPECT_EQ(d->free_blocks(), 0);
+  Propose(d.get(), 2, b, 4);  // b is now the most recently used
+  EXPECT_EQ(Propose(d.get(), 3, c, 4), Reference(c, 4));
+  EXPECT_EQ(d->evictions(), 1);
+  EXPECT_EQ(d->cached_length(1), 0);
+  EXPECT_EQ(d->cached_length(2), 13);
+  // The evicted sequence is recomputed on its next proposal.
+  EXPECT_EQ(Propose(d.get(), 1, a, 4), Reference(a, 4));
+  // A proposal that can never fit gets no draft, and nothing breaks.
+  EXPECT_TRUE(Propose(d.get(), 4, Context(40, 11), 4).empty());
+  // Aborts at any point give every block back.
+  for (int64_t s = 1; s <= 4; ++s) d->Release(s);
+  d->Release(99);
+  EXPECT_EQ(d->free_blocks(), d->num_blocks());
+  EXPECT_EQ(d->num_sequences(), 0);
+}
+
+TEST(ModelDrafterTest, RejectsBadArguments) {
+  auto d = Make();
+  DraftProposal p;
+  EXPECT_EQ(d->Propose(1, Context(3, 1), -1, &p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d->Propose(1, std::vector<int32_t>{1, 900}, 2, &p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_TRUE(d->Propose(1, Context(3, 1), 0, &p).ok());
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_TRUE(d->Propose(1, {}, 3, &p).ok());
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_EQ(d->free_blocks(), d->num_blocks());
+}
+
+TEST(ModelDrafterTest, RefusesAnotherVocabulary) {
+  auto bad = ModelDrafter::Create(SharedModel(), 1000, {});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("speculative.draft_model"), std::string::npos);
+
+  // A checkpoint directory whose config has another vocabulary is refused before its weights.
+  const std::filesystem::path dir =
+      std::filesystem::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") /
+      "draft_vocab";
+  std::filesystem::create_directories(dir);
+  nlohmann::json config;
+  std::ifstream(std::string(kLlama) + "/config.json") >> config;
+  config["vocab_size"] = 1024;
+  std::ofstream(dir / "config.json") << config.dump();
+  auto loaded = ModelDrafter::Load(dir.string(), 768, {});
+  ASSERT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("speculative.draft_model: vocab_size 1024"),
+            std::string::npos)
+      << loaded.status();
+
+  auto missing = ModelDrafter::Load("/nonexistent/draft", 768, {});
+  ASSERT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.status().message().rfind("speculative.draft_model: ", 0), 0u);
+
+  auto good = ModelDrafter::Load(kLlama, 768, {}, ModelOptions{1});
+  EXPECT_TRUE(good.ok()) << good.status();
+}
+
+}  // namespace
+}  // namespace deepinfer::engine::spec
