@@ -4,11 +4,13 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "engine/block_hash.h"
 #include "engine/chat_template/chat_template.h"
 #include "engine/spec/budget.h"
 #include "engine/spec/drafter.h"
+#include "engine/spec/model_drafter.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/verifier.h"
 #include "spdlog/spdlog.h"
@@ -42,6 +44,8 @@ struct LlmEngine::Sequence {
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
   int draft_match = 0;
+  std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
+  std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
   OutputCallback on_output;
   int priority = 0;
   uint64_t arrival = 0;
@@ -81,6 +85,8 @@ struct LlmEngine::Planned {
   bool sample = false;
   std::vector<int32_t> draft;  // speculative tokens after the one known input token
   int draft_match = 0;         // the n-gram drafter's match length for them
+  std::vector<float> draft_probs;       // as Sequence::draft_probs, for these drafts
+  std::vector<float> draft_confidence;  // as Sequence::draft_confidence
   std::vector<int32_t> table;
   std::vector<int32_t> input;
   SampleResult result;
@@ -114,9 +120,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   const SpecOptions& so = options.speculative;
   std::unique_ptr<spec::Drafter> drafter;
   if (so.enabled) {
-    if (so.drafter != "ngram") {
+    if (so.drafter != "ngram" && so.drafter != "draft_model") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "speculative.drafter: expected \"ngram\", got \"", so.drafter, "\""));
+          "speculative.drafter: expected \"ngram\" or \"draft_model\", got \"", so.drafter,
+          "\""));
     }
     if (so.num_speculative_tokens < 1 || so.num_speculative_tokens > 64) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -126,13 +133,36 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
     }
-    absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
-        spec::NgramDrafter::Create({so.min_n, so.max_n});
-    if (!ngram.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculative: ", ngram.status().message()));
+    if (so.drafter == "draft_model") {
+      if (so.draft_model_path.empty()) {
+        return absl::InvalidArgumentError(
+            "speculative.draft_model_path: required with drafter \"draft_model\"");
+      }
+      if (so.draft_num_blocks < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "speculative.draft_num_blocks: expected >= 1, got ", so.draft_num_blocks));
+      }
+      spec::ModelDrafterOptions mo;
+      mo.num_blocks = so.draft_num_blocks;
+      mo.block_size = options.block_size;
+      mo.seed = options.hash_seed ^ 0x5eedd4a7ULL;
+      absl::StatusOr<std::unique_ptr<spec::ModelDrafter>> loaded = spec::ModelDrafter::Load(
+          so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
+      if (!loaded.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "speculative.draft_model_path: \"", so.draft_model_path, "\": ",
+            absl::StripPrefix(loaded.status().message(), "speculative.draft_model: ")));
+      }
+      drafter = std::move(*loaded);
+    } else {
+      absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
+          spec::NgramDrafter::Create({so.min_n, so.max_n});
+      if (!ngram.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("speculative: ", ngram.status().message()));
+      }
+      drafter = std::move(*ngram);
     }
-    drafter = std::move(*ngram);
   }
   std::unique_ptr<LlmEngine> engine(new LlmEngine(model, options, std::move(cache)));
   if (so.enabled) {
@@ -140,6 +170,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
     engine->survival_ = std::make_unique<spec::NgramSurvivalStats>(
         /*max_match_length=*/so.max_n,
         spec::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
+    if (so.drafter == "draft_model") {
+      spec::CalibrationOptions co;
+      co.positions.max_positions = so.num_speculative_tokens;
+      engine->calibration_ = std::make_unique<spec::DraftCalibration>(co);
+    }
     if (so.adaptive) {
       absl::Status profiled = absl::OkStatus();
       if (so.cost_table != nullptr) {
@@ -661,7 +696,11 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
   auto plan = [&](Sequence* seq) {
     // Drafts chosen by Draft for this step (decoding sequences only).
     std::vector<int32_t> draft = std::move(seq->draft);
+    std::vector<float> draft_probs = std::move(seq->draft_probs);
+    std::vector<float> draft_confidence = std::move(seq->draft_confidence);
     seq->draft.clear();
+    seq->draft_probs.clear();
+    seq->draft_confidence.clear();
     const int64_t known = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples;
     const int64_t avail = known - seq->scheduled_end;
     if (avail <= 0 || budget <= 0) return;
@@ -701,8 +740,14 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
     p.count = count;
     p.sample = p.start + count - static_cast<int64_t>(draft.size()) == known;
     if (!draft.empty()) {
+      // Probabilities and confidences follow the drafts kept (a prefix of those proposed).
+      const size_t kept = draft.size();
+      if (!draft_probs.empty()) draft_probs.resize(kept * model_->config().vocab_size);
+      if (!draft_confidence.empty()) draft_confidence.resize(kept);
       p.draft = std::move(draft);
       p.draft_match = seq->draft_match;
+      p.draft_probs = std::move(draft_probs);
+      p.draft_confidence = std::move(draft_confidence);
     }
     seq->scheduled_end += count;
     if (p.sample) ++seq->pending_samples;
@@ -840,8 +885,8 @@ void LlmEngine::ExecuteStep(Step& step) {
       if (!p.draft.empty()) {
         // Rows of the known token and the drafts: verify the drafts (records what it emits).
         const int64_t first = p.count - static_cast<int64_t>(p.draft.size()) - 1;
-        absl::Status verified = seq->verifier->Verify(rows + first * vocab, vocab, p.draft, {},
-                                                      &p.verify);
+        absl::Status verified = seq->verifier->Verify(rows + first * vocab, vocab, p.draft,
+                                                      p.draft_probs, &p.verify);
         if (!verified.ok()) {
           step.status = verified;
           break;
@@ -908,10 +953,15 @@ void LlmEngine::Process(Step& step) {
       spec_accepted += accepted;
       seq->usage.draft_tokens += verified;
       seq->usage.accepted_draft_tokens += accepted;
-      survival_->Observe(p.draft_match, verified, accepted);
       spec::DraftProposal proposal;
       proposal.tokens = p.draft;
       proposal.match_length = p.draft_match;
+      if (calibration_ != nullptr) {
+        calibration_->Observe(p.draft_confidence, verified, accepted);
+        proposal.confidence = p.draft_confidence;
+      } else {
+        survival_->Observe(p.draft_match, verified, accepted);
+      }
       drafter_->OnVerified(static_cast<int64_t>(seq->id), proposal, verified, accepted);
       // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
       kv_end -= verified - accepted;
@@ -1029,19 +1079,36 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
                       int step_requests) {
   const int k = options_.speculative.num_speculative_tokens;
   int64_t drafted = 0;
-  spec::DraftProposal proposal;
+  // All decoding sequences are drafted together (a draft model batches its forward passes).
+  std::vector<spec::DraftRequest> requests;
+  std::vector<Sequence*> asked;
   for (Sequence* seq : decodes) {
     seq->draft.clear();
     seq->draft_match = 0;
+    seq->draft_probs.clear();
+    seq->draft_confidence.clear();
     // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
     const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
     const int cap = static_cast<int>(std::min<int64_t>(k, room));
     if (cap <= 0) continue;
-    if (!drafter_->Propose(static_cast<int64_t>(seq->id), seq->tokens, cap, &proposal).ok()) {
-      continue;
-    }
+    spec::DraftRequest r;
+    r.seq_id = static_cast<int64_t>(seq->id);
+    r.context = seq->tokens;
+    r.k = cap;
+    r.temperature = seq->sampling.temperature;
+    requests.push_back(r);
+    asked.push_back(seq);
+  }
+  std::vector<spec::DraftProposal> proposals;
+  absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
+  if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
+  for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
+    Sequence* seq = asked[i];
+    spec::DraftProposal& proposal = proposals[i];
     seq->draft = std::move(proposal.tokens);
     seq->draft_match = proposal.match_length;
+    seq->draft_probs = std::move(proposal.probs);
+    seq->draft_confidence = std::move(proposal.confidence);
     drafted += static_cast<int64_t>(seq->draft.size());
   }
   if (drafted == 0) return;
@@ -1054,7 +1121,17 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // position), never from the drafted tokens themselves: lossless (budget.h).
     std::vector<spec::VerifyCandidate> candidates(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) {
-      survival_->Survival(decodes[i]->draft_match, verify_len[i], &candidates[i].prior);
+      const Sequence* seq = decodes[i];
+      if (calibration_ != nullptr) {
+        // Prior from per-position rates sizes B; the current row (confidences known before
+        // each token was chosen) hands out the slots.
+        calibration_->PositionPrior(verify_len[i], &candidates[i].prior);
+        if (seq->draft_confidence.size() == static_cast<size_t>(verify_len[i])) {
+          calibration_->Survival(seq->draft_confidence, &candidates[i].current);
+        }
+      } else {
+        survival_->Survival(seq->draft_match, verify_len[i], &candidates[i].prior);
+      }
     }
     spec::StepShape shape;
     shape.sampling_requests = static_cast<int>(decodes.size());

@@ -69,6 +69,7 @@ namespace deepinfer::engine {
 class ChatTemplate;
 namespace spec {
 class CostTable;
+class DraftCalibration;
 class Drafter;
 class NgramSurvivalStats;
 }  // namespace spec
@@ -80,13 +81,24 @@ namespace deepinfer::engine {
 // should fill this from its flags; a prefill-only node has no use for it.
 struct SpecOptions {
   bool enabled = false;
-  std::string drafter = "ngram";  // prompt lookup (engine/spec/ngram_drafter.h); the only one
+  // "ngram": prompt lookup (engine/spec/ngram_drafter.h). "draft_model": a small checkpoint with
+  // the target's vocabulary (engine/spec/model_drafter.h), loaded by Create from
+  // `draft_model_path`; its drafts are sampled at each request's temperature (arg-max at 0) and
+  // carry their distribution, so rejection sampling stays lossless.
+  std::string drafter = "ngram";
   int min_n = 1;                  // n-gram drafter: shortest suffix matched, >= 1
   int max_n = 4;                  // longest suffix matched, in [min_n, 64]
   int num_speculative_tokens = 4;  // k: drafts proposed per sequence and step, in [1, 64]
+  // Draft model: Hugging Face checkpoint directory (required with drafter "draft_model"), the
+  // blocks of its own KV cache (EngineOptions::block_size tokens each, >= 1; the least recently
+  // used sequence's draft KV is evicted when full) and its forward-pass threads (<= 0: all).
+  std::string draft_model_path;
+  int draft_num_blocks = 256;
+  int draft_threads = 0;
   // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
   // maximises expected tokens per second, from online per-position acceptance estimates (keyed
-  // by n-gram match length) and a cost table profiled on the model when the engine is created.
+  // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
+  // in budget.h) and a cost table profiled on the model when the engine is created.
   // Still lossless: the budget depends only on earlier steps. With a flat or missing cost table
   // every draft is verified (and a warning is logged once).
   bool adaptive = false;
@@ -347,6 +359,7 @@ class LlmEngine {
   // Speculative decoding (scheduler thread only).
   std::unique_ptr<spec::Drafter> drafter_;
   std::unique_ptr<spec::NgramSurvivalStats> survival_;
+  std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
   std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft
 };
 

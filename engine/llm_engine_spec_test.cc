@@ -4,7 +4,10 @@
 // and rejected draft positions never reach the prefix cache.
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "engine/spec/budget.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace deepinfer::engine {
 namespace {
@@ -509,6 +513,104 @@ TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
   o.speculative.min_n = 0;
   EXPECT_EQ(LlmEngine::Create(model.get(), o).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+
+EngineOptions WithDraftModel(EngineOptions o, const std::string& dir, int k, bool adaptive) {
+  o = WithSpec(o, k, adaptive);
+  o.speculative.drafter = "draft_model";
+  o.speculative.draft_model_path = dir;
+  o.speculative.draft_num_blocks = 64;
+  o.speculative.draft_threads = 1;
+  return o;
+}
+
+TEST(SpecEngineDraftModelTest, SameWeightsDraftIsAlwaysAcceptedAndOutputsMatch) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 53);
+  const auto reqs = GreedyRequests(prompts, 20);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  const RunResult got = RunAll(model.get(), WithDraftModel(BaseOptions(), kLlama, 4, false), reqs);
+  for (const EngineRequest& r : reqs) {
+    EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+        << r.request_id;
+  }
+  EXPECT_GT(got.stats.spec_verified_tokens, 0);
+  EXPECT_EQ(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
+}
+
+TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejected) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 59);
+  const auto reqs = GreedyRequests(prompts, 16);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  for (bool adaptive : {false, true}) {
+    // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
+    std::vector<spec::CostTable::Sample> samples;
+    for (int requests : {1, 8}) {
+      for (int tokens : {1, 64}) {
+        for (int run = 0; run < 5; ++run) samples.push_back({tokens, requests, 1e-3 + 1e-5 * tokens});
+      }
+    }
+    const spec::CostTable cheap = spec::CostTable::FromSamples(samples).value();
+    EngineOptions o = WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
+    o.speculative.cost_table = &cheap;
+    const RunResult got = RunAll(model.get(), o, reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+          << r.request_id << " adaptive " << adaptive;
+    }
+    EXPECT_GT(got.stats.spec_verified_tokens, 0);
+    EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
+  }
+}
+
+TEST(SpecEngineDraftModelTest, SampledRequestsWithDraftDistributions) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 4, 61);
+  auto reqs = GreedyRequests(prompts, 12);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].sampling.temperature = 0.8f;
+    reqs[i].sampling.has_seed = true;
+    reqs[i].sampling.seed = 7 + i;
+  }
+  const RunResult got = RunAll(model.get(), WithDraftModel(BaseOptions(), kLlama, 4, false), reqs);
+  EXPECT_GT(got.stats.spec_verified_tokens, 0);
+  // Same weights and temperature: p_d == p_t up to top-k/p (none here), so nearly every draft is
+  // accepted (min(1, p_t / p_d) = 1).
+  EXPECT_GT(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens * 9 / 10);
+  for (const EngineRequest& r : reqs) {
+    const auto& x = got.results.at(r.request_id);
+    EXPECT_TRUE(x.status.ok()) << x.status;
+    EXPECT_EQ(x.tokens.size(), 12u);
+  }
+}
+
+TEST(SpecEngineDraftModelTest, RejectsBadDraftModels) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  auto message = [&](const EngineOptions& o) {
+    auto e = LlmEngine::Create(model.get(), o);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(e.status().message());
+  };
+  EXPECT_EQ(message(WithDraftModel(BaseOptions(), "", 4, false))
+                .rfind("speculative.draft_model_path: required", 0),
+            0u);
+  EXPECT_EQ(message(WithDraftModel(BaseOptions(), "/nonexistent/draft", 4, false))
+                .rfind("speculative.draft_model_path: \"/nonexistent/draft\"", 0),
+            0u);
+  const std::filesystem::path dir =
+      std::filesystem::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") /
+      "draft_other_vocab";
+  std::filesystem::create_directories(dir);
+  nlohmann::json config;
+  std::ifstream(std::string(kLlama) + "/config.json") >> config;
+  config["vocab_size"] = 1024;
+  std::ofstream(dir / "config.json") << config.dump();
+  const std::string vocab = message(WithDraftModel(BaseOptions(), dir.string(), 4, false));
+  EXPECT_EQ(vocab.rfind("speculative.draft_model_path:", 0), 0u) << vocab;
+  EXPECT_NE(vocab.find("vocab_size 1024 differs from the target model's 768"), std::string::npos)
+      << vocab;
 }
 
 }  // namespace
