@@ -45,7 +45,8 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, log_level, "info",
           "Log level: trace, debug, info, warn, error, critical or off.");
 ABSL_FLAG(std::string, speculative, "off",
-          "Speculative decoding on decode nodes: off or ngram (prompt lookup). Give every "
+          "Speculative decoding on decode nodes: off, ngram (prompt lookup) or draft_model (a "
+          "small checkpoint with the target's vocabulary, --draft_model). Give every "
           "prefill and decode node of a model the same speculative flags: the router refuses "
           "a worker whose config differs.");
 ABSL_FLAG(int, num_speculative_tokens, 4,
@@ -53,6 +54,9 @@ ABSL_FLAG(int, num_speculative_tokens, 4,
 ABSL_FLAG(int, ngram_min, 1, "With --speculative=ngram: shortest suffix matched (>= 1).");
 ABSL_FLAG(int, ngram_max, 4,
           "With --speculative=ngram: longest suffix matched, in [--ngram_min, 64].");
+ABSL_FLAG(std::string, draft_model, "",
+          "With --speculative=draft_model: the draft checkpoint's directory (Hugging Face "
+          "layout, same vocabulary as --model).");
 ABSL_FLAG(bool, spec_adaptive, false,
           "With --speculative: verify per step the number of drafts that maximises expected "
           "tokens per second, from a cost table profiled on the model at start-up.");
@@ -130,17 +134,20 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
                                                    absl::FormatDuration(o.drain_timeout)));
   }
   const std::string speculative = absl::GetFlag(FLAGS_speculative);
-  if (speculative == "ngram") {
+  if (speculative == "ngram" || speculative == "draft_model") {
     o.speculative.enabled = true;
     o.speculative.drafter = speculative;
   } else if (speculative != "off") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--speculative: expected off or ngram, got \"", speculative, "\""));
+        absl::StrCat("--speculative: expected off, ngram or draft_model, got \"", speculative,
+                     "\""));
   }
   o.speculative.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
   o.speculative.min_n = absl::GetFlag(FLAGS_ngram_min);
   o.speculative.max_n = absl::GetFlag(FLAGS_ngram_max);
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
+  o.speculative.draft_threads = o.threads;
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(o.speculative));
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());
   return o;

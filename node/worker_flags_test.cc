@@ -59,6 +59,18 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(c.min_n(), 2u);
   EXPECT_EQ(c.max_n(), 3u);
   EXPECT_TRUE(c.adaptive());
+  // A draft model: its directory becomes the engine's path and the registered id.
+  absl::SetFlag(&FLAGS_speculative, "draft_model");
+  absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");
+  absl::SetFlag(&FLAGS_threads, 3);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->speculative.enabled);
+  EXPECT_EQ(o->speculative.drafter, "draft_model");
+  EXPECT_EQ(o->speculative.draft_model_path, "/models/tiny-draft/");
+  EXPECT_EQ(o->speculative.draft_threads, 3);
+  EXPECT_EQ(ToSpeculativeConfig(o->speculative).method(), "draft_model");
+  EXPECT_EQ(ToSpeculativeConfig(o->speculative).draft_model_id(), "tiny-draft");
   // Off: the other speculative flags are not checked, and the config says only "off".
   absl::SetFlag(&FLAGS_speculative, "off");
   absl::SetFlag(&FLAGS_num_speculative_tokens, 0);
@@ -89,7 +101,9 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_metrics_listen, "no-port"); }, "--metrics_listen:"},
       {[] { absl::SetFlag(&FLAGS_worker_id, std::string(129, 'w')); }, "--worker_id:"},
       {[] { absl::SetFlag(&FLAGS_speculative, "eagle"); },
-       "--speculative: expected off or ngram, got \"eagle\""},
+       "--speculative: expected off, ngram or draft_model, got \"eagle\""},
+      {[] { absl::SetFlag(&FLAGS_speculative, "draft_model"); },
+       "--draft_model: required with --speculative=draft_model"},
       {[] {
          absl::SetFlag(&FLAGS_speculative, "ngram");
          absl::SetFlag(&FLAGS_num_speculative_tokens, 0);

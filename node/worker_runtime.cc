@@ -219,9 +219,14 @@ class WorkerRuntime::Metrics {
 
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
   if (!spec.enabled) return absl::OkStatus();
-  if (spec.drafter != "ngram") {
+  if (spec.drafter != "ngram" && spec.drafter != "draft_model") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative: expected off, ngram or draft_model, got \"", spec.drafter, "\""));
+  }
+  if (spec.drafter == "draft_model" && spec.draft_model_path.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--speculative: expected off or ngram, got \"", spec.drafter, "\""));
+        "--draft_model: required with --speculative=draft_model (the draft checkpoint's "
+        "directory)");
   }
   if (spec.num_speculative_tokens < 1 || spec.num_speculative_tokens > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -248,6 +253,14 @@ internal::v1::SpeculativeConfig ToSpeculativeConfig(const engine::SpecOptions& s
   c.set_min_n(static_cast<uint32_t>(spec.min_n));
   c.set_max_n(static_cast<uint32_t>(spec.max_n));
   c.set_adaptive(spec.adaptive);
+  if (spec.drafter == "draft_model") {
+    // The checkpoint's directory name (e.g. ".../qwen2-0.5b/" -> "qwen2-0.5b").
+    absl::string_view path = spec.draft_model_path;
+    while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+    const size_t slash = path.rfind('/');
+    c.set_draft_model_id(std::string(slash == absl::string_view::npos ? path
+                                                                      : path.substr(slash + 1)));
+  }
   return c;
 }
 
