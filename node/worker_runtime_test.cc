@@ -249,6 +249,46 @@ TEST(WorkerRuntimeTest, SpeculativeDecodeNodeExportsSpecMetrics) {
   rt->Drain(absl::Seconds(1));
 }
 
+// --speculative=draft_model on a decode node: the engine loads the draft checkpoint (here the
+// target's own weights, so every draft is accepted); a bad directory fails Create.
+TEST(WorkerRuntimeTest, DraftModelDecodeNodeSpeculates) {
+  WorkerOptions o = TestOptions("decode-draft-model");
+  o.role = internal::v1::WORKER_ROLE_DECODE;
+  o.speculative.enabled = true;
+  o.speculative.drafter = "draft_model";
+  o.speculative.draft_model_path = "engine/testdata/models/does_not_exist";
+  auto bad = WorkerRuntime::Create(o);
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("speculative.draft_model_path"), std::string::npos)
+      << bad.status();
+
+  o.speculative.draft_model_path = "engine/testdata/models/llama";
+  o.speculative.draft_threads = 1;
+  auto created = WorkerRuntime::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<WorkerRuntime> rt = std::move(*created);
+  ASSERT_TRUE(rt->Start({}, {}).ok());
+  engine::EngineRequest request;
+  request.request_id = "draft";
+  request.prompt = {5, 17, 300, 42, 9};
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = 16;
+  request.sampling.ignore_eos = true;
+  std::promise<engine::RequestUsage> done;
+  ASSERT_TRUE(rt->engine()
+                  ->Submit(request,
+                           [&](const engine::EngineOutput& out) {
+                             if (out.finished) done.set_value(out.usage);
+                           })
+                  .ok());
+  std::future<engine::RequestUsage> usage = done.get_future();
+  ASSERT_EQ(usage.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const engine::RequestUsage u = usage.get();
+  EXPECT_GT(u.draft_tokens, 0);
+  EXPECT_EQ(u.accepted_draft_tokens, u.draft_tokens);
+  rt->Drain(absl::Seconds(1));
+}
+
 // --spec_adaptive: the decode engine profiles its cost table on the model inside Create (before
 // any other thread runs the model) and drafts; a prefill node with the same flags never drafts.
 TEST(WorkerRuntimeTest, AdaptiveSpeculationRunsOnDecodeNodesOnly) {
