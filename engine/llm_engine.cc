@@ -122,8 +122,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   if (so.enabled) {
     if (so.drafter != "ngram" && so.drafter != "draft_model") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "speculative.drafter: expected \"ngram\" or \"draft_model\", got \"", so.drafter,
-          "\""));
+          "speculative.drafter: expected \"ngram\" or \"draft_model\", got \"", so.drafter, "\""));
     }
     if (so.num_speculative_tokens < 1 || so.num_speculative_tokens > 64) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -139,8 +138,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
             "speculative.draft_model_path: required with drafter \"draft_model\"");
       }
       if (so.draft_num_blocks < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "speculative.draft_num_blocks: expected >= 1, got ", so.draft_num_blocks));
+        return absl::InvalidArgumentError(
+            absl::StrCat("speculative.draft_num_blocks: expected >= 1, got ", so.draft_num_blocks));
       }
       spec::ModelDrafterOptions mo;
       mo.num_blocks = so.draft_num_blocks;
@@ -150,16 +149,15 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
           so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
       if (!loaded.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "speculative.draft_model_path: \"", so.draft_model_path, "\": ",
-            absl::StripPrefix(loaded.status().message(), "speculative.draft_model: ")));
+            "speculative.draft_model_path: \"", so.draft_model_path,
+            "\": ", absl::StripPrefix(loaded.status().message(), "speculative.draft_model: ")));
       }
       drafter = std::move(*loaded);
     } else {
       absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
           spec::NgramDrafter::Create({so.min_n, so.max_n});
       if (!ngram.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("speculative: ", ngram.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat("speculative: ", ngram.status().message()));
       }
       drafter = std::move(*ngram);
     }
@@ -885,8 +883,8 @@ void LlmEngine::ExecuteStep(Step& step) {
       if (!p.draft.empty()) {
         // Rows of the known token and the drafts: verify the drafts (records what it emits).
         const int64_t first = p.count - static_cast<int64_t>(p.draft.size()) - 1;
-        absl::Status verified = seq->verifier->Verify(rows + first * vocab, vocab, p.draft,
-                                                      p.draft_probs, &p.verify);
+        absl::Status verified =
+            seq->verifier->Verify(rows + first * vocab, vocab, p.draft, p.draft_probs, &p.verify);
         if (!verified.ok()) {
           step.status = verified;
           break;

@@ -515,7 +515,6 @@ TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
             absl::StatusCode::kInvalidArgument);
 }
 
-
 EngineOptions WithDraftModel(EngineOptions o, const std::string& dir, int k, bool adaptive) {
   o = WithSpec(o, k, adaptive);
   o.speculative.drafter = "draft_model";
@@ -549,11 +548,13 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     std::vector<spec::CostTable::Sample> samples;
     for (int requests : {1, 8}) {
       for (int tokens : {1, 64}) {
-        for (int run = 0; run < 5; ++run) samples.push_back({tokens, requests, 1e-3 + 1e-5 * tokens});
+        for (int run = 0; run < 5; ++run)
+          samples.push_back({tokens, requests, 1e-3 + 1e-5 * tokens});
       }
     }
     const spec::CostTable cheap = spec::CostTable::FromSamples(samples).value();
-    EngineOptions o = WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
+    EngineOptions o =
+        WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
     o.speculative.cost_table = &cheap;
     const RunResult got = RunAll(model.get(), o, reqs);
     for (const EngineRequest& r : reqs) {

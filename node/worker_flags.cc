@@ -138,9 +138,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
     o.speculative.enabled = true;
     o.speculative.drafter = speculative;
   } else if (speculative != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--speculative: expected off, ngram or draft_model, got \"", speculative,
-                     "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative: expected off, ngram or draft_model, got \"", speculative, "\""));
   }
   o.speculative.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
   o.speculative.min_n = absl::GetFlag(FLAGS_ngram_min);

@@ -258,8 +258,8 @@ internal::v1::SpeculativeConfig ToSpeculativeConfig(const engine::SpecOptions& s
     absl::string_view path = spec.draft_model_path;
     while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
     const size_t slash = path.rfind('/');
-    c.set_draft_model_id(std::string(slash == absl::string_view::npos ? path
-                                                                      : path.substr(slash + 1)));
+    c.set_draft_model_id(
+        std::string(slash == absl::string_view::npos ? path : path.substr(slash + 1)));
   }
   return c;
 }

@@ -103,8 +103,9 @@ struct WorkerOptions {
 };
 
 // kInvalidArgument naming the flag for SpecOptions a worker cannot run: drafter other than
-// "ngram" or "draft_model", "draft_model" without --draft_model, --num_speculative_tokens outside [1, 64], --ngram_min < 1, --ngram_max outside
-// [--ngram_min, 64]. OK when speculation is off (the other fields are then ignored).
+// "ngram" or "draft_model", "draft_model" without --draft_model, --num_speculative_tokens outside
+// [1, 64], --ngram_min < 1, --ngram_max outside [--ngram_min, 64]. OK when speculation is off
+// (the other fields are then ignored).
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec);
 
 // What a worker registers (WorkerInfo.speculative) for `spec`: method "off" and nothing else

@@ -25,10 +25,9 @@ namespace {
 
 absl::Status CheckVocab(int draft_vocab, int target_vocab) {
   if (draft_vocab != target_vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculative.draft_model: vocab_size ", draft_vocab,
-                     " differs from the target model's ", target_vocab,
-                     " (the draft must share the target's tokenizer)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculative.draft_model: vocab_size ", draft_vocab, " differs from the target model's ",
+        target_vocab, " (the draft must share the target's tokenizer)"));
   }
   return absl::OkStatus();
 }
@@ -41,9 +40,9 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Create(
     return absl::InvalidArgumentError("speculative.draft_model: no model");
   }
   if (options.num_blocks < 1 || options.block_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculative.draft_model: drafter num_blocks and block_size must be >= 1, got ",
-                     options.num_blocks, " and ", options.block_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculative.draft_model: drafter num_blocks and block_size must be >= 1, got ",
+        options.num_blocks, " and ", options.block_size));
   }
   if (absl::Status s = CheckVocab(model->config().vocab_size, target_vocab_size); !s.ok()) {
     return s;
@@ -70,8 +69,7 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Load(
         absl::StrCat("speculative.draft_model: ", model.status().message()));
   }
   Model* raw = model->get();
-  absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter =
-      Create(raw, target_vocab_size, options);
+  absl::StatusOr<std::unique_ptr<ModelDrafter>> drafter = Create(raw, target_vocab_size, options);
   if (!drafter.ok()) return drafter.status();
   (*drafter)->owned_ = *std::move(model);
   return drafter;
@@ -206,9 +204,8 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     bool in_range = true;
     for (size_t t = 0; t < r.context.size() && in_range; ++t) {
       if (r.context[t] < 0 || r.context[t] >= vocab_) {
-        fail(absl::InvalidArgumentError(absl::StrCat("draft model context[", t,
-                                                     "]: expected < ", vocab_, ", got ",
-                                                     r.context[t])));
+        fail(absl::InvalidArgumentError(absl::StrCat("draft model context[", t, "]: expected < ",
+                                                     vocab_, ", got ", r.context[t])));
         in_range = false;
       }
     }

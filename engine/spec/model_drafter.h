@@ -122,7 +122,7 @@ class ModelDrafter : public Drafter {
   SpecRng rng_;
   int64_t evictions_ = 0;
   int64_t computed_tokens_ = 0;
-  std::vector<float> logits_;   // workspace
+  std::vector<float> logits_;    // workspace
   std::vector<double> weights_;  // workspace
 };
 

@@ -70,8 +70,7 @@ std::vector<int32_t> Context(int n, uint32_t seed) {
   return ctx;
 }
 
-std::vector<int32_t> Propose(ModelDrafter* d, int64_t seq, const std::vector<int32_t>& ctx,
-                             int k) {
+std::vector<int32_t> Propose(ModelDrafter* d, int64_t seq, const std::vector<int32_t>& ctx, int k) {
   DraftProposal p;
   absl::Status s = d->Propose(seq, ctx, k, &p);
   EXPECT_TRUE(s.ok()) << s;
