@@ -156,6 +156,9 @@ absl::Status CompareSpeculative(const internal::v1::SpeculativeConfig& want,
     return mismatch("adaptive", want.adaptive() ? "true" : "false",
                     got.adaptive() ? "true" : "false");
   }
+  if (want.draft_model_id() != got.draft_model_id()) {
+    return mismatch("draft_model_id", Quote(want.draft_model_id()), Quote(got.draft_model_id()));
+  }
   return absl::OkStatus();
 }
 

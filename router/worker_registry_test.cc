@@ -289,6 +289,9 @@ TEST_F(WorkerRegistryTest, SpeculativeConfigMustAgreeWithinAModel) {
   cases.back().config.set_max_n(3);
   cases.push_back({Ngram(4), "worker.speculative.adaptive: expected false ", "; got true"});
   cases.back().config.set_adaptive(true);
+  cases.push_back({Ngram(4), "worker.speculative.draft_model_id: expected \"\" ",
+                   "; got \"demo-draft\""});
+  cases.back().config.set_draft_model_id("demo-draft");
   for (const Case& c : cases) {
     WorkerInfo d0 = Decode("d0");
     *d0.mutable_speculative() = c.config;
