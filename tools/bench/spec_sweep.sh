@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Speculative-decoding sweep (issue 12): for each decode configuration (no speculation, n-gram
+# with fixed k in {1,2,4,8} and adaptive, draft model with fixed k and adaptive) start a local
+# cluster (1 prefill + 1 decode node, every worker with the same speculative flags), run the
+# multi-turn coding workload closed-loop at each concurrency, and print output tokens/s, tokens per
+# decode step and the ratio to no speculation at the same concurrency.
+#
+#   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
+#   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=24 SWEEP_METHODS="off ngram draft_model" ...
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+MODEL=${1:-models/demo}
+DRAFT=${2:-models/demo-draft}
+CONCURRENCY=${SWEEP_CONCURRENCY:-"1 8 32"}
+SESSIONS=${SWEEP_SESSIONS:-24}
+METHODS=${SWEEP_METHODS:-"off ngram draft_model"}
+KS=${SWEEP_KS:-"1 2 4 8 adaptive"}
+THREADS=${SWEEP_THREADS:-1}
+bazel build --config=opt //deploy/local:launcher //tools/bench 2>&1 | { grep -v linux-sandbox || true; } | tail -1
+BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
+RESULTS=$WORK/results.tsv
+echo -e "config\tconcurrency\tout_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms" >"$RESULTS"
+
+run_config() {  # name, flags (comma-separated)
+  local name=$1 flags=$2 ready=$WORK/$1.ready pid
+  rm -f "$ready"
+  "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
+    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level warn \
+    ${flags:+--prefill_flags="$flags" --decode_flags="$flags"} >"$WORK/$name.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do [ -s "$ready" ] && break; sleep 0.2; done
+  [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; kill -INT $pid; wait $pid || true; return 1; }
+  local router; router=$(cat "$ready")
+  for c in $CONCURRENCY; do
+    "$BIN/tools/bench/bench" --target "$router" --workload coding --sessions "$SESSIONS" \
+      --coding_turns 3 --coding_context_words 250 --coding_answer_tokens 96 --mode closed \
+      --concurrency "$c" --warmup_sessions 1 --seed 7 --json >"$WORK/$name.c$c.json" 2>/dev/null
+    python3 - "$name" "$c" "$WORK/$name.c$c.json" >>"$RESULTS" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[3]))["A"]
+print("\t".join([sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
+                 "%.2f" % s["mean_accepted_length"], "%.2f" % s["draft_acceptance_rate"],
+                 "%.1f" % s["ttft_ms"]["p90"], "%.2f" % s["itl_ms"]["p90"]]))
+PY
+  done
+  kill -INT $pid; wait $pid || true
+}
+
+for m in $METHODS; do
+  if [ "$m" = off ]; then run_config off ""; continue; fi
+  extra=""
+  [ "$m" = draft_model ] && extra=",--draft_model=$(cd "$DRAFT" && pwd)"
+  for k in $KS; do
+    if [ "$k" = adaptive ]; then
+      run_config "$m-adaptive" "--speculative=$m,--num_speculative_tokens=8,--spec_adaptive$extra"
+    else
+      run_config "$m-k$k" "--speculative=$m,--num_speculative_tokens=$k$extra"
+    fi
+  done
+done
+python3 - "$RESULTS" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+base = {r["concurrency"]: float(r["out_tok_s"]) for r in rows if r["config"] == "off"}
+print("%-20s %5s %10s %8s %8s %9s %9s %8s" % ("config", "conc", "out tok/s", "tok/step",
+      "accept", "TTFT p90", "ITL p90", "vs off"))
+for r in rows:
+    b = base.get(r["concurrency"])
+    print("%-20s %5s %10s %8s %8s %9s %9s %8s" % (r["config"], r["concurrency"], r["out_tok_s"],
+          r["tokens_per_step"], r["acceptance"], r["ttft_p90_ms"], r["itl_p90_ms"],
+          "%.3f" % (float(r["out_tok_s"]) / b) if b else "-"))
+PY
+echo "raw results: $RESULTS"
