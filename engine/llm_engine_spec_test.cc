@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/llm_engine.h"
+#include "engine/output_collector.h"
 #include "engine/spec/budget.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
@@ -26,55 +27,7 @@
 namespace deepinfer::engine {
 namespace {
 
-class Collector {
- public:
-  OutputCallback Callback() {
-    return [this](const EngineOutput& out) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Result& r = results_[out.request_id];
-      for (const StepOutput& s : out.new_tokens) {
-        r.tokens.push_back(s.token);
-        r.logprobs.push_back(s.logprob);
-        for (const TokenLogprob& t : s.top) r.top.push_back(t.token);
-      }
-      r.text += out.text_delta;
-      if (!out.matched_stop.empty()) r.matched_stop = out.matched_stop;
-      if (out.finished) {
-        ++r.final_outputs;
-        r.finish = out.finish_reason;
-        r.status = out.status;
-        r.usage = out.usage;
-        ++finished_;
-        cv_.notify_all();
-      }
-    };
-  }
-  bool WaitFor(int n, std::chrono::seconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return finished_ >= n; });
-  }
-  struct Result {
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
-    std::vector<int32_t> top;  // the top alternatives' ids, token after token
-    std::string text;
-    std::string matched_stop;
-    int final_outputs = 0;
-    FinishReason finish = FinishReason::kLength;
-    absl::Status status;
-    RequestUsage usage;
-  };
-  std::map<std::string, Result> results() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return results_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, Result> results_;
-  int finished_ = 0;
-};
+using Collector = OutputCollector;
 
 SamplingParams Greedy(int max_tokens) {
   SamplingParams sp;
