@@ -1236,6 +1236,14 @@ void LlmEngine::SchedulerLoop() {
       stats_.running = static_cast<int64_t>(running_.size());
       stats_.waiting = static_cast<int64_t>(waiting_.size());
       stats_.awaiting_kv = static_cast<int64_t>(awaiting_kv_.size());
+      int64_t pending_prefill = 0;
+      for (const auto& w : waiting_) {
+        pending_prefill += static_cast<int64_t>(w->tokens.size()) - w->computed;
+      }
+      for (const auto& r : running_) {
+        pending_prefill += std::max<int64_t>(0, r->prompt_len - r->computed);
+      }
+      stats_.pending_prefill_tokens = pending_prefill;
       stats_.held = static_cast<int64_t>(held_.size());
       stats_.blocks = blocks_.stats();
       for (const KvEvent& e : blocks_.DrainEvents()) {

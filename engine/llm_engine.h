@@ -198,6 +198,9 @@ struct EngineStats {
   int64_t waiting = 0;
   int64_t awaiting_kv = 0;  // reserved for a remote prefill (ReserveForRemotePrefill)
   int64_t held = 0;         // prefilled here, blocks held for transfer (SubmitPrefill)
+  // Tokens still to compute before waiting sequences (and running ones still in their prompt)
+  // produce their first token: the prefill backlog a load report calls queued input tokens.
+  int64_t pending_prefill_tokens = 0;
   BlockManagerStats blocks;
   int64_t steps = 0;
   int64_t step_tokens = 0;          // tokens computed over all steps

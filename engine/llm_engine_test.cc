@@ -187,6 +187,36 @@ TEST_F(LlmEngineTest, PrefixCacheServesTheSecondTurn) {
   EXPECT_EQ(c.results()["other-tenant"].usage.cached_prompt_tokens, 0);
 }
 
+TEST_F(LlmEngineTest, StatsCountThePendingPrefillBacklog) {
+  EngineOptions o;
+  o.num_blocks = 1024;
+  o.block_size = 4;
+  o.max_batch_tokens = 8;  // a 1500-token prompt takes ~190 steps to prefill
+  auto engine = LlmEngine::Create(model_, o).value();
+  ASSERT_TRUE(engine->Start().ok());
+  Collector c;
+  EngineRequest req;
+  req.request_id = "long";
+  for (int i = 0; i < 1500; ++i) req.prompt.push_back(i % 700);
+  req.sampling = Greedy(2);
+  ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+  int64_t seen = 0;
+  for (int i = 0; i < 2000 && seen == 0; ++i) {
+    seen = engine->GetStats().pending_prefill_tokens;
+    if (seen == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(seen, 0);
+  EXPECT_LE(seen, 1500);
+  ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+  int64_t after = -1;
+  for (int i = 0; i < 200 && after != 0; ++i) {
+    after = engine->GetStats().pending_prefill_tokens;
+    if (after != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(after, 0);
+  engine->Stop();
+}
+
 TEST_F(LlmEngineTest, RejectsBadRequestsWithNamedFields) {
   EngineOptions o;
   o.num_blocks = 8;

@@ -577,7 +577,8 @@ void WorkerRuntime::RouterLoop() {
     report.set_incarnation(incarnation_);
     report.set_sequence(++load_sequence);
     report.set_queue_depth(static_cast<uint32_t>(es.waiting));
-    report.set_queued_input_tokens(0);  // the engine does not expose queued prompt tokens
+    report.set_queued_input_tokens(
+        static_cast<uint64_t>(std::max<int64_t>(0, es.pending_prefill_tokens)));
     report.set_running_sequences(static_cast<uint32_t>(es.running));
     report.set_free_kv_blocks(
         static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
