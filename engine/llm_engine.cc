@@ -44,6 +44,9 @@ struct LlmEngine::Sequence {
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
   int draft_match = 0;
+  // Adaptive verification with a draft model: how many tokens to draft next step, from the
+  // previous step's verify budget (+1 to keep probing); 0 = not yet known (draft k).
+  int next_draft_len = 0;
   std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
   std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
   OutputCallback on_output;
@@ -1087,7 +1090,13 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     seq->draft_confidence.clear();
     // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
     const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
-    const int cap = static_cast<int>(std::min<int64_t>(k, room));
+    int cap = static_cast<int>(std::min<int64_t>(k, room));
+    // A draft model pays for every token it drafts, verified or not: with adaptive verification
+    // draft only one more than the previous step chose to verify (decided from earlier steps
+    // only, so still lossless).
+    if (calibration_ != nullptr && options_.speculative.adaptive && seq->next_draft_len > 0) {
+      cap = std::min(cap, seq->next_draft_len);
+    }
     if (cap <= 0) continue;
     spec::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
@@ -1138,6 +1147,11 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     absl::StatusOr<spec::VerifyPlan> plan =
         spec::PlanVerification(shape, candidates, cost_.get());
     if (plan.ok()) verify_len = plan->verify_len;
+    if (calibration_ != nullptr) {
+      for (size_t i = 0; i < decodes.size(); ++i) {
+        decodes[i]->next_draft_len = std::min(k, verify_len[i] + 1);
+      }
+    }
   }
   // Whatever the plan, the step's token budget has the last word (in running order).
   for (size_t i = 0; i < decodes.size(); ++i) {
