@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/llm_engine.h"
+#include "engine/kv_copy_test_util.h"
 #include "engine/output_collector.h"
 #include "engine/spec/budget.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -416,7 +417,6 @@ TEST(SpecEngineLlamaTest, DecodeAfterRemotePrefillSpeculatesAndMatchesTheReferen
   ASSERT_TRUE(decode->Start().ok());
   KvCache* src = prefill->kv_cache();
   KvCache* dst = decode->kv_cache();
-  const size_t block_bytes = src->block_bytes();
   int64_t drafts = 0;
   for (const EngineRequest& req : reqs) {
     std::promise<absl::StatusOr<PrefillResult>> done;
@@ -428,16 +428,7 @@ TEST(SpecEngineLlamaTest, DecodeAfterRemotePrefillSpeculatesAndMatchesTheReferen
     Collector c;
     absl::StatusOr<KvReservation> res = decode->ReserveForRemotePrefill(req, c.Callback());
     ASSERT_TRUE(res.ok()) << res.status();
-    for (size_t b = res->cached_tokens / res->block_size; b < res->block_ids.size(); ++b) {
-      for (int l = 0; l < model->config().num_layers; ++l) {
-        std::memcpy(static_cast<char*>(dst->k_layer(l)) + res->block_ids[b] * block_bytes,
-                    static_cast<char*>(src->k_layer(l)) + pre->block_ids[b] * block_bytes,
-                    block_bytes);
-        std::memcpy(static_cast<char*>(dst->v_layer(l)) + res->block_ids[b] * block_bytes,
-                    static_cast<char*>(src->v_layer(l)) + pre->block_ids[b] * block_bytes,
-                    block_bytes);
-      }
-    }
+    CopyPrefilledBlocks(*src, *pre, *dst, *res);
     ASSERT_TRUE(prefill->ReleasePrefilled(req.request_id).ok());
     ASSERT_TRUE(decode->CompleteRemotePrefill(req.request_id, {pre->first_token, 0.0f, {}}).ok());
     ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));

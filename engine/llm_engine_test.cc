@@ -3,6 +3,7 @@
 // cache on or off, chunked prefill on or off, overlap on or off, and under preemption; and under
 // random load with aborts no KV block may leak.
 #include "engine/llm_engine.h"
+#include "engine/kv_copy_test_util.h"
 #include "engine/output_collector.h"
 
 #include <atomic>
@@ -400,7 +401,6 @@ TEST_F(LlmEngineTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) {
   ASSERT_TRUE(decode->Start().ok());
   KvCache* src = prefill->kv_cache();
   KvCache* dst = decode->kv_cache();
-  const size_t block_bytes = src->block_bytes();
   int64_t decode_cached = 0;
   for (int round = 0; round < 2; ++round) {
     for (size_t i = 0; i < 4; ++i) {
@@ -420,16 +420,7 @@ TEST_F(LlmEngineTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) {
       ASSERT_TRUE(res.ok()) << res.status();
       ASSERT_EQ(res->block_ids.size(), pre->block_ids.size());
       decode_cached += res->cached_tokens;
-      for (size_t b = res->cached_tokens / res->block_size; b < res->block_ids.size(); ++b) {
-        for (int l = 0; l < model_->config().num_layers; ++l) {
-          std::memcpy(static_cast<char*>(dst->k_layer(l)) + res->block_ids[b] * block_bytes,
-                      static_cast<char*>(src->k_layer(l)) + pre->block_ids[b] * block_bytes,
-                      block_bytes);
-          std::memcpy(static_cast<char*>(dst->v_layer(l)) + res->block_ids[b] * block_bytes,
-                      static_cast<char*>(src->v_layer(l)) + pre->block_ids[b] * block_bytes,
-                      block_bytes);
-        }
-      }
+      CopyPrefilledBlocks(*src, *pre, *dst, *res);
       ASSERT_TRUE(prefill->ReleasePrefilled(id).ok());
       StepOutput first{pre->first_token, pre->first_logprob, {}};
       ASSERT_TRUE(decode->CompleteRemotePrefill(id, first).ok());

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/fake_clock.h"
 #include "gtest/gtest.h"
 #include "router/fake_scaler.h"
 #include "router/plan_publisher.h"
@@ -24,24 +25,6 @@ using internal::v1::LoadReport;
 using internal::v1::WorkerInfo;
 using internal::v1::WorkerRole;
 
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'700'000'000);
-};
 
 constexpr absl::Duration kStep = absl::Seconds(10);
 constexpr double kPrefillCapacity = 5000;  // tokens/s one simulated prefill replica computes

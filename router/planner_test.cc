@@ -8,22 +8,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "common/fake_clock.h"
 #include "gtest/gtest.h"
 
 namespace deepinfer::router {
 namespace {
 
-class FakeClock {
- public:
-  absl::Time Now() const { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return now_; };
-  }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
-};
 
 // Open-loop configuration whose numbers are easy to compute by hand: no smoothing, full
 // utilisation, 1000 units per replica.

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/fake_clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "grpcpp/client_context.h"
@@ -28,24 +29,6 @@ using internal::v1::KvEventBatch;
 using internal::v1::LoadReport;
 using internal::v1::WorkerInfo;
 
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'700'000'000);
-};
 
 struct RemovedEvent {
   std::string worker_id;
