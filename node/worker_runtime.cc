@@ -20,6 +20,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "kv_transfer/agent_factory.h"
+#include "node/worker_identity.h"
 #include "proto/worker_role.h"
 #include "spdlog/spdlog.h"
 
@@ -40,31 +41,6 @@ constexpr size_t kMaxUnackedKvBatches = 256;
 absl::Status Positive(absl::string_view flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected > 0, got ", value));
-}
-
-uint64_t NewIncarnation() {
-  std::random_device rd;
-  uint64_t x = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  x ^= static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  x ^= static_cast<uint64_t>(getpid()) << 17;
-  // splitmix64 finaliser: spread the bits.
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x == 0 ? 1 : x;
-}
-
-std::string DefaultWorkerId(WorkerRole role) {
-  char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
-  return absl::StrCat(WorkerRoleName(role), "-", host[0] != '\0' ? host : "localhost", "-", getpid());
-}
-
-std::string LastPathComponent(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 void SetDeadline(grpc::ClientContext* context) {

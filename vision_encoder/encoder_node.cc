@@ -1,0 +1,289 @@
+#include "vision_encoder/encoder_node.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/grpc_status.h"
+#include "common/process_lifecycle.h"
+#include "common/status_macros.h"
+#include "grpc/impl/codegen/grpc_types.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "node/worker_identity.h"
+#include "spdlog/spdlog.h"
+
+namespace deepinfer::vision_encoder {
+namespace {
+
+using internal::v1::WORKER_ROLE_ENCODER;
+
+constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
+constexpr absl::Duration kRegisterBackoffMin = absl::Milliseconds(100);
+constexpr absl::Duration kRegisterBackoffMax = absl::Seconds(2);
+constexpr absl::Duration kTick = absl::Milliseconds(50);
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
+}
+
+}  // namespace
+
+class EncoderNode::AdminService final : public internal::v1::WorkerAdmin::Service {
+ public:
+  explicit AdminService(const EncoderNode* node) : node_(node) {}
+  grpc::Status GetStats(grpc::ServerContext* /*context*/,
+                        const internal::v1::WorkerStatsRequest* /*request*/,
+                        internal::v1::WorkerStats* response) override {
+    *response = node_->Stats();
+    return grpc::Status::OK;
+  }
+
+ private:
+  const EncoderNode* const node_;
+};
+
+EncoderNode::EncoderNode(EncoderNodeOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<EncoderNode>> EncoderNode::Create(EncoderNodeOptions options) {
+  if (options.model_path.empty()) {
+    return absl::InvalidArgumentError("--model: expected a LLaVA-style model directory");
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: expected >= 0, got ", options.threads));
+  }
+  if (options.cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--embedding_cache: expected >= 0 bytes, got ", options.cache_bytes));
+  }
+  if (options.limits.max_bytes <= 0 || options.limits.max_pixels <= 0) {
+    return absl::InvalidArgumentError("--max_image_bytes/--max_image_pixels: expected > 0");
+  }
+  if (options.max_images_per_request < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_images_per_request: expected >= 1, got ", options.max_images_per_request));
+  }
+  if (options.model_id.empty()) options.model_id = node::LastPathComponent(options.model_path);
+  if (options.worker_id.empty()) options.worker_id = node::DefaultWorkerId(WORKER_ROLE_ENCODER);
+  std::unique_ptr<EncoderNode> n(new EncoderNode(std::move(options)));
+  n->incarnation_ = node::NewIncarnation();
+  engine::vision::VisionEncoderOptions vo;
+  vo.num_threads = n->options_.threads;
+  vo.limits = n->options_.limits;
+  DI_ASSIGN_OR_RETURN(n->encoder_,
+                      engine::vision::VisionEncoder::Load(n->options_.model_path, vo));
+  n->cache_ = std::make_unique<EmbeddingCache>(n->options_.cache_bytes);
+  EncoderService::Options so;
+  so.worker_id = n->options_.worker_id;
+  so.max_images = n->options_.max_images_per_request;
+  so.max_image_bytes = n->options_.limits.max_bytes;
+  n->service_ = std::make_unique<EncoderService>(n->encoder_.get(), n->cache_.get(), so);
+  n->admin_ = std::make_unique<AdminService>(n.get());
+  spdlog::info("encoder {}: model {} ({} image tokens x {} per image), cache {} bytes",
+               n->options_.worker_id, n->options_.model_id, n->encoder_->num_image_tokens(),
+               n->encoder_->output_hidden_size(), n->options_.cache_bytes);
+  return n;
+}
+
+EncoderNode::~EncoderNode() { Drain(absl::ZeroDuration()); }
+
+absl::Status EncoderNode::Start() {
+  GrpcServerOptions so;
+  so.listen_address = options_.listen_address;
+  so.services = {service_.get(), admin_.get()};
+  so.health_service_names = {std::string(internal::v1::Encoder::service_full_name())};
+  DI_ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server, GrpcServer::Start(std::move(so)));
+  {
+    absl::MutexLock lock(&mu_);
+    server_ = std::move(server);
+    if (options_.router_address.empty()) {
+      registered_ = true;
+      server_->SetServing(true);
+    }
+  }
+  if (!options_.port_file.empty()) {
+    DI_RETURN_IF_ERROR(WritePortFile(options_.port_file, port()));
+  }
+  router_thread_ = std::thread([this] { RouterLoop(); });
+  spdlog::info("encoder {}: serving on {}", options_.worker_id, address());
+  return absl::OkStatus();
+}
+
+std::string EncoderNode::address() const {
+  absl::MutexLock lock(&mu_);
+  return server_ == nullptr ? "" : server_->address();
+}
+
+int EncoderNode::port() const {
+  absl::MutexLock lock(&mu_);
+  return server_ == nullptr ? 0 : server_->port();
+}
+
+absl::Status EncoderNode::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
+                                       internal::v1::RegisterResponse* response) {
+  internal::v1::RegisterRequest request;
+  internal::v1::WorkerInfo* w = request.mutable_worker();
+  w->set_worker_id(options_.worker_id);
+  w->set_role(WORKER_ROLE_ENCODER);
+  std::string address = this->address();
+  if (!options_.advertise_host.empty()) {
+    HostPort hp;
+    hp.host = options_.advertise_host;
+    hp.port = static_cast<uint16_t>(port());
+    address = hp.ToString();
+  }
+  w->set_address(address);
+  w->set_model(options_.model_id);
+  w->set_incarnation(incarnation_);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  return FromGrpcStatus(stub->Register(&context, request, response));
+}
+
+void EncoderNode::RouterLoop() {
+  if (options_.router_address.empty()) return;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMax)));
+  auto stub = internal::v1::WorkerRegistry::NewStub(grpc::CreateCustomChannel(
+      options_.router_address, grpc::InsecureChannelCredentials(), args));
+  bool registered = false;
+  bool ever_registered = false;
+  absl::Duration backoff = kRegisterBackoffMin;
+  absl::Time next_register = absl::InfinitePast();
+  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Time next_heartbeat = absl::InfinitePast();
+  uint64_t sequence = 0;
+  int64_t last_served = service_->counters().images_served;
+  absl::Time last_report = absl::Now();
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), kTick);
+      if (stop_) break;
+    }
+    const absl::Time now = absl::Now();
+    if (!registered) {
+      if (now < next_register) continue;
+      internal::v1::RegisterResponse response;
+      absl::Status s = RegisterOnce(stub.get(), &response);
+      if (!s.ok()) {
+        spdlog::warn("encoder {}: Register with router {} failed: {}; retrying in {}",
+                     options_.worker_id, options_.router_address, s.ToString(),
+                     absl::FormatDuration(backoff));
+        next_register = now + backoff;
+        backoff = std::min(backoff * 2, kRegisterBackoffMax);
+        continue;
+      }
+      registered = true;
+      ever_registered = true;
+      backoff = kRegisterBackoffMin;
+      heartbeat = response.heartbeat_interval_ms() > 0
+                      ? absl::Milliseconds(response.heartbeat_interval_ms())
+                      : absl::Seconds(1);
+      next_heartbeat = now + heartbeat;
+      spdlog::info("encoder {}: registered with router {}", options_.worker_id,
+                   options_.router_address);
+      absl::MutexLock lock(&mu_);
+      registered_ = true;
+      if (server_ != nullptr && !draining_) server_->SetServing(true);
+      continue;
+    }
+    if (now < next_heartbeat) continue;
+    next_heartbeat = now + heartbeat;
+    const EncoderService::Counters c = service_->counters();
+    internal::v1::LoadReport report;
+    report.set_worker_id(options_.worker_id);
+    report.set_incarnation(incarnation_);
+    report.set_sequence(++sequence);
+    report.set_queue_depth(static_cast<uint32_t>(std::max<int64_t>(0, c.active_requests)));
+    const double seconds = absl::ToDoubleSeconds(now - last_report);
+    report.set_images_per_second(
+        seconds > 0 ? static_cast<double>(c.images_served - last_served) / seconds : 0.0);
+    last_served = c.images_served;
+    last_report = now;
+    internal::v1::LoadReportResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status s = FromGrpcStatus(stub->ReportLoad(&context, report, &response));
+    if (!s.ok()) {
+      spdlog::warn("encoder {}: ReportLoad failed: {}", options_.worker_id, s.ToString());
+    } else if (!response.known()) {
+      spdlog::warn("encoder {}: router does not know this incarnation; registering again",
+                   options_.worker_id);
+      registered = false;
+      next_register = absl::InfinitePast();
+    }
+  }
+  if (ever_registered) {
+    internal::v1::DeregisterRequest request;
+    request.set_worker_id(options_.worker_id);
+    request.set_incarnation(incarnation_);
+    internal::v1::DeregisterResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Status s = FromGrpcStatus(stub->Deregister(&context, request, &response));
+    if (!s.ok()) spdlog::warn("encoder {}: Deregister failed: {}", options_.worker_id, s.ToString());
+  }
+}
+
+internal::v1::WorkerStats EncoderNode::Stats() const {
+  internal::v1::WorkerStats s;
+  s.set_worker_id(options_.worker_id);
+  s.set_role(WORKER_ROLE_ENCODER);
+  s.set_incarnation(incarnation_);
+  {
+    absl::MutexLock lock(&mu_);
+    s.set_draining(draining_);
+  }
+  const EncoderService::Counters c = service_->counters();
+  s.set_active_requests(static_cast<uint32_t>(std::max<int64_t>(0, c.active_requests)));
+  s.set_requests_ok(static_cast<uint64_t>(c.requests_ok));
+  s.set_requests_failed(static_cast<uint64_t>(c.requests_failed));
+  s.set_requests_cancelled(static_cast<uint64_t>(c.requests_cancelled));
+  s.set_images_encoded(static_cast<uint64_t>(c.images_encoded));
+  const EmbeddingCache::Stats cs = cache_->stats();
+  s.set_embedding_cache_hits(static_cast<uint64_t>(cs.hits));
+  s.set_embedding_cache_misses(static_cast<uint64_t>(cs.misses));
+  s.set_embedding_cache_entries(static_cast<uint64_t>(cs.entries));
+  s.set_embedding_cache_bytes(static_cast<uint64_t>(cs.bytes));
+  return s;
+}
+
+void EncoderNode::Drain(absl::Duration timeout) {
+  absl::MutexLock drain_lock(&drain_mu_);
+  GrpcServer* server = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (drained_) return;
+    draining_ = true;
+    stop_ = true;
+    server = server_.get();
+  }
+  if (server != nullptr) server->SetServing(false);
+  // The link thread deregisters on its way out.
+  if (router_thread_.joinable()) router_thread_.join();
+  if (server != nullptr) {
+    spdlog::info("encoder {}: draining (up to {})", options_.worker_id,
+                 absl::FormatDuration(timeout));
+    server->Shutdown(timeout);
+  }
+  absl::MutexLock lock(&mu_);
+  drained_ = true;
+}
+
+void EncoderNode::RunUntilSignal() {
+  const int sig = WaitForShutdownSignal();
+  spdlog::info("encoder {}: {}", options_.worker_id,
+               sig == 0 ? std::string("shutdown requested") : absl::StrCat("signal ", sig));
+  Drain(options_.drain_timeout);
+}
+
+}  // namespace deepinfer::vision_encoder
