@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "node/image_inputs.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::decode_node {
@@ -113,10 +114,6 @@ absl::Status DecodeService::Validate(const DecodeRequest& request,
     return absl::InvalidArgumentError(
         "request_id: expected 1..128 printable ASCII bytes, got \"\"");
   }
-  if (!request.images().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "images: expected none (this node has no vision encoder), got ", request.images_size()));
-  }
   // The public GenerateRequest carries the same fields under the same names, so the router's
   // validation gives the same messages here.
   v1::GenerateRequest as_generate;
@@ -161,6 +158,13 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context, const DecodeR
     er.sampling = std::move(sampling);
     er.cache_salt = request->cache_salt();
     er.priority = request->priority();
+    // Colocated prefill needs the embeddings; a remote prefill only the hashes (the request's
+    // handles go on to the prefill node as they are).
+    DI_ASSIGN_OR_RETURN(er.images,
+                        node::ImagesFromHandles(request->images(), er.prompt,
+                                                runtime_->model()->config().image_token_id,
+                                                runtime_->model()->config().hidden_size,
+                                                /*with_data=*/request->prefill_address().empty()));
 
     AddLive(call);
     absl::Status st =
@@ -228,6 +232,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
   *prefill.mutable_prompt_token_ids() = req.prompt_token_ids();
   *prefill.mutable_sampling() = req.sampling();
   prefill.set_cache_salt(req.cache_salt());
+  *prefill.mutable_images() = req.images();
   internal::v1::KvDestination* dst = prefill.mutable_destination();
   dst->set_agent_name(runtime_->kv_metadata().agent_name());
   dst->set_incarnation(runtime_->kv_metadata().incarnation());

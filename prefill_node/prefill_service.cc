@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "engine/llm_engine.h"
 #include "node/kv_pool.h"
+#include "node/image_inputs.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::prefill_node {
@@ -80,10 +81,6 @@ absl::Status PrefillService::Validate(const internal::v1::PrefillRequest& reques
                                                      limits_.vocab_size, ", got ",
                                                      request.prompt_token_ids(i)));
     }
-  }
-  if (request.images_size() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "images: this prefill node has no vision encoder; got ", request.images_size(), " images"));
   }
   DI_ASSIGN_OR_RETURN(*sampling, router::ToEngineSamplingParams(request.sampling(), defaults_,
                                                                 limits_, prompt_len));
@@ -324,6 +321,11 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   er.request_id = request.request_id();
   er.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   er.cache_salt = request.cache_salt();
+  DI_ASSIGN_OR_RETURN(er.images,
+                      node::ImagesFromHandles(request.images(), er.prompt,
+                                              runtime_->model()->config().image_token_id,
+                                              runtime_->model()->config().hidden_size,
+                                              /*with_data=*/true));
 
   engine::LlmEngine* engine = runtime_->engine();
   const absl::Time compute_start = absl::Now();

@@ -5,14 +5,18 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "router/image_prompt.h"
 #include "router/prompt_block_hashes.h"
 #include "spdlog/spdlog.h"
 
@@ -120,6 +124,7 @@ InferenceService::InferenceService(WorkerRegistry* registry, const engine::Model
       defaults_(defaults),
       limits_{assets->config().vocab_size, assets->config().max_position_embeddings,
               options_.max_image_bytes},
+      encoders_(registry, options_.model_id, options_.max_message_bytes),
       metrics_(options_.metrics),
       policy_(std::move(policy)) {
   model_info_.set_id(options_.model_id);
@@ -188,7 +193,8 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
         absl::StrCat("no decode worker for model ", Quote(options_.model_id), ": none is live"));
   }
   const std::vector<uint64_t> hashes =
-      PromptBlockHashes(request.prompt_token_ids, hash_seed, request.cache_salt, block_size);
+      PromptBlockHashes(request.prompt_token_ids, hash_seed, request.cache_salt, block_size,
+                        request.image_spans);
 
   std::vector<CandidateWorker> candidates;
   std::vector<const WorkerSnapshot*> snapshots;  // parallel to candidates
@@ -370,6 +376,9 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
     decode_request.set_prefill_address(placement->prefill_address);
     decode_request.set_deadline_unix_us(absl::ToUnixMicros(deadline));
     decode_request.set_detokenize(request.detokenize);
+    for (const internal::v1::EmbeddingHandle& image : request.images) {
+      *decode_request.add_images() = image;
+    }
 
     // Deadline and cancellation of the client's call propagate to the decode call.
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
@@ -407,6 +416,10 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
         if (chunk.has_usage()) {
           outcome->cached_prompt_tokens = chunk.usage().cached_prompt_tokens();
           outcome->queued_us = static_cast<int64_t>(chunk.usage().timing().queued_us());
+        }
+        if (!request.images.empty()) {
+          chunk.mutable_usage()->set_images(static_cast<uint32_t>(request.images.size()));
+          chunk.mutable_usage()->set_cached_images(request.cached_images);
         }
         v1::Timing* timing = chunk.mutable_usage()->mutable_timing();
         timing->set_first_token_us(
@@ -520,6 +533,65 @@ grpc::Status InferenceService::Serve(grpc::ServerContext* context,
   return status;
 }
 
+absl::Status InferenceService::PrepareImages(grpc::ServerContext* context,
+                                             const ChatPrompt& prompt,
+                                             const std::vector<int32_t>& rendered,
+                                             Prepared* prepared) {
+  std::vector<std::string> files;
+  std::vector<std::string> hashes;
+  files.reserve(prompt.images.size());
+  for (const ChatImage& image : prompt.images) {
+    files.push_back(image.bytes);
+    hashes.push_back(Sha256(image.bytes));
+  }
+  absl::Time deadline = absl::Now() + options_.default_timeout;
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    deadline = absl::FromChrono(context->deadline());
+  }
+  absl::StatusOr<EncodedImages> encoded =
+      encoders_.Encode(context, prepared->request_id, files, hashes, deadline);
+  if (!encoded.ok()) {
+    // "images[k].data: reason" from the encoder names the client's part instead.
+    absl::string_view message = encoded.status().message();
+    size_t k = 0;
+    if (encoded.status().code() == absl::StatusCode::kInvalidArgument &&
+        absl::ConsumePrefix(&message, "images[")) {
+      const size_t close = message.find(']');
+      if (close != absl::string_view::npos &&
+          absl::SimpleAtoi(message.substr(0, close), &k) && k < prompt.images.size()) {
+        message.remove_prefix(close + 1);
+        const size_t colon = message.find(": ");
+        if (colon != absl::string_view::npos) message.remove_prefix(colon + 2);
+        const ChatImage& image = prompt.images[k];
+        return absl::InvalidArgumentError(absl::StrCat("messages[", image.message_index,
+                                                       "].content[", image.part_index,
+                                                       "].image: ", message));
+      }
+    }
+    return encoded.status();
+  }
+  std::vector<int64_t> rows;
+  for (const internal::v1::EmbeddingHandle& e : encoded->embeddings) {
+    rows.push_back(static_cast<int64_t>(e.num_tokens()));
+  }
+  DI_ASSIGN_OR_RETURN(
+      ExpandedPrompt expanded,
+      ExpandImagePlaceholders(rendered, assets_->config().image_token_id, rows));
+  prepared->prompt_token_ids = std::move(expanded.token_ids);
+  for (size_t k = 0; k < encoded->embeddings.size(); ++k) {
+    engine::ImageSpan span;
+    span.content_hash = hashes[k];
+    span.position = expanded.image_positions[k];
+    span.num_tokens = rows[k];
+    prepared->image_spans.push_back(std::move(span));
+  }
+  prepared->images = std::move(encoded->embeddings);
+  prepared->cached_images = encoded->cache_hits;
+  spdlog::debug("[req={}] {} images encoded by {} ({} from its cache)", prepared->request_id,
+                prepared->images.size(), encoded->encoder_id, prepared->cached_images);
+  return absl::OkStatus();
+}
+
 grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::ChatRequest* request,
                                     grpc::ServerWriter<v1::ChatChunk>* writer) {
   auto prepare = [&](Prepared* prepared) -> absl::Status {
@@ -527,18 +599,30 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
     DI_ASSIGN_OR_RETURN(ChatPrompt prompt, ConvertChatMessages(*request, limits_));
     if (!prompt.images.empty()) {
       const ChatImage& image = prompt.images.front();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "messages[", image.message_index, "].content[", image.part_index, "].image: model ",
-          Quote(options_.model_id), " accepts no images (no encoder pool)"));
+      const std::string field = absl::StrCat("messages[", image.message_index, "].content[",
+                                             image.part_index, "].image");
+      if (assets_->config().image_token_id < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": model ", Quote(options_.model_id), " accepts no images (no image token)"));
+      }
+      if (!encoders_.HasEncoder()) {
+        return absl::UnavailableError(absl::StrCat(
+            field, ": no vision encoder for model ", Quote(options_.model_id), " is live"));
+      }
     }
     DI_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                         assets_->RenderAndTokenize(prompt.messages, prompt.add_generation_prompt));
-    DI_RETURN_IF_ERROR(ToEngineSamplingParams(request->sampling(), defaults_, limits_,
-                                              static_cast<int64_t>(ids.size()))
-                           .status());
-    prepared->prompt_token_ids.assign(ids.begin(), ids.end());
     prepared->request_id =
         request->request_id().empty() ? NewRequestId("chat") : request->request_id();
+    if (!prompt.images.empty()) {
+      DI_RETURN_IF_ERROR(PrepareImages(context, prompt, ids, prepared));
+    } else {
+      prepared->prompt_token_ids.assign(ids.begin(), ids.end());
+    }
+    DI_RETURN_IF_ERROR(ToEngineSamplingParams(request->sampling(), defaults_, limits_,
+                                              static_cast<int64_t>(
+                                                  prepared->prompt_token_ids.size()))
+                           .status());
     prepared->sampling = &request->sampling();
     prepared->cache_salt = request->cache_salt();
     prepared->priority = request->priority();
@@ -598,7 +682,9 @@ grpc::Status InferenceService::Abort(grpc::ServerContext* /*context*/,
 grpc::Status InferenceService::ListModels(grpc::ServerContext* /*context*/,
                                           const v1::ListModelsRequest* /*request*/,
                                           v1::ListModelsResponse* response) {
-  *response->add_models() = model_info_;
+  v1::ModelInfo* model = response->add_models();
+  *model = model_info_;
+  model->set_supports_images(assets_->config().image_token_id >= 0 && encoders_.HasEncoder());
   return grpc::Status::OK;
 }
 

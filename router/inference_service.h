@@ -7,8 +7,15 @@
 //   2. `model`: empty selects the served model; anything else -> kInvalidArgument naming model;
 //   3. validation (router/request_validation.h), kInvalidArgument naming the field. Chat: the
 //      messages are converted and rendered with the model's chat template, then tokenized
-//      (kFailedPrecondition when the model has none); an image part is refused, naming
-//      messages[i].content[j].image, since this router has no encoder pool. Both: the sampling
+//      (kFailedPrecondition when the model has none). Image parts: refused with
+//      kInvalidArgument naming messages[i].content[j].image when the model has no image token
+//      (not a LLaVA-style model), kUnavailable when no vision encoder of the model is live;
+//      otherwise the images go to one encoder (router/encoder_client.h: rendezvous by image hash,
+//      so a repeated image meets the encoder that cached it), its kInvalidArgument for an
+//      undecodable image names messages[i].content[j].image, and each rendered placeholder is
+//      repeated once per embedding row (router/image_prompt.h); the embeddings travel inline in
+//      DecodeRequest.images, the runs feed the prefix-cache hashes, and the last chunk's usage
+//      reports images and cached_images (served from the encoder's embedding cache). Both: the sampling
 //      parameters are checked against the model's generation defaults and context
 //      (sampling.max_tokens when prompt + max_tokens exceeds it);
 //   4. an empty request_id is replaced by a generated one ("chat-<16 hex>" / "gen-<16 hex>"); an
@@ -78,6 +85,7 @@
 #include "grpcpp/server_context.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
+#include "router/encoder_client.h"
 #include "router/placement.h"
 #include "router/request_validation.h"
 #include "router/router_metrics.h"
@@ -97,8 +105,7 @@ struct InferenceServiceOptions {
   PlacementOptions placement{.local_prefill_threshold_tokens = 0};
   // Where calls and placements are counted; not owned, must outlive the service. Null: nowhere.
   RouterMetrics* metrics = nullptr;
-  // Largest decoded image, bytes (images are refused anyway without an encoder pool, but the
-  // size is checked first).
+  // Largest encoded image, bytes (checked before anything is sent to an encoder).
   size_t max_image_bytes = size_t{20} << 20;
   // Deadline of a request whose client set none; > 0.
   absl::Duration default_timeout = absl::Minutes(10);
@@ -126,7 +133,8 @@ class InferenceService final : public v1::Inference::Service {
   // kInvalidArgument naming request_id when it is empty; found=false for an id not running.
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
-  // One model: id, max_context_tokens (config max_position_embeddings), supports_images=false,
+  // One model: id, max_context_tokens (config max_position_embeddings), supports_images (the
+  // model has an image token and a live encoder),
   // architecture, vocab_size.
   grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
                           v1::ListModelsResponse* response) override;
@@ -151,6 +159,12 @@ class InferenceService final : public v1::Inference::Service {
     std::string cache_salt;
     int32_t priority = 0;
     bool detokenize = false;
+    // Images (Chat only): their embeddings in prompt order (inline data from an encoder), where
+    // their placeholder runs are (for the prefix-cache hashes), and how many came from an
+    // encoder's embedding cache.
+    std::vector<internal::v1::EmbeddingHandle> images;
+    std::vector<engine::ImageSpan> image_spans;
+    uint32_t cached_images = 0;
   };
   // What a finished call did, for its log line and metrics.
   struct Outcome {
@@ -187,6 +201,10 @@ class InferenceService final : public v1::Inference::Service {
                    std::unique_ptr<PlacementPolicy> policy);
 
   absl::Status CheckModel(absl::string_view model) const;
+  // Chat with images: encodes `prompt.images` on the encoder pool and expands the rendered
+  // prompt's placeholders (router/image_prompt.h) into `prepared`.
+  absl::Status PrepareImages(grpc::ServerContext* context, const ChatPrompt& prompt,
+                             const std::vector<int32_t>& rendered, Prepared* prepared);
   std::string NewRequestId(absl::string_view prefix);
   absl::StatusOr<Placement> Place(const Prepared& request, absl::Span<const std::string> exclude);
   // One placement from the registry's current state; kAborted when a chosen worker vanished
@@ -213,6 +231,7 @@ class InferenceService final : public v1::Inference::Service {
   const InferenceServiceOptions options_;
   const GenerationDefaults defaults_;
   const RequestLimits limits_;
+  EncoderClient encoders_;
   v1::ModelInfo model_info_;
   RouterMetrics* const metrics_;
 

@@ -481,7 +481,7 @@ TEST_F(InferenceServiceTest, MalformedRequestsAreInvalidArgumentNamingTheField) 
        [](ChatRequest& r) {
          r.mutable_messages(1)->add_content()->mutable_image()->set_data(Png());
        },
-       "messages[1].content[1].image: model \"llama\" accepts no images (no encoder pool)"},
+       "messages[1].content[1].image: model \"llama\" accepts no images (no image token)"},
   };
   for (const ChatCase& c : chat_cases) {
     ChatRequest request = SimpleChat();

@@ -10,6 +10,8 @@ const char* ClusterRoleName(ClusterRole role) {
       return "prefill";
     case ClusterRole::kDecode:
       return "decode";
+    case ClusterRole::kEncoder:
+      return "encoder";
   }
   return "?";
 }

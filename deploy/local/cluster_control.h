@@ -22,9 +22,9 @@
 
 namespace deepinfer::deploy {
 
-enum class ClusterRole { kRouter, kPrefill, kDecode };
+enum class ClusterRole { kRouter, kPrefill, kDecode, kEncoder };
 
-// "router", "prefill", "decode".
+// "router", "prefill", "decode", "encoder".
 const char* ClusterRoleName(ClusterRole role);
 
 // One process of the cluster, as workers() and router() report it.

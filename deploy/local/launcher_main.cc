@@ -40,6 +40,9 @@
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory served by every process.");
 ABSL_FLAG(int, prefill, 1, "Prefill nodes (0 allowed with --colocated).");
 ABSL_FLAG(int, decode, 1, "Decode nodes (>= 1).");
+ABSL_FLAG(int, encoders, 0,
+          "Vision encoder nodes (//vision_encoder) for a LLaVA-style --model; 0 = none.");
+ABSL_FLAG(std::vector<std::string>, encoder_flags, {}, "Extra vision_encoder flags.");
 ABSL_FLAG(bool, colocated, false, "Decode nodes also prefill locally (--can_prefill).");
 ABSL_FLAG(int, colocated_prefill_tokens, -1,
           "Router: prompts up to this many uncached tokens prefill on the decode node "
@@ -146,6 +149,8 @@ int Run(const char* argv0) {
   config.num_prefill = absl::GetFlag(FLAGS_prefill);
   config.num_decode = absl::GetFlag(FLAGS_decode);
   config.decode_can_prefill = absl::GetFlag(FLAGS_colocated);
+  config.num_encoders = absl::GetFlag(FLAGS_encoders);
+  config.encoder_flags = absl::GetFlag(FLAGS_encoder_flags);
   config.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   config.block_size = absl::GetFlag(FLAGS_block_size);
   config.threads_per_worker = absl::GetFlag(FLAGS_threads);
@@ -193,9 +198,11 @@ int Run(const char* argv0) {
 
   printf("launcher: model %s\nlauncher: binaries in %s\nlauncher: logs in %s\n",
          config.model_dir.c_str(), config.bin_dir.c_str(), config.log_dir.c_str());
-  printf("launcher: starting router on %s, %d prefill and %d decode node(s)%s ...\n",
+  const std::string encoders =
+      config.num_encoders > 0 ? absl::StrCat(", ", config.num_encoders, " vision encoder(s)") : "";
+  printf("launcher: starting router on %s, %d prefill and %d decode node(s)%s%s ...\n",
          config.router_listen.c_str(), config.num_prefill, config.num_decode,
-         config.decode_can_prefill ? " (decode nodes also prefill)" : "");
+         config.decode_can_prefill ? " (decode nodes also prefill)" : "", encoders.c_str());
   fflush(stdout);
 
   // SIGINT/SIGTERM stay blocked for the whole process (InstallShutdownSignalHandlers in main).

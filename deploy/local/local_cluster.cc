@@ -36,6 +36,8 @@ std::string BinaryPath(const std::string& bin_dir, ClusterRole role) {
       return absl::StrCat(bin_dir, "/prefill_node/prefill_node");
     case ClusterRole::kDecode:
       return absl::StrCat(bin_dir, "/decode_node/decode_node");
+    case ClusterRole::kEncoder:
+      return absl::StrCat(bin_dir, "/vision_encoder/vision_encoder");
   }
   return "";
 }
@@ -79,8 +81,16 @@ std::vector<std::string> WorkerCommandLine(const LocalClusterConfig& config, Clu
       absl::StrCat("--log_level=", config.log_level),
       absl::StrCat("--router=", router_address),
       absl::StrCat("--worker_id=", worker_id),
-      "--kv_transport=ucx",
   };
+  if (role == ClusterRole::kEncoder) {
+    // An encoder holds no KV: only the shared flags and its own.
+    if (config.threads_per_worker > 0) {
+      argv.push_back(absl::StrCat("--threads=", config.threads_per_worker));
+    }
+    argv.insert(argv.end(), config.encoder_flags.begin(), config.encoder_flags.end());
+    return argv;
+  }
+  argv.push_back("--kv_transport=ucx");
   if (config.kv_blocks > 0) argv.push_back(absl::StrCat("--kv_blocks=", config.kv_blocks));
   if (config.block_size > 0) argv.push_back(absl::StrCat("--block_size=", config.block_size));
   if (config.threads_per_worker > 0) {
@@ -138,12 +148,19 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterCo
     return absl::InvalidArgumentError("startup_timeout: expected > 0");
   }
   DI_RETURN_IF_ERROR(ParseHostPort("router_listen", config.router_listen, true).status());
-  for (ClusterRole role : {ClusterRole::kRouter, ClusterRole::kPrefill, ClusterRole::kDecode}) {
+  if (config.num_encoders < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_encoders: expected >= 0, got ", config.num_encoders));
+  }
+  for (ClusterRole role : {ClusterRole::kRouter, ClusterRole::kPrefill, ClusterRole::kDecode,
+                           ClusterRole::kEncoder}) {
+    if (role == ClusterRole::kEncoder && config.num_encoders == 0) continue;
     const std::string path = BinaryPath(config.bin_dir, role);
     if (access(path.c_str(), X_OK) != 0) {
       return absl::NotFoundError(absl::StrCat(
-          "bin_dir: ", path, " is missing or not executable (build //", ClusterRoleName(role),
-          role == ClusterRole::kRouter ? "" : "_node", ")"));
+          "bin_dir: ", path, " is missing or not executable (build //",
+          role == ClusterRole::kEncoder ? "vision_encoder" : ClusterRoleName(role),
+          role == ClusterRole::kRouter || role == ClusterRole::kEncoder ? "" : "_node", ")"));
     }
   }
   std::error_code ec;
@@ -164,6 +181,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterCo
     std::vector<std::shared_ptr<Process>> all = {cluster->router_};
     std::vector<ClusterRole> roles(cluster->config_.num_prefill, ClusterRole::kPrefill);
     roles.insert(roles.end(), cluster->config_.num_decode, ClusterRole::kDecode);
+    roles.insert(roles.end(), cluster->config_.num_encoders, ClusterRole::kEncoder);
     for (ClusterRole role : roles) {
       DI_ASSIGN_OR_RETURN(std::shared_ptr<Process> worker,
                           cluster->Spawn(role, cluster->NextWorkerName(role)));
@@ -183,7 +201,9 @@ LocalCluster::~LocalCluster() { (void)Stop(); }
 
 std::string LocalCluster::NextWorkerName(ClusterRole role) {
   absl::MutexLock lock(&mu_);
-  int& next = role == ClusterRole::kPrefill ? next_prefill_ : next_decode_;
+  int& next = role == ClusterRole::kPrefill   ? next_prefill_
+              : role == ClusterRole::kEncoder ? next_encoder_
+                                              : next_decode_;
   return absl::StrCat(ClusterRoleName(role), "-", next++);
 }
 

@@ -1,5 +1,5 @@
-// A whole deepinfer cluster on one machine: the router, prefill nodes and decode nodes as child
-// processes, for the local launcher (//deploy/local:launcher), the demo and cross-process tests.
+// A whole deepinfer cluster on one machine: the router, prefill nodes, decode nodes and vision
+// encoder nodes as child processes, for the local launcher (//deploy/local:launcher), the demo and cross-process tests.
 //
 // Start() launches the router first (listening on `router_listen`, port 0 by default), reads the
 // port it wrote to its --port_file, then launches every worker with --router pointing there,
@@ -41,7 +41,8 @@ class Channel;
 namespace deepinfer::deploy {
 
 struct LocalClusterConfig {
-  // Directory holding router/router, prefill_node/prefill_node and decode_node/decode_node: the
+  // Directory holding router/router, prefill_node/prefill_node, decode_node/decode_node (and
+  // vision_encoder/vision_encoder when num_encoders > 0): the
   // runfiles root (".") in Bazel tests, <launcher>.runfiles/__main__ under `bazel run`.
   std::string bin_dir = ".";
   // Hugging Face model directory passed as --model to every process. Required.
@@ -49,6 +50,8 @@ struct LocalClusterConfig {
   int num_prefill = 1;
   // At least 1.
   int num_decode = 1;
+  // Vision encoder nodes (//vision_encoder), for LLaVA-style models; 0 = none.
+  int num_encoders = 0;
   // Decode nodes also prefill locally (--can_prefill); with it num_prefill may be 0.
   bool decode_can_prefill = false;
   // Per worker; 0 leaves the binary's default (the flag is not passed).
@@ -64,6 +67,7 @@ struct LocalClusterConfig {
   std::vector<std::string> router_flags;
   std::vector<std::string> prefill_flags;
   std::vector<std::string> decode_flags;
+  std::vector<std::string> encoder_flags;
   // Extra environment for every process. UCX_TLS=sm,self is added unless set here or in the
   // caller's environment (processes on one host move KV over shared memory).
   std::vector<std::pair<std::string, std::string>> env;
@@ -109,7 +113,7 @@ class LocalCluster : public ClusterControl {
   // Waits up to `timeout` for worker `index` to exit; kDeadlineExceeded if it does not.
   absl::StatusOr<ExitStatus> WaitExit(int index, absl::Duration timeout);
 
-  // Starts one more worker of `role` (kPrefill or kDecode) with the next free id, waits until it
+  // Starts one more worker of `role` (kPrefill, kDecode or kEncoder) with the next free id, waits until it
   // is SERVING and returns its index. Errors as in Start; a failed worker is not kept.
   absl::StatusOr<int> AddWorker(ClusterRole role) override;
   // SIGTERM (drain), up to `grace`, then SIGKILL; removes it from workers(). Returns how it
@@ -158,6 +162,7 @@ class LocalCluster : public ClusterControl {
   std::vector<std::shared_ptr<Process>> workers_ ABSL_GUARDED_BY(mu_);
   int next_prefill_ ABSL_GUARDED_BY(mu_) = 0;
   int next_decode_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_encoder_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 

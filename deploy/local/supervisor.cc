@@ -15,8 +15,14 @@ namespace deepinfer::deploy {
 namespace {
 
 internal::v1::WorkerRole RoleOf(ClusterRole role) {
-  return role == ClusterRole::kPrefill ? internal::v1::WORKER_ROLE_PREFILL
-                                       : internal::v1::WORKER_ROLE_DECODE;
+  switch (role) {
+    case ClusterRole::kPrefill:
+      return internal::v1::WORKER_ROLE_PREFILL;
+    case ClusterRole::kEncoder:
+      return internal::v1::WORKER_ROLE_ENCODER;
+    default:
+      return internal::v1::WORKER_ROLE_DECODE;
+  }
 }
 
 void Log(const std::string& line) { spdlog::info("supervisor: {}", line); }

@@ -147,7 +147,8 @@ def make_batch(rng: np.random.Generator, stream, copy, batch_size: int,
 def train_one(name: str, tok, stream, copy, steps: int, batch_size: int, seed: int,
               work: pathlib.Path, ckpt_every: int, budget_s: float = 0,
               init_from: pathlib.Path | None = None, copy_fraction: float = COPY_FRACTION,
-              lr: float | None = None, ckpt_name: str | None = None) -> None:
+              lr: float | None = None, ckpt_name: str | None = None,
+              deadline: bool = False) -> None:
     """Trains `name` for `steps` steps; with budget_s > 0 the step count is lowered after 10
     steps so that training fits the budget (the log and progress.json record the final count,
     which reproduces the run when passed back as --<name>_steps without a budget)."""
@@ -181,13 +182,30 @@ def train_one(name: str, tok, stream, copy, steps: int, batch_size: int, seed: i
     t0 = time.time()
     ema = None
     step = 0
+    if deadline:
+        steps = 10**9  # until the budget is spent
     while step < steps:
-        if budget_s > 0 and step == 10:
+        if budget_s > 0 and step == 10 and not deadline:
             per_step = (time.time() - t0) / 10
             steps = max(warmup + 10, min(steps, int(budget_s / per_step)))
             print(f"[{name}] {per_step:.1f}s/step: {steps} steps fit the budget", flush=True)
+        if deadline and step > warmup:
+            # Wall-clock schedule (shared machines): the cosine follows elapsed time, and training
+            # ends when the budget is spent; the log records the steps that fitted.
+            progress = (time.time() - t0) / budget_s
+            if progress >= 1.0:
+                print(f"[{name}] budget spent after {step} steps", flush=True)
+                model.save_pretrained(work / f"ckpt_{ckpt_name}")
+                (work / f"ckpt_{ckpt_name}" / "progress.json").write_text(json.dumps(
+                    {"step": step, "steps": step, "batch_size": batch_size, "seq_len": SEQ_LEN,
+                     "elapsed_s": round(time.time() - t0, 1), "ema_loss": ema,
+                     "schedule": "wall_clock", "budget_s": budget_s}))
+                break
+            lr_override = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        else:
+            lr_override = None
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(step) if lr_override is None else lr_override
         ids = make_batch(rng, stream, copy, batch_size, copy_fraction)
         out = model(input_ids=ids, labels=ids)
         opt.zero_grad(set_to_none=True)
@@ -225,6 +243,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--copy_steps", type=int, default=300)
     ap.add_argument("--copy_budget_s", type=float, default=0)
+    ap.add_argument("--wall_clock", action="store_true",
+                    help="budgets are deadlines: the LR cosine follows elapsed time")
     ap.add_argument("--models", default="target,draft", help="which to train, in order")
     ap.add_argument("--bench", action="store_true", help="time a few steps of each and exit")
     args = ap.parse_args()
@@ -255,13 +275,14 @@ def main() -> None:
                       args.seed + 1, work, args.ckpt_every, args.draft_budget_s)
         elif name == "target":
             train_one("target", tok, stream, copy, args.target_steps, args.batch_size,
-                      args.seed + 2, work, args.ckpt_every, args.target_budget_s)
+                      args.seed + 2, work, args.ckpt_every, args.target_budget_s,
+                      deadline=args.wall_clock)
         elif name == "target_copy":
             # Stage 2: continue the target on copy/edit chats packed back to back.
             train_one("target", tok, stream, copy, args.copy_steps, args.batch_size,
                       args.seed + 3, work, args.ckpt_every, init_from=work / "ckpt_target",
                       copy_fraction=1.0, lr=1e-3, ckpt_name="target_copy",
-                      budget_s=args.copy_budget_s)
+                      budget_s=args.copy_budget_s, deadline=args.wall_clock)
         else:
             raise SystemExit(f"--models: unknown model {name!r}")
 
