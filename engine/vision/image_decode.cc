@@ -22,9 +22,8 @@ absl::Status PixelLimitError(int64_t width, int64_t height, const ImageLimits& l
         absl::StrCat("image of ", width, "x", height, " pixels has no pixels"));
   }
   if (width * height > limits.max_pixels) {
-    return absl::InvalidArgumentError(absl::StrCat("image of ", width, "x", height,
-                                                   " pixels exceeds the limit of ",
-                                                   limits.max_pixels));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image of ", width, "x", height, " pixels exceeds the limit of ", limits.max_pixels));
   }
   return absl::OkStatus();
 }
@@ -68,8 +67,7 @@ void PngRead(png_structp png, png_bytep out, png_size_t length) {
 // any call below.
 bool DecodePngRaw(PngReader* reader, const ImageLimits* limits, png_uint_32* width_out,
                   png_uint_32* height_out, int* channels_out) {
-  png_structp png =
-      png_create_read_struct(PNG_LIBPNG_VER_STRING, reader, &PngError, &PngWarning);
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, reader, &PngError, &PngWarning);
   if (png == nullptr) {
     reader->error = "out of memory";
     return false;
@@ -188,8 +186,7 @@ class TjHandle {
 
 absl::Status JpegError(tjhandle handle) {
   const std::string message = tjGetErrorStr2(handle);
-  if (absl::StrContains(message, "Premature end") ||
-      absl::StrContains(message, "premature end")) {
+  if (absl::StrContains(message, "Premature end") || absl::StrContains(message, "premature end")) {
     return absl::InvalidArgumentError("truncated JPEG data");
   }
   return absl::InvalidArgumentError(absl::StrCat("invalid JPEG data: ", message));
@@ -217,8 +214,8 @@ absl::StatusOr<RgbImage> DecodeJpeg(absl::string_view bytes, const ImageLimits& 
   image.height = height;
   image.pixels.resize(size_t(width) * height * 3);
   // Flags 0: accurate integer IDCT and fancy upsampling, libjpeg's defaults.
-  if (tjDecompress2(handle.get(), data, size, image.pixels.data(), width, 0, height, TJPF_RGB,
-                    0) != 0) {
+  if (tjDecompress2(handle.get(), data, size, image.pixels.data(), width, 0, height, TJPF_RGB, 0) !=
+      0) {
     // Warnings (e.g. extraneous bytes before a marker) leave a complete image, as in PIL;
     // a premature end of data does not.
     if (tjGetErrorCode(handle.get()) != TJERR_WARNING ||
@@ -237,7 +234,8 @@ ImageFormat SniffImageFormat(absl::string_view bytes) {
     return ImageFormat::kPng;
   }
   if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
-      static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF) {
+      static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+      static_cast<unsigned char>(bytes[2]) == 0xFF) {
     return ImageFormat::kJpeg;
   }
   return ImageFormat::kUnknown;
@@ -246,9 +244,8 @@ ImageFormat SniffImageFormat(absl::string_view bytes) {
 absl::StatusOr<RgbImage> DecodeImage(absl::string_view bytes, const ImageLimits& limits) {
   if (bytes.empty()) return absl::InvalidArgumentError("empty image");
   if (static_cast<int64_t>(bytes.size()) > limits.max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("image of ", bytes.size(),
-                                                   " bytes exceeds the limit of ",
-                                                   limits.max_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "image of ", bytes.size(), " bytes exceeds the limit of ", limits.max_bytes, " bytes"));
   }
   switch (SniffImageFormat(bytes)) {
     case ImageFormat::kPng:

@@ -42,8 +42,8 @@ struct RgbImage {
 };
 
 struct ImageLimits {
-  int64_t max_bytes = 20 << 20;              // encoded size
-  int64_t max_pixels = 6000LL * 6000;        // width * height
+  int64_t max_bytes = 20 << 20;        // encoded size
+  int64_t max_pixels = 6000LL * 6000;  // width * height
 };
 
 enum class ImageFormat { kUnknown, kPng, kJpeg };

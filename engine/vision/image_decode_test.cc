@@ -157,8 +157,7 @@ TEST(ImageDecodeTest, RefusesEmptyUnknownAndOtherFormats) {
 TEST(ImageDecodeTest, EveryTruncationIsAnErrorOrAnImage) {
   for (const char* file : {"rgb_48x40.png", "photo_56x40.jpg", "palette_36x36.png"}) {
     SCOPED_TRACE(file);
-    const std::string bytes =
-        ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/" + file);
+    const std::string bytes = ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/" + file);
     int errors = 0;
     for (size_t n = 0; n < bytes.size(); ++n) {
       auto decoded = DecodeImage(absl::string_view(bytes.data(), n));
@@ -173,12 +172,12 @@ TEST(ImageDecodeTest, EveryTruncationIsAnErrorOrAnImage) {
     // Only a missing tail after the image data (PNG IEND, JPEG EOI) may still decode.
     EXPECT_GE(errors, int(bytes.size()) - 16);
   }
-  ExpectInvalid(ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/rgb_48x40.png")
-                    .substr(0, 200),
-                "truncated PNG data");
-  ExpectInvalid(ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/photo_56x40.jpg")
-                    .substr(0, 600),
-                "JPEG");
+  ExpectInvalid(
+      ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/rgb_48x40.png").substr(0, 200),
+      "truncated PNG data");
+  ExpectInvalid(
+      ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/photo_56x40.jpg").substr(0, 600),
+      "JPEG");
 }
 
 TEST(ImageDecodeTest, CorruptedBytesNeverCrash) {
@@ -224,7 +223,8 @@ TEST(ImageDecodeTest, HugeClaimedDimensionsAreRefusedBeforeAllocation) {
 }
 
 TEST(ImageDecodeTest, MaxBytes) {
-  const std::string png = ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/rgb_32x32.png");
+  const std::string png =
+      ReadFileOrDie(std::string(testing::kFixtureDir) + "/images/rgb_32x32.png");
   ImageLimits limits;
   limits.max_bytes = int64_t(png.size()) - 1;
   ExpectInvalid(png, "bytes exceeds the limit of", limits);

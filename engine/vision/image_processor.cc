@@ -40,8 +40,7 @@ double BicubicFilter(double x) {
 }
 
 Filter FilterFor(int resample) {
-  return resample == kResampleBilinear ? Filter{1.0, &BilinearFilter}
-                                       : Filter{2.0, &BicubicFilter};
+  return resample == kResampleBilinear ? Filter{1.0, &BilinearFilter} : Filter{2.0, &BicubicFilter};
 }
 
 // Per output position: the first input index, the number of taps, and ksize fixed-point weights.
@@ -118,8 +117,8 @@ std::vector<uint8_t> ResampleHorizontal(const std::vector<uint8_t>& in, int widt
   return out;
 }
 
-std::vector<uint8_t> ResampleVertical(const std::vector<uint8_t>& in, int width,
-                                      int out_height, const Coefficients& c) {
+std::vector<uint8_t> ResampleVertical(const std::vector<uint8_t>& in, int width, int out_height,
+                                      const Coefficients& c) {
   std::vector<uint8_t> out(size_t(width) * out_height * 3);
   const size_t stride = size_t(width) * 3;
   for (int yy = 0; yy < out_height; ++yy) {
@@ -253,10 +252,9 @@ absl::StatusOr<ImageProcessorConfig> ParseImageProcessorConfig(const json& j,
           }
         }
         const bool hw = c.resize_height > 0 && c.resize_width > 0;
-        if ((c.shortest_edge > 0) == hw ||
-            (!hw && (c.resize_height > 0 || c.resize_width > 0))) {
-          return KeyError(source, key, "expected shortest_edge or height and width, got " +
-                                           v.dump());
+        if ((c.shortest_edge > 0) == hw || (!hw && (c.resize_height > 0 || c.resize_width > 0))) {
+          return KeyError(source, key,
+                          "expected shortest_edge or height and width, got " + v.dump());
         }
       } else {
         return KeyError(source, key, "expected an integer or an object, got " + v.dump());
@@ -340,7 +338,8 @@ absl::StatusOr<ImageProcessorConfig> LoadImageProcessorConfig(const std::string&
   const std::string preprocessor_path = model_dir + "/preprocessor_config.json";
   text = ReadText(preprocessor_path);
   if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat(model_dir, ": neither processor_config.json with an "
+    return absl::NotFoundError(absl::StrCat(model_dir,
+                                            ": neither processor_config.json with an "
                                             "\"image_processor\" object nor "
                                             "preprocessor_config.json"));
   }
@@ -355,13 +354,13 @@ std::vector<uint8_t> ResizeRgb(const std::vector<uint8_t>& pixels, int width, in
   std::vector<uint8_t> current = pixels;
   int w = width;
   if (out_width != width) {
-    current = ResampleHorizontal(current, width, height,
-                                 out_width, ComputeCoefficients(width, out_width, filter));
+    current = ResampleHorizontal(current, width, height, out_width,
+                                 ComputeCoefficients(width, out_width, filter));
     w = out_width;
   }
   if (out_height != height) {
-    current = ResampleVertical(current, w, out_height,
-                               ComputeCoefficients(height, out_height, filter));
+    current =
+        ResampleVertical(current, w, out_height, ComputeCoefficients(height, out_height, filter));
   }
   return current;
 }
@@ -384,9 +383,8 @@ std::pair<int, int> PreprocessedSize(int width, int height, const ImageProcessor
 }
 
 std::vector<float> Preprocess(const RgbImage& image, const ImageProcessorConfig& config) {
-  std::vector<uint8_t> rgb = config.do_convert_rgb && !image.alpha.empty()
-                                 ? CompositeOnWhite(image)
-                                 : image.pixels;
+  std::vector<uint8_t> rgb =
+      config.do_convert_rgb && !image.alpha.empty() ? CompositeOnWhite(image) : image.pixels;
   int width = image.width;
   int height = image.height;
   if (config.do_resize) {
@@ -399,7 +397,7 @@ std::vector<float> Preprocess(const RgbImage& image, const ImageProcessorConfig&
   }
   int out_h = height;
   int out_w = width;
-  int top = 0;   // source row of output row 0 (may be negative: zero padding)
+  int top = 0;  // source row of output row 0 (may be negative: zero padding)
   int left = 0;
   if (config.do_center_crop) {
     out_h = config.crop_height;
@@ -423,8 +421,9 @@ std::vector<float> Preprocess(const RgbImage& image, const ImageProcessorConfig&
       const bool inside = sy >= 0 && sy < height && sx >= 0 && sx < width;
       for (int ch = 0; ch < 3; ++ch) {
         const uint8_t v = inside ? rgb[(size_t(sy) * width + sx) * 3 + ch] : 0;
-        float f = config.do_rescale ? static_cast<float>(static_cast<double>(v) * config.rescale_factor)
-                                    : static_cast<float>(v);
+        float f = config.do_rescale
+                      ? static_cast<float>(static_cast<double>(v) * config.rescale_factor)
+                      : static_cast<float>(v);
         if (config.do_normalize) f = (f - mean[ch]) / std_dev[ch];
         out[(size_t(ch) * out_h + y) * out_w + x] = f;
       }

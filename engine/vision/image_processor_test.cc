@@ -54,7 +54,8 @@ TEST(ImageProcessorConfigTest, ParsesOlderPreprocessorLayout) {
   EXPECT_EQ(config->shortest_edge, 224);
   EXPECT_EQ(config->crop_width, 224);
   EXPECT_EQ(config->resample, kResampleBilinear);
-  config = ParseImageProcessorConfig(nlohmann::json::parse(R"({"size": {"height": 20, "width": 30}})"), "x");
+  config = ParseImageProcessorConfig(
+      nlohmann::json::parse(R"({"size": {"height": 20, "width": 30}})"), "x");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->shortest_edge, 0);
   EXPECT_EQ(config->resize_height, 20);
@@ -147,6 +148,35 @@ TEST(ImageProcessorTest, OutputSizeAndPaddingWithoutResize) {
   config.shortest_edge = 10;
   EXPECT_EQ(PreprocessedSize(20, 30, config), std::make_pair(15, 10));
   EXPECT_EQ(PreprocessedSize(33, 7, config), std::make_pair(10, 47));  // int(330 / 7)
+}
+
+// Pillow 13.0's Image.resize(..., BILINEAR) of a 7x5 RGB ramp (value (i * 37) mod 256 for the
+// i-th byte), down to 4x3 and up to 11x9: recorded with the tools/fixtures venv.
+TEST(ImageProcessorTest, BilinearResizeMatchesPil) {
+  std::vector<uint8_t> pixels(7 * 5 * 3);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = uint8_t(i * 37 % 256);
+  const std::vector<uint8_t> down = {62, 87,  124, 163, 67, 104, 132, 169, 73,  112, 149, 174,
+                                     76, 101, 138, 177, 81, 118, 146, 183, 87,  126, 163, 188,
+                                     83, 115, 152, 115, 95, 132, 160, 121, 101, 140, 170, 126};
+  const std::vector<uint8_t> up = {
+      0,   37,  74,  50,  87,  124, 121, 135, 172, 192, 43,  80,  169, 43,  80,  77,  114, 151, 148,
+      185, 59,  148, 185, 36,  56,  93,  107, 104, 141, 178, 154, 191, 228, 3,   40,  77,  53,  90,
+      127, 124, 138, 175, 195, 46,  83,  172, 46,  83,  80,  117, 154, 151, 188, 62,  151, 188, 39,
+      59,  96,  110, 107, 144, 181, 157, 194, 231, 8,   45,  82,  58,  95,  132, 129, 143, 180, 200,
+      51,  88,  177, 51,  88,  85,  122, 159, 156, 193, 67,  156, 193, 44,  64,  101, 115, 112, 149,
+      186, 162, 199, 236, 13,  50,  87,  63,  100, 137, 134, 148, 185, 205, 56,  93,  182, 56,  93,
+      90,  127, 164, 161, 198, 72,  161, 198, 49,  69,  106, 120, 117, 154, 191, 167, 204, 241, 18,
+      55,  92,  68,  105, 142, 139, 153, 190, 210, 61,  98,  187, 61,  98,  95,  132, 169, 166, 203,
+      77,  166, 203, 54,  74,  111, 125, 122, 159, 196, 172, 209, 246, 23,  60,  97,  73,  110, 147,
+      144, 158, 195, 215, 66,  103, 192, 66,  103, 100, 137, 174, 171, 208, 82,  171, 208, 59,  79,
+      116, 130, 127, 164, 201, 177, 214, 251, 28,  65,  102, 78,  115, 152, 146, 163, 200, 199, 71,
+      108, 179, 71,  108, 105, 142, 179, 176, 195, 87,  176, 192, 64,  84,  118, 135, 132, 169, 190,
+      182, 219, 228, 33,  70,  107, 83,  120, 157, 139, 168, 205, 101, 76,  113, 93,  76,  113, 110,
+      147, 184, 181, 109, 92,  181, 94,  69,  89,  111, 140, 137, 174, 118, 187, 224, 90,  36,  73,
+      110, 86,  123, 160, 134, 171, 208, 42,  79,  116, 42,  79,  116, 113, 150, 187, 184, 58,  95,
+      184, 35,  72,  92,  106, 143, 140, 177, 74,  190, 227, 8};
+  EXPECT_EQ(ResizeRgb(pixels, 7, 5, 4, 3, kResampleBilinear), down);
+  EXPECT_EQ(ResizeRgb(pixels, 7, 5, 11, 9, kResampleBilinear), up);
 }
 
 TEST(ImageProcessorTest, ResizeKeepsConstantImagesConstant) {

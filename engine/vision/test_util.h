@@ -33,7 +33,8 @@ struct FixtureImage {
 };
 
 inline std::vector<FixtureImage> FixtureImages() {
-  const auto ref = nlohmann::json::parse(ReadFileOrDie(std::string(kFixtureDir) + "/reference.json"));
+  const auto ref =
+      nlohmann::json::parse(ReadFileOrDie(std::string(kFixtureDir) + "/reference.json"));
   std::vector<FixtureImage> images;
   for (const auto& img : ref.at("images")) {
     images.push_back({img.at("file").get<std::string>(), img.at("tensor_prefix").get<std::string>(),

@@ -76,10 +76,9 @@ absl::StatusOr<std::unique_ptr<VisionEncoder>> VisionEncoder::Load(
     return absl::InvalidArgumentError(config_path + ": not a JSON object");
   }
   if (config.value("model_type", "") != "llava") {
-    return ConfigError("model_type", "expected \"llava\", got " +
-                                         (config.contains("model_type")
-                                              ? config["model_type"].dump()
-                                              : std::string("nothing")));
+    return ConfigError("model_type", "expected \"llava\", got " + (config.contains("model_type")
+                                                                       ? config["model_type"].dump()
+                                                                       : std::string("nothing")));
   }
   if (!config.contains("vision_config") || !config["vision_config"].is_object()) {
     return ConfigError("vision_config", "missing");
@@ -157,16 +156,15 @@ absl::StatusOr<std::unique_ptr<VisionEncoder>> VisionEncoder::Load(
     }
     e->projector_bias_ = config["multimodal_projector_bias"].get<bool>();
   }
-  const char* token_key = config.contains("image_token_index") ? "image_token_index"
-                                                               : "image_token_id";
-  DI_ASSIGN_OR_RETURN(int64_t token_id,
-                      IntField(config, "", token_key, 32000, 0, std::numeric_limits<int32_t>::max()));
+  const char* token_key =
+      config.contains("image_token_index") ? "image_token_index" : "image_token_id";
+  DI_ASSIGN_OR_RETURN(int64_t token_id, IntField(config, "", token_key, 32000, 0,
+                                                 std::numeric_limits<int32_t>::max()));
   e->image_token_id_ = static_cast<int32_t>(token_id);
   int64_t text_hidden = 0;
   if (config.contains("text_config") && config["text_config"].is_object()) {
-    DI_ASSIGN_OR_RETURN(text_hidden,
-                        IntField(config["text_config"], "text_config.", "hidden_size", 0, 1,
-                                 1 << 18));
+    DI_ASSIGN_OR_RETURN(
+        text_hidden, IntField(config["text_config"], "text_config.", "hidden_size", 0, 1, 1 << 18));
   }
   const int64_t patches = (image_size / patch) * (image_size / patch);
   e->num_image_tokens_ = static_cast<int>(e->drop_cls_ ? patches : patches + 1);
@@ -182,8 +180,9 @@ absl::StatusOr<std::unique_ptr<VisionEncoder>> VisionEncoder::Load(
   }
   if (e->projector_prefix_.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(model_dir, ": no tensor multi_modal_projector.linear_1.weight (nor "
-                                "model.multi_modal_projector.linear_1.weight)"));
+        absl::StrCat(model_dir,
+                     ": no tensor multi_modal_projector.linear_1.weight (nor "
+                     "model.multi_modal_projector.linear_1.weight)"));
   }
   if (text_hidden == 0) {
     const TensorView* w = e->checkpoint_->Find(e->projector_prefix_ + "linear_1.weight");
@@ -204,9 +203,8 @@ absl::StatusOr<std::vector<float>> VisionEncoder::GetF32(const std::string& name
   return out;
 }
 
-absl::StatusOr<VisionEncoder::Linear> VisionEncoder::GetLinear(const std::string& name,
-                                                               int64_t out, int64_t in,
-                                                               bool bias) const {
+absl::StatusOr<VisionEncoder::Linear> VisionEncoder::GetLinear(const std::string& name, int64_t out,
+                                                               int64_t in, bool bias) const {
   Linear l;
   l.out = out;
   l.in = in;
@@ -216,9 +214,9 @@ absl::StatusOr<VisionEncoder::Linear> VisionEncoder::GetLinear(const std::string
   if (bias) {
     DI_ASSIGN_OR_RETURN(const TensorView* b, checkpoint_->Get(name + ".bias", {out}));
     if (b->dtype != w->dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          checkpoint_->dir(), ": tensor ", b->name, ": dtype ", StDTypeName(b->dtype),
-          " differs from its weight's ", StDTypeName(w->dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(checkpoint_->dir(), ": tensor ", b->name, ": dtype ", StDTypeName(b->dtype),
+                       " differs from its weight's ", StDTypeName(w->dtype)));
     }
     l.bias = b->data;
   }
@@ -234,18 +232,18 @@ absl::StatusOr<VisionEncoder::LayerNorm> VisionEncoder::GetLayerNorm(const std::
 }
 
 absl::Status VisionEncoder::LoadWeights() {
-  for (const char* prefix :
-       {"model.vision_tower.vision_model.", "vision_tower.vision_model.", "model.vision_tower.",
-        "vision_tower."}) {
+  for (const char* prefix : {"model.vision_tower.vision_model.", "vision_tower.vision_model.",
+                             "model.vision_tower.", "vision_tower."}) {
     if (checkpoint_->Find(std::string(prefix) + "embeddings.class_embedding") != nullptr) {
       tower_prefix_ = prefix;
       break;
     }
   }
   if (tower_prefix_.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        model_dir_, ": no tensor vision_tower.vision_model.embeddings.class_embedding (nor with "
-                    "prefix model., or without vision_model.)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_dir_,
+                     ": no tensor vision_tower.vision_model.embeddings.class_embedding (nor with "
+                     "prefix model., or without vision_model.)"));
   }
   const int64_t d = tower_.hidden_size;
   const int64_t p = tower_.patch_size;
@@ -277,11 +275,10 @@ absl::Status VisionEncoder::LoadWeights() {
     DI_ASSIGN_OR_RETURN(layer.fc2, GetLinear(lp + "mlp.fc2", d, inter, true));
     layers_.push_back(std::move(layer));
   }
-  DI_ASSIGN_OR_RETURN(projector_1_, GetLinear(projector_prefix_ + "linear_1",
-                                              output_hidden_size_, d, projector_bias_));
-  DI_ASSIGN_OR_RETURN(projector_2_,
-                      GetLinear(projector_prefix_ + "linear_2", output_hidden_size_,
-                                output_hidden_size_, projector_bias_));
+  DI_ASSIGN_OR_RETURN(projector_1_, GetLinear(projector_prefix_ + "linear_1", output_hidden_size_,
+                                              d, projector_bias_));
+  DI_ASSIGN_OR_RETURN(projector_2_, GetLinear(projector_prefix_ + "linear_2", output_hidden_size_,
+                                              output_hidden_size_, projector_bias_));
   return absl::OkStatus();
 }
 
@@ -330,9 +327,9 @@ void VisionEncoder::RunActivation(const std::string& act, float* x, int64_t coun
 absl::Status VisionEncoder::CheckPixels(const std::vector<float>& chw) const {
   const size_t expected = size_t{3} * tower_.image_size * tower_.image_size;
   if (chw.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pixel values: expected 3x", tower_.image_size, "x", tower_.image_size, " = ", expected,
-        " floats, got ", chw.size()));
+    return absl::InvalidArgumentError(absl::StrCat("pixel values: expected 3x", tower_.image_size,
+                                                   "x", tower_.image_size, " = ", expected,
+                                                   " floats, got ", chw.size()));
   }
   return absl::OkStatus();
 }
@@ -369,8 +366,8 @@ std::vector<float> VisionEncoder::FeaturesLocked(const std::vector<float>& chw) 
   const int64_t head_dim = d / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const int64_t inter = tower_.intermediate_size;
-  std::vector<float> h(tokens * d), q(tokens * d), kk(tokens * d), v(tokens * d),
-      attn(tokens * d), mlp(tokens * inter);
+  std::vector<float> h(tokens * d), q(tokens * d), kk(tokens * d), v(tokens * d), attn(tokens * d),
+      mlp(tokens * inter);
   for (const Layer& layer : layers_) {
     std::copy(x.begin(), x.end(), h.begin());
     RunLayerNorm(layer.norm1, h.data(), tokens);
@@ -443,8 +440,7 @@ absl::StatusOr<std::vector<float>> VisionEncoder::EncodePixels(
   return ProjectLocked(FeaturesLocked(chw));
 }
 
-absl::StatusOr<std::vector<float>> VisionEncoder::EncodeImage(
-    absl::string_view image_bytes) const {
+absl::StatusOr<std::vector<float>> VisionEncoder::EncodeImage(absl::string_view image_bytes) const {
   DI_ASSIGN_OR_RETURN(RgbImage image, DecodeImage(image_bytes, options_.limits));
   const auto [height, width] = PreprocessedSize(image.width, image.height, processor_);
   if (height != tower_.image_size || width != tower_.image_size) {

@@ -156,8 +156,7 @@ TEST(VisionEncoderTest, ConfigErrorsNameTheKey) {
   for (const Case& c : std::vector<Case>{
            {"\"model_type\": \"llava\"", "\"model_type\": \"qwen2\"", "config.json: model_type"},
            {"\"clip_vision_model\"", "\"vit\"", "vision_config.model_type"},
-           {"\"vision_feature_layer\": -2", "\"vision_feature_layer\": -9",
-            "vision_feature_layer"},
+           {"\"vision_feature_layer\": -2", "\"vision_feature_layer\": -9", "vision_feature_layer"},
            {"\"vision_feature_layer\": -2", "\"vision_feature_layer\": [-2, -1]",
             "vision_feature_layer"},
            {"\"vision_feature_select_strategy\": \"default\"",
@@ -181,8 +180,7 @@ TEST(VisionEncoderTest, ConfigErrorsNameTheKey) {
 std::string OneTensorSafetensors(const std::string& name, int64_t rows, int64_t cols) {
   const std::string header = "{\"" + name + "\": {\"dtype\": \"F32\", \"shape\": [" +
                              std::to_string(rows) + ", " + std::to_string(cols) +
-                             "], \"data_offsets\": [0, " + std::to_string(rows * cols * 4) +
-                             "]}}";
+                             "], \"data_offsets\": [0, " + std::to_string(rows * cols * 4) + "]}}";
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = char((header.size() >> (8 * i)) & 0xff);
   return out + header + std::string(rows * cols * 4, '\0');
