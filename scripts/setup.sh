@@ -24,6 +24,9 @@ PACKAGES=(
   libpcre2-dev
   nlohmann-json3-dev
   libcurl4-openssl-dev     # router's Kubernetes scaler (scale subresource over HTTPS)
+  libpng-dev               # PNG decoding of request images (vision models)
+  libturbojpeg0-dev        # JPEG decoding of request images (vision models)
+  libssl-dev               # libcrypto: SHA-256 of image bytes (common/sha256)
   python3-yaml             # deploy/k8s manifest validation
   python3-jsonschema
 )
