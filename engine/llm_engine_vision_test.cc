@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/block_hash.h"
 #include "engine/kv_copy_test_util.h"
 #include "engine/llava_fixture_test_util.h"
 #include "engine/llm_engine.h"
@@ -202,6 +203,20 @@ TEST_F(LlmEngineVisionTest, PrefixCacheHitsOnlyForTheSameImage) {
   };
   const auto first = run(*engine, "a", cat);
   EXPECT_EQ(first.usage.cached_prompt_tokens, 0);
+  // The blocks it stored (its KV events) are the image-aware chain the router computes.
+  std::vector<ImageSpan> spans = {{image.content_hash, image.position, image.num_tokens}};
+  const std::vector<uint64_t> want =
+      PromptBlockHashes(RootBlockHash(o.hash_seed, ""), cat.ids, spans, o.block_size);
+  std::vector<uint64_t> stored;
+  for (int i = 0; i < 400 && stored.size() < want.size(); ++i) {
+    for (const KvEvent& e : engine->DrainKvEvents()) {
+      if (e.kind == KvEvent::Kind::kStored) stored.push_back(e.block_hash);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(stored.size(), want.size());
+  EXPECT_EQ(std::vector<uint64_t>(stored.begin(), stored.begin() + want.size()), want);
+  EXPECT_NE(want[4], PromptBlockHashes(RootBlockHash(o.hash_seed, ""), cat.ids, {}, 8)[4]);
   const auto again = run(*engine, "b", cat);
   EXPECT_EQ(again.tokens, cat.greedy);
   // Every full block of the 71-token prompt (64 tokens), the image's included.
