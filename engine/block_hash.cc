@@ -15,14 +15,12 @@ inline uint64_t Mix(uint64_t h, uint64_t v) {
   return h;
 }
 
-}  // namespace
-
-uint64_t RootBlockHash(uint64_t seed, absl::string_view cache_salt) {
-  uint64_t h = Mix(0x6465657069666572ull /* "deepifer" */, seed);
-  h = Mix(h, cache_salt.size());
+// Little-endian 8-byte words of `bytes`, length first.
+uint64_t FoldBytes(uint64_t h, absl::string_view bytes) {
+  h = Mix(h, bytes.size());
   uint64_t word = 0;
   int n = 0;
-  for (unsigned char c : cache_salt) {
+  for (unsigned char c : bytes) {
     word |= static_cast<uint64_t>(c) << (8 * n);
     if (++n == 8) {
       h = Mix(h, word);
@@ -32,6 +30,12 @@ uint64_t RootBlockHash(uint64_t seed, absl::string_view cache_salt) {
   }
   if (n > 0) h = Mix(h, word);
   return h;
+}
+
+}  // namespace
+
+uint64_t RootBlockHash(uint64_t seed, absl::string_view cache_salt) {
+  return FoldBytes(Mix(0x6465657069666572ull /* "deepifer" */, seed), cache_salt);
 }
 
 uint64_t BlockHash(uint64_t parent, const int32_t* tokens, int64_t num_tokens,
@@ -50,6 +54,36 @@ std::vector<uint64_t> BlockHashes(uint64_t root, const std::vector<int32_t>& tok
   uint64_t parent = root;
   for (size_t b = 0; (b + 1) * block_size <= tokens.size(); ++b) {
     parent = BlockHash(parent, tokens.data() + b * block_size, block_size);
+    out.push_back(parent);
+  }
+  return out;
+}
+
+std::vector<uint64_t> PromptBlockHashes(uint64_t root, const std::vector<int32_t>& tokens,
+                                        const std::vector<ImageSpan>& images, int block_size) {
+  std::vector<uint64_t> out;
+  if (block_size < 1) return out;
+  std::vector<uint64_t> folded;
+  folded.reserve(images.size());
+  for (const ImageSpan& image : images) {
+    folded.push_back(FoldBytes(0x696d616765ull /* "image" */, image.content_hash));
+  }
+  std::vector<uint64_t> extra;
+  uint64_t parent = root;
+  const int64_t bs = block_size;
+  for (int64_t b = 0; (b + 1) * bs <= static_cast<int64_t>(tokens.size()); ++b) {
+    const int64_t begin = b * bs;
+    extra.clear();
+    for (size_t i = 0; i < images.size(); ++i) {
+      const ImageSpan& image = images[i];
+      if (image.position < begin + bs && image.position + image.num_tokens > begin) {
+        extra.push_back(folded[i]);
+        extra.push_back(static_cast<uint64_t>(image.position - begin));
+        extra.push_back(static_cast<uint64_t>(image.num_tokens));
+      }
+    }
+    parent = BlockHash(parent, tokens.data() + begin, bs, extra.empty() ? nullptr : extra.data(),
+                       static_cast<int64_t>(extra.size()));
     out.push_back(parent);
   }
   return out;

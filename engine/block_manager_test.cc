@@ -48,6 +48,37 @@ TEST(BlockHashTest, ChainDependsOnEverythingBefore) {
   EXPECT_EQ(a[0], BlockHashes(RootBlockHash(1, ""), Tokens(40), 16)[0]);
 }
 
+TEST(BlockHashTest, ImagesChangeTheBlocksTheyOverlapAndEverythingAfter) {
+  const uint64_t root = RootBlockHash(1, "");
+  const std::vector<int32_t> tokens = Tokens(64);
+  // No images: the plain chain.
+  EXPECT_EQ(PromptBlockHashes(root, tokens, {}, 16), BlockHashes(root, tokens, 16));
+  const std::string cat(32, 'c'), dog(32, 'd');
+  // An image run over positions [20, 40): blocks 1 and 2.
+  const auto with_cat = PromptBlockHashes(root, tokens, {{cat, 20, 20}}, 16);
+  const auto plain = BlockHashes(root, tokens, 16);
+  ASSERT_EQ(with_cat.size(), 4u);
+  EXPECT_EQ(with_cat[0], plain[0]);
+  for (int b = 1; b < 4; ++b) EXPECT_NE(with_cat[b], plain[b]) << b;
+  // Same tokens, another image: equal before the image's first block only.
+  const auto with_dog = PromptBlockHashes(root, tokens, {{dog, 20, 20}}, 16);
+  EXPECT_EQ(with_dog[0], with_cat[0]);
+  for (int b = 1; b < 4; ++b) EXPECT_NE(with_dog[b], with_cat[b]) << b;
+  // Same image: same hashes (a cache hit); the same image elsewhere: different.
+  EXPECT_EQ(PromptBlockHashes(root, tokens, {{cat, 20, 20}}, 16), with_cat);
+  EXPECT_NE(PromptBlockHashes(root, tokens, {{cat, 21, 19}}, 16)[1], with_cat[1]);
+  // Two images in one block keep their order.
+  const auto both = PromptBlockHashes(root, tokens, {{cat, 2, 4}, {dog, 8, 4}}, 16);
+  const auto swapped = PromptBlockHashes(root, tokens, {{dog, 2, 4}, {cat, 8, 4}}, 16);
+  EXPECT_NE(both[0], swapped[0]);
+  // The extra keys are exactly (fold, offset, length) per overlapping image: block 3 of a run
+  // that ended in block 2 has none, so it differs only through its parent.
+  EXPECT_EQ(with_cat[3], BlockHash(with_cat[2], tokens.data() + 48, 16));
+  // A trailing partial block has no hash; block_size < 1 gives none.
+  EXPECT_EQ(PromptBlockHashes(root, Tokens(70), {{cat, 64, 6}}, 16).size(), 4u);
+  EXPECT_TRUE(PromptBlockHashes(root, tokens, {}, 0).empty());
+}
+
 TEST(BlockManagerTest, SharesCommittedPrefixAndCountsHits) {
   BlockManager bm(10, 4);
   const uint64_t root = RootBlockHash(0, "");

@@ -36,6 +36,13 @@ struct LlmEngine::Sequence {
   std::string request_id;
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t prompt_len = 0;       // original prompt
+  // Multimodal prompts: the images (their data keeps `embedding_rows` valid), the same runs for
+  // hashing, where the last run ends, and per prompt position the image row replacing its
+  // embedding (null elsewhere; empty without images or without their data).
+  std::vector<ImageEmbeddings> images;
+  std::vector<ImageSpan> image_spans;
+  int64_t images_end = 0;
+  std::vector<const float*> embedding_rows;
   SamplingParams sampling;
   std::unique_ptr<Sampler> sampler;  // without speculative decoding
   // With speculative decoding: samples and verifies instead of `sampler` (same distribution and
@@ -92,6 +99,7 @@ struct LlmEngine::Planned {
   std::vector<float> draft_confidence;  // as Sequence::draft_confidence
   std::vector<int32_t> table;
   std::vector<int32_t> input;
+  std::vector<const float*> embedding_rows;  // per input token, or empty (no image rows)
   SampleResult result;
   spec::VerifyResult verify;  // with a draft: the emitted tokens instead of `result`
 };
@@ -291,8 +299,82 @@ void LlmEngine::Stop() {
   if (executor_.joinable()) executor_.join();
 }
 
+absl::Status LlmEngine::ValidateImages(const std::vector<int32_t>& prompt,
+                                       const std::vector<ImageEmbeddings>& images,
+                                       bool data_required) const {
+  const ModelConfig& c = model_->config();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (!images.empty() && c.image_token_id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "images: this model takes no images (", c.architecture, " has no image_token_id), got ",
+        images.size()));
+  }
+  int64_t covered_end = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const ImageEmbeddings& image = images[i];
+    const std::string field = absl::StrCat("images[", i, "]");
+    if (image.content_hash.size() != 32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".content_hash: expected 32 bytes (SHA-256), got ", image.content_hash.size()));
+    }
+    if (image.num_tokens < 1 || image.num_tokens > n) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".num_tokens: expected [1, ", n,
+                                                     "] (the prompt's length), got ",
+                                                     image.num_tokens));
+    }
+    if (image.position < covered_end || image.position > n - image.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".position: expected a run of ", image.num_tokens, " tokens within [",
+          covered_end, ", ", n, ") (runs are sorted, disjoint and inside the prompt), got ",
+          image.position));
+    }
+    covered_end = image.position + image.num_tokens;
+    const int64_t want = image.num_tokens * c.hidden_size;
+    if (image.data == nullptr ? data_required
+                              : static_cast<int64_t>(image.data->size()) != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".data: expected num_tokens x hidden_size = ", image.num_tokens, " x ",
+          c.hidden_size, " = ", want, " floats, got ",
+          image.data == nullptr ? std::string("none") : absl::StrCat(image.data->size())));
+    }
+  }
+  // Then the tokens: the runs cover exactly the placeholder tokens.
+  covered_end = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const ImageEmbeddings& image = images[i];
+    const std::string field = absl::StrCat("images[", i, "]");
+    for (int64_t t = covered_end; t < image.position; ++t) {
+      if (prompt[t] == c.image_token_id) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt_token_ids[", t, "]: image placeholder token without an image"));
+      }
+    }
+    for (int64_t t = image.position; t < image.position + image.num_tokens; ++t) {
+      if (prompt[t] != c.image_token_id) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prompt_token_ids[", t, "]: expected the image placeholder token ", c.image_token_id,
+            " (covered by ", field, "), got ", prompt[t]));
+      }
+    }
+    covered_end = image.position + image.num_tokens;
+  }
+  if (c.image_token_id >= 0) {
+    for (int64_t t = covered_end; t < n; ++t) {
+      if (prompt[t] == c.image_token_id) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt_token_ids[", t, "]: image placeholder token without an image"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> LlmEngine::FullBlockHashes(const Sequence& seq) const {
+  return PromptBlockHashes(seq.root_hash, seq.tokens, seq.image_spans, options_.block_size);
+}
+
 absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
-    EngineRequest request, OutputCallback on_output) {
+    EngineRequest request, OutputCallback on_output, bool image_data_required) {
   const ModelConfig& c = model_->config();
   if (request.request_id.empty()) {
     return absl::InvalidArgumentError("request_id: expected a non-empty id");
@@ -331,6 +413,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
                                                      c.vocab_size, "), got ", request.prompt[i]));
     }
   }
+  DI_RETURN_IF_ERROR(ValidateImages(request.prompt, request.images, image_data_required));
   DI_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, c.vocab_size));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
   if (total > c.max_position_embeddings) {
@@ -349,6 +432,23 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
   seq->tokens = std::move(request.prompt);
   seq->prompt_len = static_cast<int64_t>(seq->tokens.size());
   seq->sampling = request.sampling;
+  if (!request.images.empty()) {
+    bool have_data = true;
+    for (const ImageEmbeddings& image : request.images) {
+      seq->image_spans.push_back({image.content_hash, image.position, image.num_tokens});
+      have_data = have_data && image.data != nullptr;
+    }
+    seq->images_end = request.images.back().position + request.images.back().num_tokens;
+    if (have_data) {
+      seq->embedding_rows.assign(seq->images_end, nullptr);
+      for (const ImageEmbeddings& image : request.images) {
+        for (int64_t t = 0; t < image.num_tokens; ++t) {
+          seq->embedding_rows[image.position + t] = image.data->data() + t * c.hidden_size;
+        }
+      }
+    }
+    seq->images = std::move(request.images);
+  }
   if (options_.speculative.enabled) {
     seq->verifier = std::make_unique<spec::Verifier>(request.sampling);
     seq->verifier->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
@@ -416,7 +516,8 @@ LlmEngine::Sequence* LlmEngine::FindIn(std::list<std::unique_ptr<Sequence>>& lis
 absl::StatusOr<KvReservation> LlmEngine::ReserveForRemotePrefill(EngineRequest request,
                                                                   OutputCallback on_output) {
   DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> owned,
-                      MakeSequence(std::move(request), std::move(on_output)));
+                      MakeSequence(std::move(request), std::move(on_output),
+                                   /*image_data_required=*/false));
   KvReservation reservation;
   absl::Status status = RunOnScheduler([&]() -> absl::Status {
     {
@@ -430,9 +531,7 @@ absl::StatusOr<KvReservation> LlmEngine::ReserveForRemotePrefill(EngineRequest r
     seq->id = next_seq_id_++;
     seq->arrival = arrival_counter_++;
     std::vector<uint64_t> hashes;
-    if (options_.enable_prefix_cache) {
-      hashes = BlockHashes(seq->root_hash, seq->tokens, options_.block_size);
-    }
+    if (options_.enable_prefix_cache) hashes = FullBlockHashes(*seq);
     DI_ASSIGN_OR_RETURN(int64_t cached, blocks_.AllocateSequence(
                                             seq->id, static_cast<int64_t>(seq->tokens.size()),
                                             hashes));
@@ -633,6 +732,14 @@ void LlmEngine::HandleAborts() {
 }
 
 void LlmEngine::Preempt(Sequence* seq) {
+  if (!seq->images.empty() && seq->embedding_rows.empty()) {
+    // Reserved for a remote prefill without the image data: the prompt cannot be recomputed.
+    Finish(seq, FinishReason::kAborted,
+           absl::ResourceExhaustedError(
+               "preempted for KV space, and its prompt's image embeddings are not here to "
+               "recompute it; retry"));
+    return;
+  }
   (void)blocks_.Free(seq->id);
   seq->has_blocks = false;
   seq->computed = 0;
@@ -679,6 +786,17 @@ void LlmEngine::CommitBlocks(Sequence* seq) {
   if (!options_.enable_prefix_cache) return;
   const int bs = options_.block_size;
   const int64_t full = seq->computed / bs;
+  if (static_cast<int64_t>(seq->block_hashes.size()) < full &&
+      static_cast<int64_t>(seq->block_hashes.size()) * bs < seq->images_end) {
+    // Blocks an image run may overlap carry its content: hash the whole chain with the images.
+    const std::vector<uint64_t> all = FullBlockHashes(*seq);
+    while (static_cast<int64_t>(seq->block_hashes.size()) < full) {
+      const int64_t b = static_cast<int64_t>(seq->block_hashes.size());
+      (void)blocks_.Commit(seq->id, b, all[b], b == 0 ? 0 : all[b - 1]);
+      seq->block_hashes.push_back(all[b]);
+    }
+    return;
+  }
   while (static_cast<int64_t>(seq->block_hashes.size()) < full) {
     const int64_t b = static_cast<int64_t>(seq->block_hashes.size());
     const uint64_t parent = b == 0 ? seq->root_hash : seq->block_hashes.back();
@@ -800,9 +918,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
          !waiting_.empty()) {
     Sequence* seq = waiting_.front().get();
     std::vector<uint64_t> hashes;
-    if (options_.enable_prefix_cache) {
-      hashes = BlockHashes(seq->root_hash, seq->tokens, options_.block_size);
-    }
+    if (options_.enable_prefix_cache) hashes = FullBlockHashes(*seq);
     absl::StatusOr<int64_t> cached =
         blocks_.AllocateSequence(seq->id, static_cast<int64_t>(seq->tokens.size()), hashes);
     if (!cached.ok()) break;
@@ -840,6 +956,14 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step) {
     const int64_t known = p.count - static_cast<int64_t>(p.draft.size());
     p.input.assign(seq->tokens.begin() + p.start, seq->tokens.begin() + p.start + known);
     p.input.insert(p.input.end(), p.draft.begin(), p.draft.end());
+    if (p.start < static_cast<int64_t>(seq->embedding_rows.size())) {
+      // Image rows by absolute position: a chunk may start or end inside a run.
+      const int64_t end = std::min(p.start + p.count,
+                                   static_cast<int64_t>(seq->embedding_rows.size()));
+      p.embedding_rows.assign(seq->embedding_rows.begin() + p.start,
+                              seq->embedding_rows.begin() + end);
+      p.embedding_rows.resize(p.count, nullptr);
+    }
     p.table = *blocks_.Table(seq->id);
     ++seq->in_flight;
     kept.push_back(std::move(p));
@@ -871,6 +995,7 @@ void LlmEngine::ExecuteStep(Step& step) {
     in.block_table = p.table.data();
     in.num_blocks = static_cast<int64_t>(p.table.size());
     in.all_logits = !p.draft.empty();
+    if (!p.embedding_rows.empty()) in.embedding_override = p.embedding_rows.data();
     inputs.push_back(in);
   }
   std::vector<float> logits;

@@ -135,9 +135,26 @@ struct EngineOptions {
   SpecOptions speculative;
 };
 
+// One image of a multimodal prompt: its embeddings replace the input embeddings of the prompt's
+// placeholder tokens (ModelConfig::image_token_id) at [position, position + num_tokens).
+struct ImageEmbeddings {
+  std::string content_hash;  // 32 bytes (SHA-256 of the encoded image); the prefix-cache key
+  int64_t position = 0;      // prompt index of the first of its num_tokens placeholder tokens
+  int64_t num_tokens = 0;
+  // num_tokens x hidden_size, row-major f32 (the projector's output); shared, never modified.
+  // May be null only in ReserveForRemotePrefill (see there).
+  std::shared_ptr<const std::vector<float>> data;
+};
+
 struct EngineRequest {
   std::string request_id;  // unique among live requests
   std::vector<int32_t> prompt;
+  // Images, sorted by position, their runs disjoint and inside the prompt (after rendering
+  // `messages`), every covered token the model's image_token_id and every image_token_id token
+  // of the prompt covered. Each image's content_hash goes into the hash of every block its run
+  // overlaps (PromptBlockHashes in block_hash.h): the same tokens with the same image share
+  // cached blocks, with another image not from the image's first block on.
+  std::vector<ImageEmbeddings> images;
   // Chat messages (a JSON array) rendered with the chat template and tokenized, used instead of
   // `prompt` when not null. Needs EngineOptions::tokenizer and chat_template.
   nlohmann::ordered_json messages;
@@ -251,7 +268,10 @@ class LlmEngine {
   // Decode side: validates `request` as Submit does and reserves KV blocks for its prompt, reusing
   // this engine's prefix cache (those leading blocks need no transfer). The request then waits,
   // outside the batch, until CompleteRemotePrefill or FailRemotePrefill. kResourceExhausted when
-  // the blocks cannot be reserved now.
+  // the blocks cannot be reserved now. Images need their content_hash, position and num_tokens
+  // (for the block hashes); their `data` may be null (the prefill node computes the prompt), but
+  // then a preemption cannot recompute the prompt here and ends the request with
+  // kResourceExhausted instead.
   absl::StatusOr<KvReservation> ReserveForRemotePrefill(EngineRequest request,
                                                         OutputCallback on_output);
   // Every reserved block now holds the prompt's KV (the transfer's notification arrived) and the
@@ -262,8 +282,8 @@ class LlmEngine {
   // with `status`.
   absl::Status FailRemotePrefill(const std::string& request_id, absl::Status status);
 
-  // Prefill side: computes the prompt's KV (reusing the prefix cache) and samples the first
-  // token; `done` receives the blocks, which stay allocated (for the transfer) until
+  // Prefill side: computes the prompt's KV (reusing the prefix cache; images need their data)
+  // and samples the first token; `done` receives the blocks, which stay allocated (for the transfer) until
   // ReleasePrefilled. `done` runs on the scheduler thread and must not block.
   absl::Status SubmitPrefill(EngineRequest request, PrefillCallback done);
   // Releases a held prefill's blocks (their KV stays in the prefix cache). kNotFound if unknown.
@@ -295,8 +315,16 @@ class LlmEngine {
   // Fills step inputs from the now-known tokens and runs it (inline without overlap, else on the
   // executor). Returns true when the step was handed to the executor.
   bool FinalizeAndSubmit(std::unique_ptr<Step> step);
+  // `image_data_required`: false only for ReserveForRemotePrefill (hashes suffice there).
   absl::StatusOr<std::unique_ptr<Sequence>> MakeSequence(EngineRequest request,
-                                                          OutputCallback on_output);
+                                                          OutputCallback on_output,
+                                                          bool image_data_required = true);
+  // kInvalidArgument naming the field when `images` do not fit `prompt` (see EngineRequest).
+  absl::Status ValidateImages(const std::vector<int32_t>& prompt,
+                              const std::vector<ImageEmbeddings>& images,
+                              bool data_required) const;
+  // Every full block's hash of the sequence's tokens (PromptBlockHashes with its images).
+  std::vector<uint64_t> FullBlockHashes(const Sequence& seq) const;
   // Admission bookkeeping shared by Submit and SubmitPrefill: the live-id check, the queue bound,
   // then hand-off to the scheduler.
   absl::Status Enqueue(std::unique_ptr<Sequence> seq);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -112,7 +113,20 @@ absl::Status Model::Init() {
   const int64_t h = c.hidden_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
-  DI_ASSIGN_OR_RETURN(embed_, GetLinear("model.embed_tokens", c.vocab_size, h, false));
+  // Multimodal checkpoints nest the language model (transformers 5 vs. older layouts).
+  constexpr std::pair<const char*, const char*> kLayouts[] = {
+      {"model.", "lm_head"},
+      {"model.language_model.", "lm_head"},
+      {"language_model.model.", "language_model.lm_head"},
+  };
+  for (const auto& [body, head] : kLayouts) {
+    if (checkpoint_->Find(absl::StrCat(body, "embed_tokens.weight")) != nullptr) {
+      body_prefix_ = body;
+      lm_head_name_ = head;
+      break;
+    }
+  }
+  DI_ASSIGN_OR_RETURN(embed_, GetLinear(body_prefix_ + "embed_tokens", c.vocab_size, h, false));
   if (c.torch_dtype == "bfloat16") {
     act_dtype_ = DType::kBF16;
   } else if (c.torch_dtype == "float16") {
@@ -123,13 +137,13 @@ absl::Status Model::Init() {
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    DI_ASSIGN_OR_RETURN(lm_head_, GetLinear("lm_head", c.vocab_size, h, false));
+    DI_ASSIGN_OR_RETURN(lm_head_, GetLinear(lm_head_name_, c.vocab_size, h, false));
   }
-  DI_ASSIGN_OR_RETURN(final_norm_, GetNorm("model.norm.weight", h));
+  DI_ASSIGN_OR_RETURN(final_norm_, GetNorm(body_prefix_ + "norm.weight", h));
   layers_.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     Layer& L = layers_[i];
-    const std::string p = absl::StrCat("model.layers.", i, ".");
+    const std::string p = absl::StrCat(body_prefix_, "layers.", i, ".");
     DI_ASSIGN_OR_RETURN(L.input_norm, GetNorm(p + "input_layernorm.weight", h));
     DI_ASSIGN_OR_RETURN(L.post_norm, GetNorm(p + "post_attention_layernorm.weight", h));
     DI_ASSIGN_OR_RETURN(L.q, GetLinear(p + "self_attn.q_proj", q_dim, h, c.attention_bias));
@@ -432,8 +446,14 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       ws.positions[offsets[s] + t] = batch[s].start_position + t;
       const int64_t token = batch[s].tokens[t];
       float* dst = x + (offsets[s] + t) * h;
-      for (int64_t i = 0; i < h; ++i)
-        dst[i] = kernels::LoadAsF32(embed_.w, embed_.dtype, token * h + i);
+      const float* row =
+          batch[s].embedding_override != nullptr ? batch[s].embedding_override[t] : nullptr;
+      if (row != nullptr) {
+        for (int64_t i = 0; i < h; ++i) dst[i] = RoundTo(act_dtype_, row[i]);
+      } else {
+        for (int64_t i = 0; i < h; ++i)
+          dst[i] = kernels::LoadAsF32(embed_.w, embed_.dtype, token * h + i);
+      }
     }
     max_position = std::max(max_position, batch[s].start_position + batch[s].num_tokens);
   }

@@ -12,6 +12,11 @@
 // transformers' eager implementation, so f32 checkpoints match it to ~1e-5 and bf16 checkpoints to
 // bf16 rounding noise.
 //
+// Checkpoints: the language model's tensors under "model." + "lm_head." (causal LMs),
+// "model.language_model." + "lm_head." (transformers 5 multimodal checkpoints) or
+// "language_model.model." + "language_model.lm_head." (older LLaVA-style checkpoints); other
+// tensors (a vision tower, a projector) are ignored.
+//
 // Thread-safety: Forward() may be called by one thread at a time (it uses the model's pool);
 // the model is otherwise immutable. Not copyable or movable (owns the checkpoint mapping).
 #ifndef DEEPINFER_ENGINE_MODEL_H_
@@ -44,6 +49,12 @@ struct SequenceInput {
   const int32_t* block_table = nullptr;
   int64_t num_blocks = 0;   // entries in block_table; must cover start_position + num_tokens
   bool all_logits = false;  // logits for every new token instead of only the last
+  // Optional input-embedding overrides (multimodal prompts): null, or num_tokens entries where
+  // entry t is null (new token t is embedded from embed_tokens as usual) or points at
+  // hidden_size floats used as its input embedding instead (e.g. an image's projected
+  // embedding for a placeholder token). They are rounded to the activation dtype like looked-up
+  // embeddings. tokens[t] is still validated. Not owned; read during Forward only.
+  const float* const* embedding_override = nullptr;
 };
 
 class Model {
@@ -119,6 +130,9 @@ class Model {
 
   const ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;
+  // Where the language model's tensors are: "model." / "lm_head" for causal LMs (see Load).
+  std::string body_prefix_ = "model.";
+  std::string lm_head_name_ = "lm_head";
   std::unique_ptr<kernels::ThreadPool> pool_;
   kernels::DType act_dtype_ = kernels::DType::kF32;
   Linear embed_;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -102,6 +103,60 @@ absl::Status ParseTokenIds(const json& j, const char* field, absl::string_view f
       absl::StrCat(file, ": ", field, ": expected an integer or a list, got ", it->dump()));
 }
 
+constexpr std::pair<const char*, const char*> kTextModelTypes[] = {
+    {"llama", "LlamaForCausalLM"},       {"qwen2", "Qwen2ForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},       {"mistral", "MistralForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"},   {"qwen2_moe", "Qwen2MoeForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+};
+
+absl::StatusOr<ModelConfig> ParseTextConfig(const json& j, absl::string_view file);
+
+// LLaVA-style: the language model is `text_config`; the outer config adds the image token and
+// supplies defaults the text config may leave out.
+absl::StatusOr<ModelConfig> ParseMultimodalConfig(const json& j, absl::string_view file) {
+  const std::string text_file = absl::StrCat(file, ": text_config");
+  json text = j.at("text_config");
+  text.erase("text_config");
+  auto arch_it = text.find("architectures");
+  if (arch_it == text.end() || !arch_it->is_array() || arch_it->empty()) {
+    auto type_it = text.find("model_type");
+    if (type_it == text.end() || !type_it->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          text_file, ": model_type: expected the language model's type, got ",
+          type_it == text.end() ? "nothing" : type_it->dump()));
+    }
+    const std::string type = type_it->get<std::string>();
+    const char* arch = nullptr;
+    std::string supported;
+    for (const auto& [name, architecture] : kTextModelTypes) {
+      if (type == name) arch = architecture;
+      absl::StrAppend(&supported, supported.empty() ? "" : ", ", name);
+    }
+    if (arch == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(text_file, ": model_type \"", type,
+                                                     "\" is not supported (supported: ",
+                                                     supported, ")"));
+    }
+    text["architectures"] = json::array({arch});
+  }
+  for (const char* key : {"torch_dtype", "dtype", "eos_token_id", "bos_token_id",
+                          "tie_word_embeddings"}) {
+    auto outer = j.find(key);
+    auto inner = text.find(key);
+    if (outer != j.end() && !outer->is_null() && (inner == text.end() || inner->is_null())) {
+      text[key] = *outer;
+    }
+  }
+  DI_ASSIGN_OR_RETURN(ModelConfig c, ParseTextConfig(text, text_file));
+  c.architecture = j.at("architectures")[0].get<std::string>();
+  Reader r(j, file);
+  const char* image_key = r.Has("image_token_index") ? "image_token_index" : "image_token_id";
+  DI_ASSIGN_OR_RETURN(int64_t image_token, r.Int(image_key, 0, c.vocab_size - 1, false, -1));
+  c.image_token_id = static_cast<int>(image_token);
+  return c;
+}
+
 }  // namespace
 
 const char* ModelFamilyName(ModelFamily f) {
@@ -122,6 +177,26 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& j, absl::string_view fi
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": expected a JSON object"));
   }
+  auto arch_it = j.find("architectures");
+  if (arch_it == j.end() || !arch_it->is_array() || arch_it->empty() ||
+      !(*arch_it)[0].is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": architectures: expected a non-empty list of names"));
+  }
+  auto text_it = j.find("text_config");
+  if (text_it != j.end() && !text_it->is_null()) {
+    if (!text_it->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": text_config: expected a JSON object, got ", text_it->dump()));
+    }
+    return ParseMultimodalConfig(j, file);
+  }
+  return ParseTextConfig(j, file);
+}
+
+namespace {
+
+absl::StatusOr<ModelConfig> ParseTextConfig(const json& j, absl::string_view file) {
   Reader r(j, file);
   ModelConfig c;
   auto arch_it = j.find("architectures");
@@ -353,6 +428,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& j, absl::string_view fi
   }
   return c;
 }
+
+}  // namespace
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   namespace fs = std::filesystem;

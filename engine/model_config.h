@@ -1,7 +1,9 @@
 // A model's architecture as config.json describes it, checked and normalised once so the rest of
 // the engine never reads JSON. Families: Llama (incl. Llama-3 RoPE scaling), Qwen2, Qwen3 (q/k
 // norm), Mistral / any sliding-window or per-layer `layer_types` config, Mixtral, Qwen2-MoE and
-// Qwen3-MoE.
+// Qwen3-MoE. Multimodal LLaVA-style configs ("*ForConditionalGeneration" with a `text_config`,
+// e.g. model_type "llava") describe their language model in `text_config`; the vision tower is
+// not part of this config (engine/vision reads it).
 #ifndef DEEPINFER_ENGINE_MODEL_CONFIG_H_
 #define DEEPINFER_ENGINE_MODEL_CONFIG_H_
 
@@ -45,7 +47,9 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
-  std::string architecture;  // config "architectures"[0]
+  // config "architectures"[0] (the outer one, e.g. "LlavaForConditionalGeneration", for a
+  // multimodal config; `family` is then its language model's).
+  std::string architecture;
   ModelFamily family = ModelFamily::kLlama;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -67,12 +71,20 @@ struct ModelConfig {
   std::string torch_dtype = "float32";
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
+  // The placeholder token whose input embeddings a prompt's image embeddings replace (config
+  // image_token_index / image_token_id of a multimodal config, in [0, vocab_size)); -1 when the
+  // model takes no images.
+  int image_token_id = -1;
 
   bool is_moe() const { return moe.num_experts > 0; }
   bool HasSlidingLayers() const;
 };
 
-// Parses and validates config.json. `file_name` labels errors: every field out of range gives
+// Parses and validates config.json. A multimodal config (one with a `text_config` object) is
+// parsed from its text_config, with dtype, eos/bos ids and tie_word_embeddings inherited from the
+// outer config when text_config lacks them and the architecture taken from text_config's
+// "architectures" or "model_type" (llama, qwen2, qwen3, mistral, mixtral, qwen2_moe, qwen3_moe);
+// its errors are labelled "<file>: text_config: ...". `file_name` labels errors: every field out of range gives
 // kInvalidArgument "<file>: <field>: expected ..., got ...". An architecture the engine does not
 // implement gives kInvalidArgument naming it and the supported ones.
 absl::StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& config,

@@ -123,5 +123,79 @@ TEST(ModelConfigTest, OutOfRangeFieldsAreNamed) {
             absl::string_view::npos);
 }
 
+json Llava() {
+  json text = Llama();
+  text.erase("architectures");
+  text.erase("torch_dtype");
+  text.erase("eos_token_id");
+  text["model_type"] = "qwen2";
+  return json{{"architectures", {"LlavaForConditionalGeneration"}},
+              {"model_type", "llava"},
+              {"dtype", "float32"},
+              {"eos_token_id", 7},
+              {"image_token_index", 511},
+              {"text_config", text},
+              {"vision_config", {{"model_type", "clip_vision_model"}, {"hidden_act", "quick_gelu"}}}};
+}
+
+TEST(ModelConfigTest, LlavaTakesTheLanguageModelFromTextConfig) {
+  auto c = ParseModelConfig(Llava(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "LlavaForConditionalGeneration");
+  EXPECT_EQ(c->family, ModelFamily::kQwen2);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->vocab_size, 512);
+  EXPECT_EQ(c->torch_dtype, "float32");               // inherited from the outer config
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int>{7}));  // likewise
+  EXPECT_EQ(c->image_token_id, 511);
+
+  json by_id = Llava();
+  by_id.erase("image_token_index");
+  by_id["image_token_id"] = 3;
+  by_id["text_config"]["architectures"] = {"LlamaForCausalLM"};
+  by_id["text_config"]["model_type"] = "something_else";  // architectures wins
+  auto c2 = ParseModelConfig(by_id, "config.json");
+  ASSERT_TRUE(c2.ok()) << c2.status();
+  EXPECT_EQ(c2->family, ModelFamily::kLlama);
+  EXPECT_EQ(c2->image_token_id, 3);
+
+  EXPECT_EQ(ParseModelConfig(Llama(), "config.json")->image_token_id, -1);
+}
+
+TEST(ModelConfigTest, LlavaErrorsAreNamed) {
+  json bad_type = Llava();
+  bad_type["text_config"]["model_type"] = "gpt2";
+  EXPECT_NE(ParseModelConfig(bad_type, "c").status().message().find(
+                "c: text_config: model_type \"gpt2\" is not supported"),
+            absl::string_view::npos)
+      << ParseModelConfig(bad_type, "c").status();
+  json bad_token = Llava();
+  bad_token["image_token_index"] = 512;
+  EXPECT_NE(ParseModelConfig(bad_token, "c").status().message().find(
+                "c: image_token_index: expected an integer in [0, 511]"),
+            absl::string_view::npos)
+      << ParseModelConfig(bad_token, "c").status();
+  json bad_text = Llava();
+  bad_text["text_config"]["hidden_size"] = 0;
+  EXPECT_NE(ParseModelConfig(bad_text, "c").status().message().find("c: text_config: hidden_size"),
+            absl::string_view::npos);
+  json not_object = Llava();
+  not_object["text_config"] = 3;
+  EXPECT_EQ(ParseModelConfig(not_object, "c").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelConfigTest, LoadsLlavaFixture) {
+  auto c = LoadModelConfig("engine/testdata/vision/llava");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kQwen2);
+  EXPECT_EQ(c->vocab_size, 769);
+  EXPECT_EQ(c->image_token_id, 768);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int>{763}));
+  EXPECT_EQ(c->num_layers, 2);
+  EXPECT_FALSE(c->tie_word_embeddings);
+}
+
 }  // namespace
 }  // namespace deepinfer::engine

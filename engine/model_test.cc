@@ -8,6 +8,8 @@
 //   can flip a rounding and the flip propagates through the layers.
 // Greedy continuations must be identical.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "engine/generate.h"
+#include "engine/llava_fixture_test_util.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
@@ -209,6 +212,118 @@ TEST_P(ModelFixtureTest, BadInputsAreRejectedNotCrashed) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest, ::testing::ValuesIn(kModels),
                          [](const auto& info) { return std::string(info.param); });
+
+// The language model of a LLaVA-style checkpoint, with transformers' projected image embeddings
+// overriding the placeholder tokens' input embeddings (engine/llava_fixture_test_util.h).
+class LlavaModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto prompts = testing::LoadLlavaPrompts();
+    ASSERT_TRUE(prompts.ok()) << prompts.status();
+    prompts_ = std::move(*prompts);
+  }
+
+  // Logits for every position of `prompt`, fed in chunks of `chunk` tokens with the image rows
+  // as embedding overrides (indexed by absolute position, so a chunk may split an image run).
+  static std::vector<float> AllLogits(Model& model, const testing::LlavaPrompt& prompt,
+                                      int64_t chunk, int block_size) {
+    const int64_t n = static_cast<int64_t>(prompt.ids.size());
+    const int64_t h = model.config().hidden_size;
+    std::vector<const float*> rows(n, nullptr);
+    for (const testing::LlavaImage& image : prompt.images) {
+      for (int64_t t = 0; t < image.num_tokens; ++t) {
+        rows[image.position + t] = image.embeddings.data() + t * h;
+      }
+    }
+    const int blocks = static_cast<int>((n + block_size - 1) / block_size);
+    auto cache = KvCache::Create(model.MakeKvCacheConfig(blocks, block_size)).value();
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::vector<float> all, logits;
+    for (int64_t pos = 0; pos < n; pos += chunk) {
+      SequenceInput in;
+      in.tokens = prompt.ids.data() + pos;
+      in.num_tokens = std::min<int64_t>(chunk, n - pos);
+      in.start_position = pos;
+      in.block_table = table.data();
+      in.num_blocks = blocks;
+      in.all_logits = true;
+      in.embedding_override = rows.data() + pos;
+      absl::Status s = model.Forward({in}, cache.get(), &logits);
+      EXPECT_TRUE(s.ok()) << s;
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    return all;
+  }
+
+  static float MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float max_err = 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      max_err = std::max(max_err, std::fabs(a[i] - b[i]));
+    }
+    return max_err;
+  }
+
+  std::vector<testing::LlavaPrompt> prompts_;
+};
+
+TEST_F(LlavaModelTest, PromptLogitsWithImageEmbeddingsMatchTransformers) {
+  auto model = Model::Load(testing::kLlavaDir, ModelOptions{2});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->config().image_token_id, 768);
+  for (size_t p = 0; p < prompts_.size(); ++p) {
+    const testing::LlavaPrompt& prompt = prompts_[p];
+    const float whole = MaxDiff(AllLogits(**model, prompt, prompt.ids.size(), 16), prompt.logits);
+    EXPECT_LE(whole, 1e-4f) << "prompt " << p;
+    std::printf("llava prompt %zu: max |logit diff| = %.3g\n", p, whole);
+    // Chunks of 5 tokens split every image run.
+    EXPECT_LE(MaxDiff(AllLogits(**model, prompt, 5, 4), prompt.logits), 1e-4f) << "prompt " << p;
+  }
+  // Without the image rows the placeholder token's own embedding is used: different logits.
+  testing::LlavaPrompt no_images = prompts_[0];
+  no_images.images.clear();
+  EXPECT_GT(MaxDiff(AllLogits(**model, no_images, no_images.ids.size(), 16), prompts_[0].logits),
+            1e-2f);
+}
+
+// transformers 5 writes a multimodal checkpoint's language model as model.language_model.* and
+// lm_head.*: the same tensors under those names load and give the same logits.
+TEST_F(LlavaModelTest, LoadsTheTransformers5Layout) {
+  namespace fs = std::filesystem;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / "llava_t5_layout";
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(testing::kLlavaDir) / "config.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  std::ifstream in(fs::path(testing::kLlavaDir) / "model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, header_len));
+  json renamed = json::object();
+  for (auto& [name, value] : header.items()) {
+    std::string n = name;
+    if (n.rfind("language_model.model.", 0) == 0) {
+      n = "model.language_model." + n.substr(strlen("language_model.model."));
+    } else if (n == "language_model.lm_head.weight") {
+      n = "lm_head.weight";
+    }
+    renamed[n] = value;
+  }
+  ASSERT_TRUE(renamed.contains("model.language_model.embed_tokens.weight"));
+  std::string new_header = renamed.dump();
+  new_header.resize((new_header.size() + 7) / 8 * 8, ' ');
+  const uint64_t new_len = new_header.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&new_len), 8);
+  out << new_header << bytes.substr(8 + header_len);
+  out.close();
+  auto model = Model::Load(dir.string(), ModelOptions{2});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const testing::LlavaPrompt& prompt = prompts_[1];
+  EXPECT_LE(MaxDiff(AllLogits(**model, prompt, prompt.ids.size(), 16), prompt.logits), 1e-4f);
+}
 
 }  // namespace
 }  // namespace deepinfer::engine

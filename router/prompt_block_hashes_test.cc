@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -65,6 +66,21 @@ TEST(PromptBlockHashesTest, LargeIdsHashAsTheirBitPattern) {
   const std::vector<int32_t> as_int = {static_cast<int32_t>(0x80000000u), -1, 5, 6};
   EXPECT_EQ(PromptBlockHashes(prompt, 9, "s", 2),
             engine::BlockHashes(engine::RootBlockHash(9, "s"), as_int, 2));
+}
+
+// With images: exactly the engine's image-aware chain (llm_engine_vision_test checks that chain
+// against a real engine's KV events).
+TEST(PromptBlockHashesTest, ImagesHashAsTheEngineHashesThem) {
+  const std::vector<uint32_t> prompt = Prompt(40, 5);
+  const std::vector<int32_t> as_int(prompt.begin(), prompt.end());
+  const std::vector<engine::ImageSpan> images = {{std::string(32, 'a'), 6, 10},
+                                                 {std::string(32, 'b'), 20, 3}};
+  const std::vector<uint64_t> with = PromptBlockHashes(prompt, 7, "s", 8, images);
+  EXPECT_EQ(with, engine::PromptBlockHashes(engine::RootBlockHash(7, "s"), as_int, images, 8));
+  const std::vector<uint64_t> without = PromptBlockHashes(prompt, 7, "s", 8);
+  ASSERT_EQ(with.size(), 5u);
+  EXPECT_NE(with[0], without[0]);  // the first image starts in block 0
+  EXPECT_NE(PromptBlockHashes(prompt, 7, "s", 8, {{std::string(32, 'c'), 6, 10}})[0], with[0]);
 }
 
 // The hashes a real engine publishes (its KV events) for a prompt, in order.
