@@ -85,6 +85,7 @@
 #include "grpcpp/server_context.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
+#include "engine/block_hash.h"
 #include "router/encoder_client.h"
 #include "router/placement.h"
 #include "router/request_validation.h"

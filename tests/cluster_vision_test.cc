@@ -6,16 +6,20 @@
 //     engine produces the same), with the prompt expanded exactly as LlavaProcessor does;
 //   * the same image again is an embedding-cache hit on the encoder (usage.cached_images) and a
 //     prefix-cache hit covering the image on the workers (usage.cached_prompt_tokens);
-//   * the same text with another image does not reuse the first image's KV;
+//   * the same text with another image does not reuse the first image's KV, and its answer (first
+//     token's logprob included) is transformers' for that image;
 //   * malformed, truncated and unsupported images get INVALID_ARGUMENT naming the part, and the
 //     cluster keeps serving; no KV block stays in use afterwards.
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "deploy/local/local_cluster.h"
+#include "engine/safetensors.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -37,8 +41,23 @@ std::string ReadFile(const std::string& path) {
 struct ChatResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // of each sampled token
   v1::Usage usage;
 };
+
+// log_softmax of the last row of reference tensor prompt<p>.logits at `token`: the first
+// generated token's logprob as transformers computes it.
+double ReferenceFirstLogprob(const engine::SafetensorsFile& ref, int p, int token) {
+  const engine::TensorView* logits = ref.Find(absl::StrCat("prompt", p, ".logits"));
+  if (logits == nullptr) return 0;
+  const int64_t vocab = logits->shape[1];
+  const float* row = static_cast<const float*>(logits->data) + (logits->shape[0] - 1) * vocab;
+  double max = row[0];
+  for (int64_t i = 1; i < vocab; ++i) max = std::max(max, static_cast<double>(row[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(row[i] - max);
+  return row[token] - max - std::log(sum);
+}
 
 // The fixture's prompt `index` as a Chat request (images attached as bytes, or as a data URL).
 v1::ChatRequest FixtureChat(const nlohmann::json& prompt, bool as_data_url,
@@ -70,6 +89,7 @@ v1::ChatRequest FixtureChat(const nlohmann::json& prompt, bool as_data_url,
   req.mutable_sampling()->set_temperature(0);
   req.mutable_sampling()->set_max_tokens(static_cast<int>(prompt["greedy"].size()));
   req.mutable_sampling()->set_ignore_eos(true);
+  req.mutable_sampling()->set_return_logprobs(true);
   return req;
 }
 
@@ -81,6 +101,7 @@ ChatResult RunChat(v1::Inference::Stub& stub, const v1::ChatRequest& req) {
   v1::ChatChunk chunk;
   while (reader->Read(&chunk)) {
     for (uint32_t t : chunk.token_ids()) out.tokens.push_back(static_cast<int32_t>(t));
+    for (const v1::TokenLogprob& l : chunk.logprobs()) out.logprobs.push_back(l.logprob());
     if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) out.usage = chunk.usage();
   }
   out.status = reader->Finish();
@@ -121,7 +142,7 @@ TEST_P(ClusterVisionTest, ImageChatMatchesTransformersAndRepeatsHitBothCaches) {
     ASSERT_EQ(models.models_size(), 1);
     EXPECT_TRUE(models.models(0).supports_images());
   }
-  for (size_t p = 0; p < reference_["prompts"].size(); ++p) {
+  for (size_t p = 0; p < 2; ++p) {  // prompt 2 (prompt 0 with another image) comes after
     const nlohmann::json& prompt = reference_["prompts"][p];
     const std::vector<int32_t> want = prompt["greedy"].get<std::vector<int32_t>>();
     const size_t images = prompt["images"].size();
@@ -143,17 +164,29 @@ TEST_P(ClusterVisionTest, ImageChatMatchesTransformersAndRepeatsHitBothCaches) {
         << "prompt " << p;
   }
 
-  // Prompt 0's text with another image: the KV before the image is reused, the image's is not,
-  // and the output is that image's (differs from the first image's greedy output here).
+  // Prompt 2 is prompt 0's text with another image: the KV before the image is reused, the
+  // image's is not, and the answer is the other image's. This tiny random model happens to pick
+  // the same greedy tokens for both images, so the first token's logprob tells them apart.
   const nlohmann::json& prompt0 = reference_["prompts"][0];
+  const nlohmann::json& prompt2 = reference_["prompts"][2];
   int64_t first_image = 0;
   const auto ids = prompt0["input_ids"].get<std::vector<int64_t>>();
   while (ids[first_image] != reference_["image_token_id"].get<int64_t>()) ++first_image;
-  ChatResult other = RunChat(*stub_, FixtureChat(prompt0, false, "rgb_20x27.png"));
-  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
-  EXPECT_EQ(other.usage.cached_images(), 0u);
-  EXPECT_LE(other.usage.cached_prompt_tokens(), first_image);
-  EXPECT_NE(other.tokens, prompt0["greedy"].get<std::vector<int32_t>>());
+  ChatResult image0 = RunChat(*stub_, FixtureChat(prompt0, false));
+  ChatResult image2 = RunChat(*stub_, FixtureChat(prompt2, false));
+  ASSERT_TRUE(image0.status.ok() && image2.status.ok()) << image2.status.error_message();
+  EXPECT_EQ(image2.tokens, prompt2["greedy"].get<std::vector<int32_t>>());
+  EXPECT_EQ(image2.usage.cached_images(), 0u);
+  EXPECT_LE(image2.usage.cached_prompt_tokens(), first_image);
+  ASSERT_FALSE(image0.logprobs.empty());
+  ASSERT_FALSE(image2.logprobs.empty());
+  auto ref = engine::SafetensorsFile::Open(std::string(kVisionModel) + "/reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const double want0 = ReferenceFirstLogprob(**ref, 0, image0.tokens[0]);
+  const double want2 = ReferenceFirstLogprob(**ref, 2, image2.tokens[0]);
+  ASSERT_GT(std::fabs(want0 - want2), 1e-2) << "the fixture no longer separates the images";
+  EXPECT_NEAR(image0.logprobs[0], want0, 1e-3);
+  EXPECT_NEAR(image2.logprobs[0], want2, 1e-3);
 
   ASSERT_TRUE(testutil::WaitNoBlocksInUse(*cluster_, absl::Seconds(20)).ok());
 }
