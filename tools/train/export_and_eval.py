@@ -229,6 +229,8 @@ def main() -> None:
     ap.add_argument("--target_ckpt", default="target_copy",
                     help="checkpoint under --work_dir for the target: target (stage 1) or "
                     "target_copy (stage 2)")
+    ap.add_argument("--draft_ckpt", default="draft",
+                    help="checkpoint under --work_dir for the draft: draft or draft_anneal")
     ap.add_argument("--skip_eval", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -236,7 +238,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(work / "tokenizer")
     info = {}
-    for name, ckpt, sub in (("target", args.target_ckpt, "demo"), ("draft", "draft", "demo-draft")):
+    for name, ckpt, sub in (("target", args.target_ckpt, "demo"), ("draft", args.draft_ckpt, "demo-draft")):
         info[name] = export(work, ckpt, out / sub, tok)
     shutil.copy(work / "manifest.json", out / "corpus_manifest.json")
     t0 = time.time()

@@ -283,6 +283,13 @@ def main() -> None:
                       args.seed + 3, work, args.ckpt_every, init_from=work / "ckpt_target",
                       copy_fraction=1.0, lr=1e-3, ckpt_name="target_copy",
                       budget_s=args.copy_budget_s, deadline=args.wall_clock)
+        elif name == "draft_anneal":
+            # Continue a stopped draft run from its last checkpoint with a fresh, lower cosine
+            # (same data mix as stage 1); written to ckpt_draft_anneal.
+            train_one("draft", tok, stream, copy, args.draft_steps, args.batch_size,
+                      args.seed + 4, work, args.ckpt_every, args.draft_budget_s,
+                      init_from=work / "ckpt_draft", lr=1e-3, ckpt_name="draft_anneal",
+                      deadline=args.wall_clock)
         else:
             raise SystemExit(f"--models: unknown model {name!r}")
 
