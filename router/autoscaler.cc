@@ -97,6 +97,7 @@ PoolSample Autoscaler::BuildSample(Pool pool, const std::vector<WorkerSnapshot>&
       s.queued_input_tokens += static_cast<int64_t>(load.queued_input_tokens()) + w.placed_tokens;
       s.input_tokens_per_second += load.prefill_tokens_per_second();
     }
+    if (pool == Pool::kEncoder) s.images_per_second += load.images_per_second();
     if (w.has_load) {
       ++reported;
       prefill_tps += load.prefill_tokens_per_second();
@@ -110,6 +111,7 @@ PoolSample Autoscaler::BuildSample(Pool pool, const std::vector<WorkerSnapshot>&
     s.replica_prefill_tokens_per_second = pool == Pool::kPrefill ? prefill_tps / reported : 0;
     s.replica_decode_sequences =
         pool == Pool::kDecode ? static_cast<double>(s.running_sequences) / reported : 0;
+    s.replica_images_per_second = pool == Pool::kEncoder ? s.images_per_second / reported : 0;
   }
   if (pool == Pool::kDecode && total_blocks > 0) {
     s.kv_used_fraction =

@@ -346,6 +346,23 @@ TEST(AutoscalerSampleTest, CountsOnlyLiveWorkersOfThePool) {
 
   const PoolSample e = Autoscaler::BuildSample(Pool::kEncoder, workers, now, absl::Seconds(10));
   EXPECT_EQ(e.current_replicas, 0);
+
+  // Encoders: images/s summed over the live ones; the per-replica mean is the measured rate.
+  std::vector<WorkerSnapshot> encoders = {
+      worker("e0", internal::v1::WORKER_ROLE_ENCODER, absl::Seconds(1)),
+      worker("e1", internal::v1::WORKER_ROLE_ENCODER, absl::Seconds(1)),
+      worker("e2", internal::v1::WORKER_ROLE_ENCODER, absl::Seconds(60)),  // dead
+  };
+  encoders[0].load.set_images_per_second(30);
+  encoders[1].load.set_images_per_second(10);
+  encoders[2].load.set_images_per_second(99);
+  const PoolSample enc =
+      Autoscaler::BuildSample(Pool::kEncoder, encoders, now, absl::Seconds(10));
+  EXPECT_EQ(enc.current_replicas, 2);
+  EXPECT_EQ(enc.queue_depth, 4);
+  EXPECT_DOUBLE_EQ(enc.images_per_second, 40);
+  EXPECT_DOUBLE_EQ(enc.replica_images_per_second, 20);
+  EXPECT_EQ(enc.queued_input_tokens, 0);
 }
 
 TEST_F(AutoscalerTest, EncoderPoolIsSampledOnlyWhenEncodersExist) {
