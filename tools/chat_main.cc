@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +40,9 @@
 ABSL_FLAG(std::string, router, "127.0.0.1:50051", "Router address (host:port).");
 ABSL_FLAG(std::string, model, "", "Model id; empty selects the cluster's only model.");
 ABSL_FLAG(std::string, message, "", "User message text.");
+ABSL_FLAG(std::vector<std::string>, image, {},
+          "PNG/JPEG files sent as image parts of the user message, before its text "
+          "(comma-separated; needs a LLaVA-style model with a vision encoder pool).");
 ABSL_FLAG(std::string, system, "", "Optional system message, sent before --message.");
 ABSL_FLAG(std::string, messages_json, "",
           "The whole conversation as a JSON array of {\"role\", \"content\"} objects (instead "
@@ -94,6 +99,15 @@ absl::StatusOr<ChatRequest> BuildRequest() {
     }
     v1::ChatMessage* user = request.add_messages();
     user->set_role("user");
+    for (const std::string& path : absl::GetFlag(FLAGS_image)) {
+      std::ifstream in(path, std::ios::binary);
+      std::stringstream bytes;
+      bytes << in.rdbuf();
+      if (!in || bytes.str().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--image: cannot read ", path));
+      }
+      user->add_content()->mutable_image()->set_data(bytes.str());
+    }
     user->add_content()->set_text(absl::GetFlag(FLAGS_message));
   }
   v1::SamplingParams* sampling = request.mutable_sampling();
@@ -208,6 +222,8 @@ int Run() {
         {"request_id", last.request_id()},
         {"prompt_tokens", usage.prompt_tokens()},
         {"cached_prompt_tokens", usage.cached_prompt_tokens()},
+        {"images", usage.images()},
+        {"cached_images", usage.cached_images()},
         {"completion_tokens", completion},
         {"finish_reason", finish},
         {"ttft_ms", ttft_ms},
@@ -219,10 +235,15 @@ int Run() {
   } else {
     printf(
         "%s",
-        absl::StrFormat("-- prompt %u tokens (%u cached), completion %u tokens, finish %s | TTFT "
-                        "%.1f ms | ITL mean %.1f p50 %.1f p90 %.1f max %.1f ms | E2E %.1f ms | "
-                        "%.1f tokens/s\n",
-                        usage.prompt_tokens(), usage.cached_prompt_tokens(), completion, finish,
+        absl::StrFormat("-- prompt %u tokens (%u cached)%s, completion %u tokens, finish %s | "
+                        "TTFT %.1f ms | ITL mean %.1f p50 %.1f p90 %.1f max %.1f ms | E2E %.1f ms "
+                        "| %.1f tokens/s\n",
+                        usage.prompt_tokens(), usage.cached_prompt_tokens(),
+                        usage.images() == 0
+                            ? std::string()
+                            : absl::StrFormat(", %u images (%u from the encoder cache)",
+                                              usage.images(), usage.cached_images()),
+                        completion, finish,
                         ttft_ms, itl_mean, itl_p50, itl_p90, itl_max, e2e_ms, tokens_per_s)
             .c_str());
   }
