@@ -19,7 +19,12 @@ import jsonschema
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER_POOLS = ("prefill", "decode")
+WORKER_POOLS = ("prefill", "decode", "encoder")
+# Pools whose pods run on a GPU (one each); the vision encoder runs its tower on the CPU.
+GPU_POOLS = ("prefill", "decode")
+# Deployments whose binary serves Prometheus /metrics (--metrics_listen); vision_encoder has no
+# such flag (it would exit 2 on it), so its pod and Service have no metrics port.
+METRICS_POOLS = ("router", "prefill", "decode")
 
 # The metric names the dashboard may use (and must all use): what the binaries are to export.
 HISTOGRAMS = {
@@ -171,7 +176,8 @@ def consistency_errors(objects):
                 elif ports[probe["grpc"]["port"]] != "grpc":
                     errs.append("%s: %s probes port %s, not the grpc port" % (
                         cw, probe_name, probe["grpc"]["port"]))
-            if "metrics" not in port_names or ports.get(9090) != "metrics":
+            has_metrics = name in ["deepinfer-" + p for p in METRICS_POOLS]
+            if has_metrics and ("metrics" not in port_names or ports.get(9090) != "metrics"):
                 errs.append("%s: expected containerPort 9090 named metrics" % cw)
             args = c.get("args", [])
             listen = flag(args, "listen")
@@ -179,8 +185,11 @@ def consistency_errors(objects):
             if listen is None or not grpc_ports or listen != "0.0.0.0:%d" % grpc_ports[0]:
                 errs.append("%s: --listen=%s does not serve the grpc containerPort %s" % (
                     cw, listen, grpc_ports))
-            if flag(args, "metrics_listen") != "0.0.0.0:9090":
+            if has_metrics and flag(args, "metrics_listen") != "0.0.0.0:9090":
                 errs.append("%s: --metrics_listen must be 0.0.0.0:9090" % cw)
+            if not has_metrics and (flag(args, "metrics_listen") is not None or
+                                    "metrics" in port_names):
+                errs.append("%s: its binary serves no metrics (no --metrics_listen)" % cw)
             for m in c.get("volumeMounts", []):
                 if m["name"] not in volumes:
                     errs.append("%s: mounts undeclared volume %s" % (cw, m["name"]))
@@ -207,8 +216,12 @@ def consistency_errors(objects):
             # Workers.
             gpu_req = c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu")
             gpu_lim = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-            if gpu_req != 1 or gpu_lim != 1:
-                errs.append("%s: expected nvidia.com/gpu 1 in requests and limits, got %s/%s" % (
+            if name in ["deepinfer-" + p for p in GPU_POOLS]:
+                if gpu_req != 1 or gpu_lim != 1:
+                    errs.append("%s: expected nvidia.com/gpu 1 in requests and limits, got "
+                                "%s/%s" % (cw, gpu_req, gpu_lim))
+            elif gpu_req is not None or gpu_lim is not None:
+                errs.append("%s: runs on the CPU; expected no nvidia.com/gpu, got %s/%s" % (
                     cw, gpu_req, gpu_lim))
             env = {e["name"]: e for e in c.get("env", [])}
             if flag(args, "advertise_host") != "$(POD_IP)":
@@ -243,7 +256,8 @@ def consistency_errors(objects):
                     errs.append("%s: port %s targets %s, not a containerPort of "
                                 "Deployment/%s" % (where, p.get("name"), target,
                                                    d["metadata"]["name"]))
-        if "metrics" not in {p.get("name") for p in s["spec"]["ports"]}:
+        if name in ["deepinfer-" + p for p in METRICS_POOLS] and \
+                "metrics" not in {p.get("name") for p in s["spec"]["ports"]}:
             errs.append("%s: no port named metrics" % where)
 
     for pool in WORKER_POOLS:
@@ -283,12 +297,14 @@ def consistency_errors(objects):
     for sm in by_kind(objects, "ServiceMonitor").values():
         sel = sm["spec"]["selector"].get("matchLabels", {})
         picked = [s for s in services.values() if matches(sel, s["metadata"].get("labels", {}))]
-        for pool in ("router",) + WORKER_POOLS:
+        for pool in METRICS_POOLS:
             if "deepinfer-" + pool not in [s["metadata"]["name"] for s in picked]:
                 errs.append("ServiceMonitor/%s: does not select Service/deepinfer-%s" % (
                     sm["metadata"]["name"], pool))
         for ep in sm["spec"]["endpoints"]:
-            for s in picked:
+            # Services without metrics (the encoder's) simply give the operator no target.
+            for s in [s for s in picked
+                      if s["metadata"]["name"] in ["deepinfer-" + p for p in METRICS_POOLS]]:
                 if ep.get("port") not in {p.get("name") for p in s["spec"]["ports"]}:
                     errs.append("ServiceMonitor/%s: endpoint port %s not on Service/%s" % (
                         sm["metadata"]["name"], ep.get("port"), s["metadata"]["name"]))
@@ -464,6 +480,19 @@ class ManifestsTest(unittest.TestCase):
              .update({"claimName": "models"}), "claims models, not a PersistentVolumeClaim"),
             ("Deployment", "deepinfer-router",
              lambda d: set_arg(d, "model", "/data/model"), "is not under a mounted volume"),
+            ("Deployment", "deepinfer-encoder",
+             lambda d: set_arg(d, "metrics_listen", "0.0.0.0:9090"),
+             "its binary serves no metrics"),
+            ("Deployment", "deepinfer-encoder",
+             lambda d: container(d)["resources"]["limits"].update({"nvidia.com/gpu": 1}),
+             "runs on the CPU; expected no nvidia.com/gpu"),
+            ("Deployment", "deepinfer-encoder",
+             lambda d: set_arg(d, "router", "deepinfer-router:9091"),
+             "--router=deepinfer-router:9091 is not a Service port"),
+            ("Role", "deepinfer-router-scaler",
+             lambda r: r["rules"][0].update(
+                 {"resourceNames": ["deepinfer-prefill", "deepinfer-decode"]}),
+             "may not get deployments/scale of deepinfer-encoder"),
             ("ServiceMonitor", "deepinfer",
              lambda s: s["spec"]["endpoints"][0].update({"port": "http-metrics"}),
              "endpoint port http-metrics not on Service/deepinfer-router"),
