@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
 #include "grpc/impl/codegen/grpc_types.h"
@@ -43,6 +45,81 @@ class EncoderNode::AdminService final : public internal::v1::WorkerAdmin::Servic
 
  private:
   const EncoderNode* const node_;
+};
+
+// The node's Prometheus registry and its HTTP server; values mirror Stats() at each scrape.
+class EncoderNode::Metrics {
+ public:
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const EncoderNode* node,
+                                                        const std::string& listen_address) {
+    std::unique_ptr<Metrics> m(new Metrics(node));
+    MetricsRegistry& r = m->registry_;
+    DI_ASSIGN_OR_RETURN(m->queue_depth_,
+                        r.AddGauge("deepinfer_queue_depth", "Encode calls in progress."));
+    DI_ASSIGN_OR_RETURN(
+        CounterFamily * requests,
+        r.AddCounterFamily("deepinfer_requests_total", "Encode calls, by outcome.", {"outcome"}));
+    DI_ASSIGN_OR_RETURN(m->requests_ok_, requests->WithLabels({"ok"}));
+    DI_ASSIGN_OR_RETURN(m->requests_error_, requests->WithLabels({"error"}));
+    DI_ASSIGN_OR_RETURN(m->requests_cancelled_, requests->WithLabels({"cancelled"}));
+    DI_ASSIGN_OR_RETURN(m->encoded_, r.AddCounter("deepinfer_images_encoded_total",
+                                                  "Images that ran the vision tower."));
+    DI_ASSIGN_OR_RETURN(m->hits_, r.AddCounter("deepinfer_embedding_cache_hits_total",
+                                               "Images served from the embedding cache."));
+    DI_ASSIGN_OR_RETURN(m->misses_, r.AddCounter("deepinfer_embedding_cache_misses_total",
+                                                 "Images not in the embedding cache."));
+    DI_ASSIGN_OR_RETURN(m->bytes_, r.AddGauge("deepinfer_embedding_cache_bytes",
+                                              "Bytes of embeddings the cache holds."));
+    DI_ASSIGN_OR_RETURN(m->entries_, r.AddGauge("deepinfer_embedding_cache_entries",
+                                                "Images the embedding cache holds."));
+    MetricsHttpServerOptions options;
+    options.listen_address = listen_address;
+    Metrics* self = m.get();
+    options.before_scrape = [self] { self->Refresh(); };
+    options.healthy = [node] { return !node->Stats().draining(); };
+    DI_ASSIGN_OR_RETURN(m->server_, MetricsHttpServer::Create(&m->registry_, options));
+    DI_RETURN_IF_ERROR(m->server_->Start());
+    return m;
+  }
+
+  int port() const { return server_->port(); }
+  void Stop() { server_->Stop(); }
+
+ private:
+  explicit Metrics(const EncoderNode* node) : node_(node) {}
+
+  static void Mirror(Counter* counter, uint64_t value) {
+    const double delta = static_cast<double>(value) - counter->Value();
+    if (delta > 0) counter->Increment(delta);
+  }
+
+  void Refresh() {
+    const internal::v1::WorkerStats s = node_->Stats();
+    absl::MutexLock lock(&mu_);
+    queue_depth_->Set(s.active_requests());
+    Mirror(requests_ok_, s.requests_ok());
+    Mirror(requests_error_, s.requests_failed());
+    Mirror(requests_cancelled_, s.requests_cancelled());
+    Mirror(encoded_, s.images_encoded());
+    Mirror(hits_, s.embedding_cache_hits());
+    Mirror(misses_, s.embedding_cache_misses());
+    bytes_->Set(static_cast<double>(s.embedding_cache_bytes()));
+    entries_->Set(static_cast<double>(s.embedding_cache_entries()));
+  }
+
+  const EncoderNode* const node_;
+  MetricsRegistry registry_;
+  std::unique_ptr<MetricsHttpServer> server_;
+  absl::Mutex mu_;  // serialises Refresh (the counters' read-then-add)
+  Gauge* queue_depth_ = nullptr;
+  Counter* requests_ok_ = nullptr;
+  Counter* requests_error_ = nullptr;
+  Counter* requests_cancelled_ = nullptr;
+  Counter* encoded_ = nullptr;
+  Counter* hits_ = nullptr;
+  Counter* misses_ = nullptr;
+  Gauge* bytes_ = nullptr;
+  Gauge* entries_ = nullptr;
 };
 
 EncoderNode::EncoderNode(EncoderNodeOptions options) : options_(std::move(options)) {}
@@ -104,6 +181,12 @@ absl::Status EncoderNode::Start() {
       server_->SetServing(true);
     }
   }
+  if (!options_.metrics_listen.empty()) {
+    DI_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics,
+                        Metrics::Start(this, options_.metrics_listen));
+    absl::MutexLock lock(&mu_);
+    metrics_ = std::move(metrics);
+  }
   if (!options_.port_file.empty()) {
     DI_RETURN_IF_ERROR(WritePortFile(options_.port_file, port()));
   }
@@ -120,6 +203,11 @@ std::string EncoderNode::address() const {
 int EncoderNode::port() const {
   absl::MutexLock lock(&mu_);
   return server_ == nullptr ? 0 : server_->port();
+}
+
+int EncoderNode::metrics_port() const {
+  absl::MutexLock lock(&mu_);
+  return metrics_ == nullptr ? 0 : metrics_->port();
 }
 
 absl::Status EncoderNode::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
@@ -275,6 +363,12 @@ void EncoderNode::Drain(absl::Duration timeout) {
                  absl::FormatDuration(timeout));
     server->Shutdown(timeout);
   }
+  Metrics* metrics = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    metrics = metrics_.get();
+  }
+  if (metrics != nullptr) metrics->Stop();
   absl::MutexLock lock(&mu_);
   drained_ = true;
 }

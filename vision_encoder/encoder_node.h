@@ -4,6 +4,12 @@
 // with queue depth = Encode calls in progress and images served per second, re-Register when the
 // router answers known=false, Deregister on drain).
 //
+// With `metrics_listen` set, Prometheus /metrics and /healthz are served over HTTP, refreshed from
+// Stats() at every scrape: deepinfer_queue_depth (Encode calls in progress),
+// deepinfer_requests_total{outcome=ok|error|cancelled}, deepinfer_images_encoded_total (images
+// that ran the tower), deepinfer_embedding_cache_hits_total / _misses_total (images),
+// deepinfer_embedding_cache_bytes and deepinfer_embedding_cache_entries.
+//
 // Health is NOT_SERVING until the first Register succeeds (at once when standalone) and while
 // draining. The bound port is written to `port_file` once the server answers RPCs.
 //
@@ -46,6 +52,8 @@ struct EncoderNodeOptions {
   engine::vision::ImageLimits limits;
   int max_images_per_request = 16;
   std::string port_file;
+  // "host:port" serving Prometheus /metrics (port 0 = any, see metrics_port()); "" = off.
+  std::string metrics_listen;
   absl::Duration drain_timeout = absl::Seconds(30);
 };
 
@@ -62,6 +70,8 @@ class EncoderNode {
   absl::Status Start();
   std::string address() const;
   int port() const;
+  // The metrics server's bound port after Start; 0 when metrics_listen is empty.
+  int metrics_port() const;
   const EncoderNodeOptions& options() const { return options_; }
   internal::v1::WorkerStats Stats() const;
 
@@ -72,6 +82,7 @@ class EncoderNode {
 
  private:
   class AdminService;
+  class Metrics;
   explicit EncoderNode(EncoderNodeOptions options);
   void RouterLoop();
   absl::Status RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
@@ -84,6 +95,7 @@ class EncoderNode {
   std::unique_ptr<EncoderService> service_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<Metrics> metrics_;
   std::thread router_thread_;
 
   mutable absl::Mutex mu_;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics_test_util.h"
 #include "common/sha256.h"
 #include "engine/safetensors.h"
 #include "grpcpp/grpcpp.h"
@@ -37,6 +38,7 @@ class EncoderNodeTest : public ::testing::Test {
     o.worker_id = "encoder-test";
     o.threads = 1;
     o.cache_bytes = 1 << 20;
+    o.metrics_listen = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<EncoderNode>> node = EncoderNode::Create(o);
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = *std::move(node);
@@ -153,6 +155,20 @@ TEST_F(EncoderNodeTest, EncodesLikeTransformersAndCachesRepeatedImages) {
   EXPECT_EQ(stats.embedding_cache_entries(), 3u);
   EXPECT_EQ(stats.embedding_cache_bytes(), 3u * 16 * 64 * 4);
   EXPECT_EQ(stats.requests_ok(), 3u);
+
+  // The same figures on /metrics.
+  ASSERT_GT(node_->metrics_port(), 0);
+  absl::StatusOr<std::string> text = testutil::HttpGet(node_->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(testutil::SampleValue(*text, "deepinfer_images_encoded_total").value_or(-1), 3);
+  EXPECT_EQ(testutil::SampleValue(*text, "deepinfer_embedding_cache_hits_total").value_or(-1), 6);
+  EXPECT_EQ(testutil::SampleValue(*text, "deepinfer_embedding_cache_misses_total").value_or(-1),
+            3);
+  EXPECT_EQ(testutil::SampleValue(*text, "deepinfer_embedding_cache_bytes").value_or(-1),
+            3 * 16 * 64 * 4);
+  EXPECT_EQ(
+      testutil::SampleValue(*text, "deepinfer_requests_total{outcome=\"ok\"}").value_or(-1), 3);
+  EXPECT_EQ(testutil::HttpGet(node_->metrics_port(), "/healthz").value_or(""), "ok\n");
 }
 
 TEST_F(EncoderNodeTest, BadRequestsNameTheFieldAndTheNodeKeepsServing) {

@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, max_image_bytes, "20MiB", "Largest encoded image accepted
 ABSL_FLAG(int64_t, max_image_pixels, 6000LL * 6000, "Largest decoded image, width x height.");
 ABSL_FLAG(int, max_images_per_request, 16, "Most images in one Encode call.");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port here once serving.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus /metrics and /healthz over HTTP (port 0 = any); "
+          "empty = off.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "Longest the drain waits for in-flight Encode calls.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
@@ -68,6 +71,7 @@ int main(int argc, char** argv) {
   o.worker_id = absl::GetFlag(FLAGS_worker_id);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.port_file = absl::GetFlag(FLAGS_port_file);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   o.max_images_per_request = absl::GetFlag(FLAGS_max_images_per_request);
   o.limits.max_pixels = absl::GetFlag(FLAGS_max_image_pixels);
