@@ -333,6 +333,7 @@ absl::Status CheckChat(const v1::ChatRequest& request, const RequestLimits& limi
     return InvalidText("messages", "at least one message", "none");
   }
   if (out != nullptr) out->messages = nlohmann::ordered_json::array();
+  int images_seen = 0;
   for (int i = 0; i < request.messages_size(); ++i) {
     const v1::ChatMessage& message = request.messages(i);
     const std::string prefix = absl::StrCat("messages[", i, "]");
@@ -360,6 +361,11 @@ absl::Status CheckChat(const v1::ChatRequest& request, const RequestLimits& limi
           if (out != nullptr) text += part.text();
           break;
         case v1::ContentPart::kImage: {
+          if (++images_seen > limits.max_images) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(part_path, ".image: more than ", limits.max_images,
+                             " images in one request"));
+          }
           ChatImage image;
           DI_RETURN_IF_ERROR(CheckImage(part.image(), absl::StrCat(part_path, ".image"), limits,
                                         out != nullptr ? &image : nullptr));

@@ -45,6 +45,8 @@ struct RequestLimits {
   int64_t max_context_tokens = 0;
   // Largest decoded image, bytes (the router's --max_image_bytes).
   size_t max_image_bytes = size_t{20} << 20;
+  // Most images in one Chat request (what one vision encoder call takes).
+  int max_images = 16;
 };
 
 // Sampling defaults of a model, as its generation_config.json gives them; fields the file does

@@ -426,6 +426,24 @@ TEST(ConvertChatMessagesTest, ImagesFromUrlsAreDecodedInOrder) {
   EXPECT_EQ(prompt->images[1].bytes, Png());
 }
 
+TEST(ConvertChatMessagesTest, TooManyImagesNameTheFirstOneOverTheLimit) {
+  RequestLimits limits = Limits();
+  limits.max_images = 3;
+  ChatRequest request;
+  for (int m = 0; m < 2; ++m) {
+    auto* user = request.add_messages();
+    user->set_role("user");
+    user->add_content()->mutable_image()->set_data(Png());
+    user->add_content()->mutable_image()->set_data(Png());
+  }
+  absl::StatusOr<ChatPrompt> prompt = ConvertChatMessages(request, limits);
+  EXPECT_EQ(prompt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(prompt.status().message(),
+            "messages[1].content[1].image: more than 3 images in one request");
+  limits.max_images = 4;
+  EXPECT_TRUE(ConvertChatMessages(request, limits).ok());
+}
+
 TEST(ToEngineSamplingParamsTest, UnsetFieldsTakeTheModelDefaults) {
   GenerationDefaults defaults;
   defaults.temperature = 0.6f;
