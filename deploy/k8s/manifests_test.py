@@ -22,9 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER_POOLS = ("prefill", "decode", "encoder")
 # Pools whose pods run on a GPU (one each); the vision encoder runs its tower on the CPU.
 GPU_POOLS = ("prefill", "decode")
-# Deployments whose binary serves Prometheus /metrics (--metrics_listen); vision_encoder has no
-# such flag (it would exit 2 on it), so its pod and Service have no metrics port.
-METRICS_POOLS = ("router", "prefill", "decode")
+# Deployments whose binary serves Prometheus /metrics (--metrics_listen): all of them.
+METRICS_POOLS = ("router",) + WORKER_POOLS
 
 # The metric names the dashboard may use (and must all use): what the binaries are to export.
 HISTOGRAMS = {
@@ -187,9 +186,6 @@ def consistency_errors(objects):
                     cw, listen, grpc_ports))
             if has_metrics and flag(args, "metrics_listen") != "0.0.0.0:9090":
                 errs.append("%s: --metrics_listen must be 0.0.0.0:9090" % cw)
-            if not has_metrics and (flag(args, "metrics_listen") is not None or
-                                    "metrics" in port_names):
-                errs.append("%s: its binary serves no metrics (no --metrics_listen)" % cw)
             for m in c.get("volumeMounts", []):
                 if m["name"] not in volumes:
                     errs.append("%s: mounts undeclared volume %s" % (cw, m["name"]))
@@ -302,7 +298,6 @@ def consistency_errors(objects):
                 errs.append("ServiceMonitor/%s: does not select Service/deepinfer-%s" % (
                     sm["metadata"]["name"], pool))
         for ep in sm["spec"]["endpoints"]:
-            # Services without metrics (the encoder's) simply give the operator no target.
             for s in [s for s in picked
                       if s["metadata"]["name"] in ["deepinfer-" + p for p in METRICS_POOLS]]:
                 if ep.get("port") not in {p.get("name") for p in s["spec"]["ports"]}:
@@ -481,8 +476,18 @@ class ManifestsTest(unittest.TestCase):
             ("Deployment", "deepinfer-router",
              lambda d: set_arg(d, "model", "/data/model"), "is not under a mounted volume"),
             ("Deployment", "deepinfer-encoder",
-             lambda d: set_arg(d, "metrics_listen", "0.0.0.0:9090"),
-             "its binary serves no metrics"),
+             lambda d: set_arg(d, "metrics_listen", None),
+             "--metrics_listen must be 0.0.0.0:9090"),
+            ("Deployment", "deepinfer-encoder",
+             lambda d: container(d)["ports"].pop(1),
+             "expected containerPort 9090 named metrics"),
+            ("Service", "deepinfer-encoder",
+             lambda s: s["spec"]["ports"].pop(1),
+             "Service/deepinfer-encoder: no port named metrics"),
+            ("ServiceMonitor", "deepinfer",
+             lambda s: s["spec"]["selector"]["matchLabels"].update(
+                 {"app.kubernetes.io/component": "prefill"}),
+             "does not select Service/deepinfer-encoder"),
             ("Deployment", "deepinfer-encoder",
              lambda d: container(d)["resources"]["limits"].update({"nvidia.com/gpu": 1}),
              "runs on the CPU; expected no nvidia.com/gpu"),
