@@ -1153,8 +1153,12 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
     caps[i] = static_cast<int>(std::clamp<int64_t>(room, 0, k));
   }
+  if (spare <= 0) {
+    // No room left in the step's token budget: nothing drafted could be verified.
+    std::fill(caps.begin(), caps.end(), 0);
+  }
   bool no_draft = false;
-  if (adaptive && calibration_ != nullptr) {
+  if (adaptive && calibration_ != nullptr && spare > 0) {
     // A draft model pays for every token it drafts, verified or not: one draft length for the
     // step, chosen before drafting from the prior rows and the target's and the draft's costs.
     std::vector<std::vector<double>> priors(decodes.size());
