@@ -107,6 +107,7 @@ struct LlmEngine::Step {
   bool spec_timed = false;
   Clock::time_point spec_start;
   double spec_draft_predicted = 0.0;
+  double spec_draft_model_seconds = 0.0;  // measured drafting time of a draft model
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -1105,12 +1106,15 @@ void LlmEngine::Process(Step& step) {
   stats_.spec_accepted_tokens += spec_accepted;
   if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
     // Measured (Schedule through this point) against predicted (the cost table for what ran, plus
-    // predicted drafting): the difference is the per-step overhead the table does not see.
+    // predicted drafting): the difference is the per-step overhead the tables do not see.
     const double measured = Seconds(step.spec_start, Clock::now());
     const double predicted =
         cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size())) +
         step.spec_draft_predicted;
-    const double sample = measured - predicted;
+    // A draft model's drafting is modelled by its own table: its measured time (catch-up after
+    // steps without drafts included) stays out of the overhead, which is the non-model part.
+    const double target = predicted - step.spec_draft_predicted;
+    const double sample = measured - target - step.spec_draft_model_seconds;
     overhead_ema_ = have_overhead_ ? overhead_ema_ + kOverheadWeight * (sample - overhead_ema_)
                                    : sample;
     have_overhead_ = true;
@@ -1204,6 +1208,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     const auto t0 = Clock::now();
     absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
     draft_seconds = Seconds(t0, Clock::now());
+    if (calibration_ != nullptr) step->spec_draft_model_seconds = draft_seconds;
     if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
     for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
       Sequence* seq = asked[i];

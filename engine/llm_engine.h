@@ -101,8 +101,9 @@ struct SpecOptions {
   // in budget.h) and a cost table profiled on the model when the engine is created. The step
   // time in the objective is the table's forward time plus the measured per-step overhead: an
   // exponential average (weight 0.1 per step) of each adaptive step's measured time (from
-  // scheduling through processing its outputs) minus its prediction, clamped >= 0; so under load,
-  // when a step's fixed cost is large, verifying more drafts pays.
+  // scheduling through processing its outputs) minus its predicted forward time (and minus a
+  // draft model's measured drafting time), clamped >= 0; so under load, when a step's fixed cost
+  // is large, verifying more drafts pays.
   // A draft model pays for every token it drafts, so before drafting the step chooses one draft
   // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
   // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
@@ -241,7 +242,8 @@ struct EngineStats {
   bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
   // Adaptive steps with decoding sequences: their predicted time (cost table + predicted
   // drafting), their measured time (scheduling through output processing), and the current
-  // per-step overhead estimate (average of measured - predicted, clamped >= 0) in the objective.
+  // per-step overhead estimate in the objective (average of measured - predicted forward -
+  // measured draft-model drafting, clamped >= 0).
   int64_t spec_timed_steps = 0;
   double spec_predicted_step_seconds = 0.0;
   double spec_measured_step_seconds = 0.0;
