@@ -1170,16 +1170,17 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       calibration_->PositionPrior(caps[i], &priors[i]);
     }
     absl::StatusOr<spec::DraftLengthPlan> length =
-        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get());
+        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_);
     int l = length.ok() ? length->length : k;
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
     if (probe) l = std::min(k, l + 1);
     for (int& cap : caps) cap = std::min(cap, l);
   }
-  double draft_predicted = 0.0;
+  double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
   if (calibration_ != nullptr && draft_cost_ != nullptr) {
-    draft_predicted = spec::DraftSeconds(*draft_cost_, caps, k);
+    draft_profiled = spec::DraftSeconds(*draft_cost_, caps, k);
   }
+  const double draft_predicted = draft_scale_ * draft_profiled;
   step->spec_draft_predicted = draft_predicted;
   for (Sequence* seq : decodes) {
     seq->draft.clear();
@@ -1209,6 +1210,11 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
     draft_seconds = Seconds(t0, Clock::now());
     if (calibration_ != nullptr) step->spec_draft_model_seconds = draft_seconds;
+    if (adaptive && !probe && draft_profiled > 0.0 && draft_seconds > 0.0) {
+      // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
+      // are left out: after steps without drafts they also catch the draft cache up.
+      draft_scale_ += kOverheadWeight * (draft_seconds / draft_profiled - draft_scale_);
+    }
     if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
     for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
       Sequence* seq = asked[i];
@@ -1264,6 +1270,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   stats_.spec_draft_seconds += draft_seconds;
   stats_.spec_draft_predicted_seconds += draft_predicted;
   if (no_draft) ++stats_.spec_no_draft_steps;
+  stats_.spec_draft_cost_scale = draft_scale_;
   if (probe) ++stats_.spec_probe_steps;
 }
 

@@ -107,8 +107,9 @@ struct SpecOptions {
   // A draft model pays for every token it drafts, so before drafting the step chooses one draft
   // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
   // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
-  // token, profiled at creation); L = 0 skips drafting and verification for the step. The n-gram
-  // drafter (nearly free) always drafts k.
+  // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
+  // time); L = 0 skips drafting and verification for the step. The n-gram drafter (nearly free)
+  // always drafts k.
   // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
   // the plan (a draft model drafts one more, so after a run of L = 0 it drafts and verifies one
   // token), so that positions the plan stopped verifying keep being observed and estimates can
@@ -251,6 +252,7 @@ struct EngineStats {
   // Drafting time: measured (the drafter's calls) and, for a draft model, predicted.
   double spec_draft_seconds = 0.0;
   double spec_draft_predicted_seconds = 0.0;
+  double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
   int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
 };
@@ -402,6 +404,7 @@ class LlmEngine {
   double overhead_ema_ = 0.0;  // measured - predicted step seconds, averaged
   bool have_overhead_ = false;
   int steps_since_probe_ = 0;
+  double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
 };
 
 }  // namespace deepinfer::engine

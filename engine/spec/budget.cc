@@ -381,8 +381,13 @@ double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int
 absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
                                                 const CostTable* cost,
-                                                const CostTable* draft_cost) {
+                                                const CostTable* draft_cost,
+                                                double draft_cost_scale) {
   if (absl::Status s = CheckShape(shape); !s.ok()) return s;
+  if (!(std::isfinite(draft_cost_scale) && draft_cost_scale >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft_cost_scale: expected finite and >= 0, got ", draft_cost_scale));
+  }
   int longest = 0;
   std::vector<int> caps;
   caps.reserve(priors.size());
@@ -405,7 +410,8 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
       rows[i].prior.assign(priors[i].begin(),
                            priors[i].begin() + std::min<size_t>(length, priors[i].size()));
     }
-    const double draft = draft_cost == nullptr ? 0.0 : DraftSeconds(*draft_cost, caps, length);
+    const double draft =
+        draft_cost == nullptr ? 0.0 : draft_cost_scale * DraftSeconds(*draft_cost, caps, length);
     const std::vector<double> sums = LargestSums(rows, /*use_current=*/false);
     const auto [b, ratio] = BestBudget(shape, sums, *cost, shape.extra_seconds + draft);
     if (ratio > best) {  // strict: ties keep the shorter draft

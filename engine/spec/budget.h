@@ -219,12 +219,16 @@ struct DraftLengthPlan {
 // VerifyCandidate::prior) over the positions it may draft (its length is request i's cap, at
 // most k). `draft_cost` gives one batched draft forward pass of n sequences x 1 token as
 // StepSeconds(n, n); a round r < L runs only the requests whose cap exceeds r (DraftSeconds).
-// Null `draft_cost`: drafting is free. Ties go to the shorter L. Null `cost`: not adaptive, L =
-// the longest row. Errors as PlanVerification.
+// Null `draft_cost`: drafting is free. `draft_cost_scale` multiplies its predictions (the
+// caller's measured / predicted drafting time: work a profile of forward passes misses, such as
+// choosing the draft tokens or longer contexts). Ties go to the shorter L. Null `cost`: not
+// adaptive, L = the longest row. Errors as PlanVerification, and kInvalidArgument for a negative
+// or non-finite scale.
 absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
                                                 const CostTable* cost,
-                                                const CostTable* draft_cost);
+                                                const CostTable* draft_cost,
+                                                double draft_cost_scale = 1.0);
 
 // Predicted seconds to draft `length` tokens for requests whose caps are `caps`: the sum over
 // rounds r < length of draft_cost.StepSeconds(n_r, n_r), n_r = requests with cap > r (rounds

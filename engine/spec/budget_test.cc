@@ -165,6 +165,14 @@ TEST(BudgetTest, DraftLengthWeighsTheDraftCost) {
     EXPECT_NEAR(plan->draft_seconds, c.length * c.draft_ms * 1e-3, 1e-12);
     EXPECT_NEAR(plan->tokens_per_second, c.tokens_per_ms * 1e3, 1e-6);
   }
+  // A measured/predicted scale of 2.25 makes the 0.4 ms draft a 0.9 ms one: no draft.
+  const CostTable d04 = DraftTable({{1, 0.4e-3}, {8, 0.8e-3}});
+  auto scaled = PlanDraftLength({1, 1, 1}, priors, &cost, &d04, 2.25);
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_EQ(scaled->length, 0);
+  EXPECT_NEAR(scaled->tokens_per_second, 1.0e3, 1e-6);
+  EXPECT_EQ(PlanDraftLength({1, 1, 1}, priors, &cost, &d04, -1.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // Free drafting: the longest row that pays; no table: every position, not adaptive.
   auto costless = PlanDraftLength({1, 1, 1}, priors, &cost, nullptr);
   ASSERT_TRUE(costless.ok());
