@@ -521,9 +521,9 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
 }
 
 // Adaptive draft length: even a draft that is always accepted, if its round costs a second (1000
-// target steps), is not worth drafting with, so steps draft nothing but the probes' one token per sequence (none
-// without probes); one that costs a microsecond drafts every step. Outputs never change, and the
-// measured step times are recorded against their predictions.
+// target steps), is not worth drafting with, so steps draft nothing but the probes' one token per
+// sequence (none without probes); one that costs a microsecond drafts every step. Outputs never
+// change, and the measured step times are recorded against their predictions.
 TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 67);
