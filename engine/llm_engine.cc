@@ -28,6 +28,9 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// Adaptive speculative decoding: weight of each step's overhead sample in the running average.
+constexpr double kOverheadWeight = 0.1;
+
 }  // namespace
 
 struct LlmEngine::Sequence {
@@ -51,9 +54,6 @@ struct LlmEngine::Sequence {
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
   int draft_match = 0;
-  // Adaptive verification with a draft model: how many tokens to draft next step, from the
-  // previous step's verify budget (+1 to keep probing); 0 = not yet known (draft k).
-  int next_draft_len = 0;
   std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
   std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
   OutputCallback on_output;
@@ -110,6 +110,12 @@ struct LlmEngine::Step {
   double forward_seconds = 0.0;
   Clock::time_point done_at;
   bool external = false;  // a token computed elsewhere (remote prefill): not a step of ours
+  // Adaptive speculative decoding: the step's time from Schedule through Process is compared
+  // with its prediction (cost table + predicted drafting) to learn the per-step overhead.
+  bool spec_timed = false;
+  Clock::time_point spec_start;
+  double spec_draft_predicted = 0.0;
+  double spec_draft_model_seconds = 0.0;  // measured drafting time of a draft model
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -130,6 +136,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   }
   const SpecOptions& so = options.speculative;
   std::unique_ptr<spec::Drafter> drafter;
+  spec::ModelDrafter* model_drafter = nullptr;  // drafter, when it is a draft model
   if (so.enabled) {
     if (so.drafter != "ngram" && so.drafter != "draft_model") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -142,6 +149,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
     if (so.adaptive && so.profile_runs < 5) {
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
+    }
+    if (so.probe_interval < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculative.probe_interval: expected >= 0, got ", so.probe_interval));
     }
     if (so.drafter == "draft_model") {
       if (so.draft_model_path.empty()) {
@@ -163,6 +174,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
             "speculative.draft_model_path: \"", so.draft_model_path,
             "\": ", absl::StripPrefix(loaded.status().message(), "speculative.draft_model: ")));
       }
+      model_drafter = loaded->get();
       drafter = std::move(*loaded);
     } else {
       absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
@@ -202,6 +214,30 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         spdlog::info("speculative: adaptive verification with cost table {}",
                      engine->cost_->DebugString());
       }
+      if (model_drafter != nullptr) {
+        // The draft model's cost per round, for choosing the draft length (one pass of n
+        // sequences x 1 token, n up to the running batch).
+        if (so.draft_cost_table != nullptr) {
+          engine->draft_cost_ = std::make_unique<spec::CostTable>(*so.draft_cost_table);
+        } else {
+          std::vector<int> sizes;
+          const int most = std::min(options.max_running, 256);
+          for (int n = 1; n < most; n *= 2) sizes.push_back(n);
+          sizes.push_back(most);
+          absl::StatusOr<spec::CostTable> draft =
+              model_drafter->ProfileRoundCost(sizes, so.profile_runs);
+          if (draft.ok()) {
+            engine->draft_cost_ = std::make_unique<spec::CostTable>(*std::move(draft));
+          } else {
+            spdlog::warn("speculative: draft model not profiled ({}); drafting counted as free",
+                         draft.status().ToString());
+          }
+        }
+        if (engine->draft_cost_ != nullptr) {
+          spdlog::info("speculative: draft model round cost {}",
+                       engine->draft_cost_->DebugString());
+        }
+      }
       std::lock_guard<std::mutex> lock(engine->mu_);
       engine->stats_.spec_adaptive_active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
     }
@@ -218,7 +254,7 @@ absl::Status LlmEngine::ProfileCost() {
   const int bs = options_.block_size;
   const int vocab = model_->config().vocab_size;
   std::vector<std::pair<int, int>> shapes;
-  for (int r : {1, std::min(8, options_.max_running)}) {
+  for (int r : {1, std::min(8, options_.max_running), std::min(32, options_.max_running)}) {
     if (!shapes.empty() && shapes.back().second == r) break;
     for (int m = 1;; m = std::min(2 * m, k + 1)) {
       const int tokens = r * m;
@@ -896,8 +932,10 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
       // Drafts take what one token per decode and the running prefills leave of the budget.
       const int64_t n = static_cast<int64_t>(decodes.size());
       const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
+      step->spec_timed = options_.speculative.adaptive && cost_ != nullptr;
+      step->spec_start = Clock::now();
       Draft(decodes, spare, static_cast<int>(std::min(n + prefill_tokens, budget)),
-            static_cast<int>(n) + prefills);
+            static_cast<int>(n) + prefills, step.get());
     }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.
@@ -1191,6 +1229,25 @@ void LlmEngine::Process(Step& step) {
   stats_.spec_steps += spec_steps;
   stats_.spec_verified_tokens += spec_verified;
   stats_.spec_accepted_tokens += spec_accepted;
+  if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
+    // Measured (Schedule through this point) against predicted (the cost table for what ran, plus
+    // predicted drafting): the difference is the per-step overhead the tables do not see.
+    const double measured = Seconds(step.spec_start, Clock::now());
+    const double predicted =
+        cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size())) +
+        step.spec_draft_predicted;
+    // A draft model's drafting is modelled by its own table: its measured time (catch-up after
+    // steps without drafts included) stays out of the overhead, which is the non-model part.
+    const double target = predicted - step.spec_draft_predicted;
+    const double sample = measured - target - step.spec_draft_model_seconds;
+    overhead_ema_ = have_overhead_ ? overhead_ema_ + kOverheadWeight * (sample - overhead_ema_)
+                                   : sample;
+    have_overhead_ = true;
+    ++stats_.spec_timed_steps;
+    stats_.spec_predicted_step_seconds += predicted;
+    stats_.spec_measured_step_seconds += measured;
+    stats_.spec_overhead_seconds = std::max(0.0, overhead_ema_);
+  }
 }
 
 void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
@@ -1202,55 +1259,106 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
 }
 
 void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-                      int step_requests) {
-  const int k = options_.speculative.num_speculative_tokens;
-  int64_t drafted = 0;
-  // All decoding sequences are drafted together (a draft model batches its forward passes).
-  std::vector<spec::DraftRequest> requests;
-  std::vector<Sequence*> asked;
+                      int step_requests, Step* step) {
+  const SpecOptions& so = options_.speculative;
+  const int k = so.num_speculative_tokens;
+  const bool adaptive = so.adaptive && cost_ != nullptr;
+  // Every decision below (draft length, budget, probe) uses only estimates and times from
+  // earlier steps and the step count, never the drafts themselves: lossless (budget.h).
+  spec::StepShape shape;
+  shape.sampling_requests = static_cast<int>(decodes.size());
+  shape.step_tokens = step_tokens;
+  shape.step_requests = step_requests;
+  shape.extra_seconds = std::max(0.0, overhead_ema_);
+  bool probe = false;
+  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= so.probe_interval) {
+    probe = true;
+    steps_since_probe_ = 0;
+  }
+  std::vector<int> caps(decodes.size());
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
+    const Sequence* seq = decodes[i];
+    const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
+    caps[i] = static_cast<int>(std::clamp<int64_t>(room, 0, k));
+  }
+  if (spare <= 0) {
+    // No room left in the step's token budget: nothing drafted could be verified.
+    std::fill(caps.begin(), caps.end(), 0);
+  }
+  bool no_draft = false;
+  if (adaptive && calibration_ != nullptr && spare > 0) {
+    // A draft model pays for every token it drafts, verified or not: one draft length for the
+    // step, chosen before drafting from the prior rows and the target's and the draft's costs.
+    std::vector<std::vector<double>> priors(decodes.size());
+    for (size_t i = 0; i < decodes.size(); ++i) {
+      calibration_->PositionPrior(caps[i], &priors[i]);
+    }
+    absl::StatusOr<spec::DraftLengthPlan> length =
+        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_);
+    int l = length.ok() ? length->length : k;
+    no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
+    if (probe) l = std::min(k, l + 1);
+    for (int& cap : caps) cap = std::min(cap, l);
+  }
+  double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
+  if (calibration_ != nullptr && draft_cost_ != nullptr) {
+    draft_profiled = spec::DraftSeconds(*draft_cost_, caps, k);
+  }
+  const double draft_predicted = draft_scale_ * draft_profiled;
+  step->spec_draft_predicted = draft_predicted;
   for (Sequence* seq : decodes) {
     seq->draft.clear();
     seq->draft_match = 0;
     seq->draft_probs.clear();
     seq->draft_confidence.clear();
-    // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
-    const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
-    int cap = static_cast<int>(std::min<int64_t>(k, room));
-    // A draft model pays for every token it drafts, verified or not: with adaptive verification
-    // draft only one more than the previous step chose to verify (decided from earlier steps
-    // only, so still lossless).
-    if (calibration_ != nullptr && options_.speculative.adaptive && seq->next_draft_len > 0) {
-      cap = std::min(cap, seq->next_draft_len);
-    }
-    if (cap <= 0) continue;
+  }
+  // All decoding sequences are drafted together (a draft model batches its forward passes).
+  std::vector<spec::DraftRequest> requests;
+  std::vector<Sequence*> asked;
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    if (caps[i] <= 0) continue;
+    Sequence* seq = decodes[i];
     spec::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
     r.context = seq->tokens;
-    r.k = cap;
+    r.k = caps[i];
     r.temperature = seq->sampling.temperature;
     requests.push_back(r);
     asked.push_back(seq);
   }
-  std::vector<spec::DraftProposal> proposals;
-  absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
-  if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
-  for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
-    Sequence* seq = asked[i];
-    spec::DraftProposal& proposal = proposals[i];
-    seq->draft = std::move(proposal.tokens);
-    seq->draft_match = proposal.match_length;
-    seq->draft_probs = std::move(proposal.probs);
-    seq->draft_confidence = std::move(proposal.confidence);
-    drafted += static_cast<int64_t>(seq->draft.size());
+  double draft_seconds = 0.0;
+  int64_t drafted = 0;
+  if (!requests.empty()) {
+    std::vector<spec::DraftProposal> proposals;
+    const auto t0 = Clock::now();
+    absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
+    draft_seconds = Seconds(t0, Clock::now());
+    if (calibration_ != nullptr) step->spec_draft_model_seconds = draft_seconds;
+    if (adaptive && !probe && draft_profiled > 0.0 && draft_seconds > 0.0) {
+      // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
+      // are left out: after steps without drafts they also catch the draft cache up.
+      draft_scale_ += kOverheadWeight * (draft_seconds / draft_profiled - draft_scale_);
+    }
+    if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
+    for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
+      Sequence* seq = asked[i];
+      spec::DraftProposal& proposal = proposals[i];
+      seq->draft = std::move(proposal.tokens);
+      seq->draft_match = proposal.match_length;
+      seq->draft_probs = std::move(proposal.probs);
+      seq->draft_confidence = std::move(proposal.confidence);
+      drafted += static_cast<int64_t>(seq->draft.size());
+    }
   }
-  if (drafted == 0) return;
   std::vector<int> verify_len(decodes.size());
   for (size_t i = 0; i < decodes.size(); ++i) {
     verify_len[i] = static_cast<int>(decodes[i]->draft.size());
   }
-  if (options_.speculative.adaptive && cost_ != nullptr) {
+  if (adaptive && drafted > 0) {
     // The budget comes from earlier steps' acceptance estimates (keyed by match length and
-    // position), never from the drafted tokens themselves: lossless (budget.h).
+    // position), never from the drafted tokens themselves: lossless (budget.h). The drafting
+    // just done is part of the step's time.
     std::vector<spec::VerifyCandidate> candidates(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) {
       const Sequence* seq = decodes[i];
@@ -1265,16 +1373,14 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
         survival_->Survival(seq->draft_match, verify_len[i], &candidates[i].prior);
       }
     }
-    spec::StepShape shape;
-    shape.sampling_requests = static_cast<int>(decodes.size());
-    shape.step_tokens = step_tokens;
-    shape.step_requests = step_requests;
+    shape.extra_seconds += draft_predicted;
     absl::StatusOr<spec::VerifyPlan> plan =
         spec::PlanVerification(shape, candidates, cost_.get());
-    if (plan.ok()) verify_len = plan->verify_len;
-    if (calibration_ != nullptr) {
+    if (plan.ok()) {
+      // A probe verifies one draft more than the plan per sequence: whether d_j is verified
+      // still depends only on a_1..a_{j-1} of its own row.
       for (size_t i = 0; i < decodes.size(); ++i) {
-        decodes[i]->next_draft_len = std::min(k, verify_len[i] + 1);
+        verify_len[i] = std::min(verify_len[i], plan->verify_len[i] + (probe ? 1 : 0));
       }
     }
   }
@@ -1286,6 +1392,11 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.spec_drafted_tokens += drafted;
+  stats_.spec_draft_seconds += draft_seconds;
+  stats_.spec_draft_predicted_seconds += draft_predicted;
+  if (no_draft) ++stats_.spec_no_draft_steps;
+  stats_.spec_draft_cost_scale = draft_scale_;
+  if (probe) ++stats_.spec_probe_steps;
 }
 
 void LlmEngine::SchedulerLoop() {

@@ -98,15 +98,36 @@ struct SpecOptions {
   // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
   // maximises expected tokens per second, from online per-position acceptance estimates (keyed
   // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
-  // in budget.h) and a cost table profiled on the model when the engine is created.
-  // Still lossless: the budget depends only on earlier steps. With a flat or missing cost table
-  // every draft is verified (and a warning is logged once).
+  // in budget.h) and a cost table profiled on the model when the engine is created. The step
+  // time in the objective is the table's forward time plus the measured per-step overhead: an
+  // exponential average (weight 0.1 per step) of each adaptive step's measured time (from
+  // scheduling through processing its outputs) minus its predicted forward time (and minus a
+  // draft model's measured drafting time), clamped >= 0; so under load, when a step's fixed cost
+  // is large, verifying more drafts pays.
+  // A draft model pays for every token it drafts, so before drafting the step chooses one draft
+  // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
+  // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
+  // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
+  // time); L = 0 skips drafting and verification for the step. The n-gram drafter (nearly free)
+  // always drafts k.
+  // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
+  // the plan (a draft model drafts one more, so after a run of L = 0 it drafts and verifies one
+  // token), so that positions the plan stopped verifying keep being observed and estimates can
+  // recover; 0 turns probing off.
+  // Still lossless: the draft length, the budget and probes depend only on earlier steps (and
+  // the step count). With a flat or missing cost table every draft is verified (and a warning is
+  // logged once).
   bool adaptive = false;
   int profile_runs = 5;  // adaptive: forward passes per profiled shape (median), >= 5
+  int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
   // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
   // (so no other thread may be running the model then).
   const spec::CostTable* cost_table = nullptr;
+  // Adaptive with a draft model: the draft round cost (StepSeconds(n, n): one pass of n
+  // sequences x 1 token) to use instead of profiling the draft model
+  // (spec::ModelDrafter::ProfileRoundCost); copied by Create.
+  const spec::CostTable* draft_cost_table = nullptr;
 };
 
 struct EngineOptions {
@@ -237,6 +258,20 @@ struct EngineStats {
   int64_t spec_verified_tokens = 0;    // of those, fed to the model for verification
   int64_t spec_accepted_tokens = 0;    // of those, accepted
   bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
+  // Adaptive steps with decoding sequences: their predicted time (cost table + predicted
+  // drafting), their measured time (scheduling through output processing), and the current
+  // per-step overhead estimate in the objective (average of measured - predicted forward -
+  // measured draft-model drafting, clamped >= 0).
+  int64_t spec_timed_steps = 0;
+  double spec_predicted_step_seconds = 0.0;
+  double spec_measured_step_seconds = 0.0;
+  double spec_overhead_seconds = 0.0;
+  // Drafting time: measured (the drafter's calls) and, for a draft model, predicted.
+  double spec_draft_seconds = 0.0;
+  double spec_draft_predicted_seconds = 0.0;
+  double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
+  int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
+  int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
 };
 
 class LlmEngine {
@@ -342,8 +377,9 @@ class LlmEngine {
   // Speculative decoding: the drafts each decoding sequence in `decodes` verifies this step
   // (adaptive or all), within `spare` extra tokens of the step's budget. `step_tokens` and
   // `step_requests` estimate the step's shape before drafts, for the cost table.
+  // Records the step's predicted drafting time in `step`.
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-             int step_requests);
+             int step_requests, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
   void RecordOutputToken(Sequence* seq, int32_t token);
   // Profiles the model's step cost for the adaptive budget (called by Create).
@@ -392,6 +428,11 @@ class LlmEngine {
   std::unique_ptr<spec::NgramSurvivalStats> survival_;
   std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
   std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft
+  std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
+  double overhead_ema_ = 0.0;  // measured - predicted step seconds, averaged
+  bool have_overhead_ = false;
+  int steps_since_probe_ = 0;
+  double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
 };
 
 }  // namespace deepinfer::engine

@@ -203,8 +203,8 @@ TEST(SpecEngineLlamaTest, IdenticalUnderPreemptionAndWithoutPrefixCache) {
 }
 
 // Adaptive verification with fixed cost tables: a step whose time explodes with every extra token
-// verifies no draft; a flat one verifies every draft; a cheap slope verifies some. Outputs never
-// change.
+// verifies no draft (but the probes' one per sequence); a flat one verifies every draft; a cheap
+// slope verifies some. Outputs never change.
 TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 29);
@@ -231,8 +231,18 @@ TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
     }
     EXPECT_GT(got.stats.spec_drafted_tokens, 0);
     if (cost == &steep) {
+      // Only probes verify: one draft per sequence and probe.
       EXPECT_TRUE(got.stats.spec_adaptive_active);
-      EXPECT_EQ(got.stats.spec_verified_tokens, 0);
+      EXPECT_GT(got.stats.spec_probe_steps, 0);
+      EXPECT_GT(got.stats.spec_verified_tokens, 0);
+      EXPECT_LE(got.stats.spec_verified_tokens, 8 * got.stats.spec_probe_steps);
+      o.speculative.probe_interval = 0;  // no probes: nothing is worth verifying
+      const RunResult quiet = RunAll(model.get(), o, reqs);
+      EXPECT_EQ(quiet.stats.spec_probe_steps, 0);
+      EXPECT_EQ(quiet.stats.spec_verified_tokens, 0);
+      for (const EngineRequest& r : reqs) {
+        EXPECT_EQ(quiet.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens);
+      }
     } else if (cost == &flat) {
       EXPECT_FALSE(got.stats.spec_adaptive_active);
       EXPECT_GT(got.stats.spec_verified_tokens, 0);
@@ -507,6 +517,68 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     }
     EXPECT_GT(got.stats.spec_verified_tokens, 0);
     EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
+  }
+}
+
+// Adaptive draft length: even a draft that is always accepted, if its round costs a second (1000
+// target steps), is not worth drafting with, so steps draft nothing but the probes' one token per
+// sequence (none without probes); one that costs a microsecond drafts every step. Outputs never
+// change, and the measured step times are recorded against their predictions.
+TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 67);
+  const auto reqs = GreedyRequests(prompts, 16);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  auto table = [](double base, double slope) {
+    std::vector<spec::CostTable::Sample> samples;
+    for (int requests : {1, 8}) {
+      for (int tokens : {1, 64}) {
+        for (int run = 0; run < 5; ++run) {
+          samples.push_back({tokens, requests, base + slope * tokens});
+        }
+      }
+    }
+    return spec::CostTable::FromSamples(samples).value();
+  };
+  const spec::CostTable target = table(1e-3, 1e-5);
+  const spec::CostTable expensive = table(1.0, 0.0), cheap = table(1e-6, 0.0);
+  struct Case {
+    const spec::CostTable* draft;
+    int probe_interval;
+  };
+  for (const Case& c : {Case{&expensive, 0}, Case{&expensive, 4}, Case{&cheap, 4}}) {
+    SCOPED_TRACE(::testing::Message() << (c.draft == &cheap ? "cheap" : "expensive") << " probe "
+                                      << c.probe_interval);
+    // The target's own weights as the draft: every draft is accepted.
+    EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);
+    o.speculative.cost_table = &target;
+    o.speculative.draft_cost_table = c.draft;
+    o.speculative.probe_interval = c.probe_interval;
+    const RunResult got = RunAll(model.get(), o, reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+          << r.request_id;
+    }
+    const EngineStats& st = got.stats;
+    EXPECT_GT(st.spec_timed_steps, 0);
+    EXPECT_GT(st.spec_measured_step_seconds, 0.0);
+    EXPECT_GT(st.spec_predicted_step_seconds, 0.0);
+    EXPECT_GE(st.spec_overhead_seconds, 0.0);
+    if (c.draft == &cheap) {
+      EXPECT_EQ(st.spec_no_draft_steps, 0);
+      EXPECT_GT(st.spec_verified_tokens, 0);
+      EXPECT_EQ(st.spec_accepted_tokens, st.spec_verified_tokens);
+      EXPECT_GT(st.spec_draft_predicted_seconds, 0.0);
+    } else if (c.probe_interval == 0) {
+      EXPECT_GT(st.spec_no_draft_steps, 0);
+      EXPECT_EQ(st.spec_drafted_tokens, 0);
+      EXPECT_EQ(st.spec_draft_predicted_seconds, 0.0);
+    } else {
+      EXPECT_GT(st.spec_no_draft_steps, 0);
+      EXPECT_GT(st.spec_probe_steps, 0);
+      EXPECT_GT(st.spec_drafted_tokens, 0);
+      EXPECT_LE(st.spec_drafted_tokens, 6 * st.spec_probe_steps);  // one per sequence and probe
+    }
   }
 }
 

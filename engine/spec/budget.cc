@@ -263,6 +263,36 @@ absl::Status CheckRow(const std::vector<double>& row, size_t index, absl::string
   return absl::OkStatus();
 }
 
+absl::Status CheckShape(const StepShape& shape) {
+  if (shape.sampling_requests < 0 || shape.step_tokens < 0 || shape.step_requests < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step shape: expected counts >= 0, got sampling_requests ", shape.sampling_requests,
+        ", step_tokens ", shape.step_tokens, ", step_requests ", shape.step_requests));
+  }
+  if (!(std::isfinite(shape.extra_seconds) && shape.extra_seconds >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step shape extra_seconds: expected finite and >= 0, got ", shape.extra_seconds));
+  }
+  return absl::OkStatus();
+}
+
+// The B in [0, sums.size() - 1] maximising (sampling + sums[B]) / (T(step_tokens + B) + extra),
+// searched globally (the ratio can dip and rise again); the first on ties.
+std::pair<int, double> BestBudget(const StepShape& shape, const std::vector<double>& sums,
+                                  const CostTable& cost, double extra) {
+  int best_b = 0;
+  double best = -1.0;
+  for (int b = 0; b < static_cast<int>(sums.size()); ++b) {
+    const double seconds = cost.StepSeconds(shape.step_tokens + b, shape.step_requests) + extra;
+    const double ratio = (shape.sampling_requests + sums[b]) / seconds;
+    if (ratio > best) {
+      best = ratio;
+      best_b = b;
+    }
+  }
+  return {best_b, best};
+}
+
 }  // namespace
 
 std::vector<double> LargestSums(absl::Span<const VerifyCandidate> rows, bool use_current) {
@@ -295,11 +325,7 @@ std::vector<int> AllocateSlots(absl::Span<const VerifyCandidate> candidates, int
 absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
                                             absl::Span<const VerifyCandidate> candidates,
                                             const CostTable* cost) {
-  if (shape.sampling_requests < 0 || shape.step_tokens < 0 || shape.step_requests < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step shape: expected counts >= 0, got sampling_requests ", shape.sampling_requests,
-        ", step_tokens ", shape.step_tokens, ", step_requests ", shape.step_requests));
-  }
+  if (absl::Status s = CheckShape(shape); !s.ok()) return s;
   int total = 0;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const VerifyCandidate& c = candidates[i];
@@ -314,7 +340,9 @@ absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
   }
   VerifyPlan plan;
   auto t = [&](int b) {
-    return cost == nullptr ? 0.0 : cost->StepSeconds(shape.step_tokens + b, shape.step_requests);
+    return cost == nullptr ? 0.0
+                           : cost->StepSeconds(shape.step_tokens + b, shape.step_requests) +
+                                 shape.extra_seconds;
   };
   if (cost == nullptr) {
     plan.budget = total;
@@ -326,14 +354,7 @@ absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
   } else {
     plan.adaptive = true;
     const std::vector<double> sums = LargestSums(candidates, /*use_current=*/false);
-    double best = -1.0;
-    for (int b = 0; b <= total; ++b) {  // global: the ratio can dip and rise again
-      const double ratio = (shape.sampling_requests + sums[b]) / t(b);
-      if (ratio > best) {
-        best = ratio;
-        plan.budget = b;
-      }
-    }
+    plan.budget = BestBudget(shape, sums, *cost, shape.extra_seconds).first;
   }
   plan.verify_len = AllocateSlots(candidates, plan.budget);
   plan.expected_tokens = shape.sampling_requests;
@@ -343,6 +364,68 @@ absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
   }
   plan.step_seconds = t(plan.budget);
   plan.tokens_per_second = plan.step_seconds > 0 ? plan.expected_tokens / plan.step_seconds : 0.0;
+  return plan;
+}
+
+double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int length) {
+  double seconds = 0.0;
+  for (int r = 0; r < length; ++r) {
+    int n = 0;
+    for (int cap : caps) n += cap > r ? 1 : 0;
+    if (n == 0) break;
+    seconds += draft_cost.StepSeconds(n, n);
+  }
+  return seconds;
+}
+
+absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
+                                                absl::Span<const std::vector<double>> priors,
+                                                const CostTable* cost,
+                                                const CostTable* draft_cost,
+                                                double draft_cost_scale) {
+  if (absl::Status s = CheckShape(shape); !s.ok()) return s;
+  if (!(std::isfinite(draft_cost_scale) && draft_cost_scale >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft_cost_scale: expected finite and >= 0, got ", draft_cost_scale));
+  }
+  int longest = 0;
+  std::vector<int> caps;
+  caps.reserve(priors.size());
+  for (size_t i = 0; i < priors.size(); ++i) {
+    if (absl::Status s = CheckRow(priors[i], i, "prior"); !s.ok()) return s;
+    caps.push_back(static_cast<int>(priors[i].size()));
+    longest = std::max(longest, caps.back());
+  }
+  DraftLengthPlan plan;
+  if (cost == nullptr) {
+    plan.length = longest;
+    plan.reason = absl::StrCat("no cost table: drafting ", longest, " tokens");
+    return plan;
+  }
+  plan.adaptive = true;
+  std::vector<VerifyCandidate> rows(priors.size());
+  double best = -1.0;
+  for (int length = 0; length <= longest; ++length) {
+    for (size_t i = 0; i < priors.size(); ++i) {
+      rows[i].prior.assign(priors[i].begin(),
+                           priors[i].begin() + std::min<size_t>(length, priors[i].size()));
+    }
+    const double draft =
+        draft_cost == nullptr ? 0.0 : draft_cost_scale * DraftSeconds(*draft_cost, caps, length);
+    const std::vector<double> sums = LargestSums(rows, /*use_current=*/false);
+    const auto [b, ratio] = BestBudget(shape, sums, *cost, shape.extra_seconds + draft);
+    if (ratio > best) {  // strict: ties keep the shorter draft
+      best = ratio;
+      plan.length = length;
+      plan.budget = b;
+      plan.expected_tokens = shape.sampling_requests + sums[b];
+      plan.draft_seconds = draft;
+      plan.step_seconds =
+          cost->StepSeconds(shape.step_tokens + b, shape.step_requests) + shape.extra_seconds +
+          draft;
+      plan.tokens_per_second = ratio;
+    }
+  }
   return plan;
 }
 

@@ -6,8 +6,17 @@
 // B largest a (ties broken by (position, request), so every request verifies a prefix of its
 // draft), is expected to emit (requests sampling + sum of those a) tokens and takes
 // T(step tokens + B, step requests) from a cost table profiled on the backend. B maximises
-//     (requests sampling + sum of the B largest a) / T(step tokens + B)
-// over all B in [0, total drafted], searched globally (the ratio need not be unimodal).
+//     (requests sampling + sum of the B largest a) / (T(step tokens + B) + E)
+// over all B in [0, total drafted], searched globally (the ratio need not be unimodal). E
+// (StepShape::extra_seconds) is the step's time outside the target's forward pass that does not
+// depend on B: the engine's measured per-step overhead (scheduling, sampling, verification,
+// output; an average of measured minus predicted step time) plus the time spent drafting. A large
+// fixed cost per step makes verifying more drafts worth it; E = 0 is the pure table case.
+//
+// Draft length. A drafter that pays per drafted token (a draft model: L batched forward passes
+// for L tokens) asks PlanDraftLength, before drafting, for the L in [0, k] that maximises the
+// same ratio with E + L x T_draft(sequences) in the denominator, each L scored at its best B
+// over the prior rows truncated to L. L = 0 means: do not draft (nor verify) this step.
 //
 // Losslessness. Rejection sampling (verifier.h) keeps the target distribution only if the
 // decision to verify d_j does not depend on d_j. So:
@@ -166,13 +175,16 @@ struct StepShape {
   int sampling_requests = 0;  // requests that emit a token this step (decode + finished prefill)
   int step_tokens = 0;        // tokens in the step before any draft (decode + prefill chunks)
   int step_requests = 0;      // requests in the step, for the cost table
+  // E: seconds the step spends outside the target's forward pass regardless of B (measured
+  // overhead, drafting already done), in the cost table's unit; >= 0. 0: the pure table.
+  double extra_seconds = 0.0;
 };
 
 struct VerifyPlan {
   int budget = 0;                // B: draft tokens verified in total
   std::vector<int> verify_len;   // per candidate, a prefix of its draft
   double expected_tokens = 0.0;  // sampling_requests + sum of the chosen current a
-  double step_seconds = 0.0;     // T(step_tokens + B, step_requests); 0 without a table
+  double step_seconds = 0.0;     // T(step_tokens + B, step_requests) + E; 0 without a table
   double tokens_per_second = 0.0;
   bool adaptive = false;  // false: every drafted token is verified
   std::string reason;     // why every token is verified, when it is
@@ -186,10 +198,42 @@ std::vector<double> LargestSums(absl::Span<const VerifyCandidate> rows, bool use
 std::vector<int> AllocateSlots(absl::Span<const VerifyCandidate> candidates, int budget);
 
 // The plan for one step. kInvalidArgument for a row with values outside [0, 1], an increasing
-// row, or current and prior rows of different lengths; negative counts in `shape`.
+// row, or current and prior rows of different lengths; negative counts or a negative or
+// non-finite extra_seconds in `shape`.
 absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
                                             absl::Span<const VerifyCandidate> candidates,
                                             const CostTable* cost);
+
+struct DraftLengthPlan {
+  int length = 0;                // L: tokens to draft per request (each capped by its prior row)
+  int budget = 0;                // the B that scored L (the plan after drafting recomputes it)
+  double expected_tokens = 0.0;  // sampling_requests + sum of the B largest prior a
+  double draft_seconds = 0.0;    // predicted drafting time for L
+  double step_seconds = 0.0;     // T(step_tokens + B) + E + draft_seconds
+  double tokens_per_second = 0.0;
+  bool adaptive = false;  // false: no cost table, draft the longest row
+  std::string reason;     // why, when not adaptive
+};
+
+// Chooses the draft length before drafting. `priors[i]` is request i's prior survival row (as
+// VerifyCandidate::prior) over the positions it may draft (its length is request i's cap, at
+// most k). `draft_cost` gives one batched draft forward pass of n sequences x 1 token as
+// StepSeconds(n, n); a round r < L runs only the requests whose cap exceeds r (DraftSeconds).
+// Null `draft_cost`: drafting is free. `draft_cost_scale` multiplies its predictions (the
+// caller's measured / predicted drafting time: work a profile of forward passes misses, such as
+// choosing the draft tokens or longer contexts). Ties go to the shorter L. Null `cost`: not
+// adaptive, L = the longest row. Errors as PlanVerification, and kInvalidArgument for a negative
+// or non-finite scale.
+absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
+                                                absl::Span<const std::vector<double>> priors,
+                                                const CostTable* cost,
+                                                const CostTable* draft_cost,
+                                                double draft_cost_scale = 1.0);
+
+// Predicted seconds to draft `length` tokens for requests whose caps are `caps`: the sum over
+// rounds r < length of draft_cost.StepSeconds(n_r, n_r), n_r = requests with cap > r (rounds
+// with none cost nothing).
+double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int length);
 
 }  // namespace deepinfer::engine::spec
 

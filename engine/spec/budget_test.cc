@@ -107,6 +107,96 @@ TEST(BudgetTest, NoOrFlatCostTableVerifiesEverythingAndSaysWhy) {
   EXPECT_TRUE(single.IsFlat());
 }
 
+// The measured per-step overhead E joins T in the denominator. One request, T(t) = t ms (t = 1
+// step token + B), survival row (0.8, 0.6, 0.4, 0.2); ratio (1 + S(B)) / (1 + B + E):
+//   E = 0: 1/1 = 1.0, 1.8/2 = 0.9, 2.4/3 = 0.8, ...                       -> B = 0
+//   E = 1: 1/2 = 0.5, 1.8/3 = 0.6, 2.4/4 = 0.6 (tie: the smaller), 2.8/5   -> B = 1
+//   E = 4: 1/5 = 0.2, 1.8/6 = 0.3, 2.4/7 = 0.343, 2.8/8 = 0.35, 3.0/9 = 0.333 -> B = 3
+TEST(BudgetTest, PerStepOverheadRaisesTheBudget) {
+  const CostTable cost = Table({{1, 1.0e-3}, {5, 5.0e-3}});
+  const std::vector<VerifyCandidate> rows = {Row({0.8, 0.6, 0.4, 0.2})};
+  const std::vector<std::pair<double, int>> cases = {{0.0, 0}, {1.0e-3, 1}, {4.0e-3, 3}};
+  for (const auto& [extra, budget] : cases) {
+    auto plan = PlanVerification({1, 1, 1, extra}, rows, &cost);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->budget, budget) << "E " << extra;
+    EXPECT_EQ(plan->verify_len, (std::vector<int>{budget}));
+  }
+  auto plan = PlanVerification({1, 1, 1, 4.0e-3}, rows, &cost);
+  EXPECT_NEAR(plan->step_seconds, 8.0e-3, 1e-12);  // T(4) + E
+  EXPECT_NEAR(plan->tokens_per_second, 2.8 / 8.0e-3, 1e-6);
+  EXPECT_EQ(PlanVerification({1, 1, 1, -1.0}, rows, &cost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanVerification({1, 1, 1, std::nan("")}, rows, &cost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Draft length by hand. One request, T(t) = 1.0 + 0.01 (t - 1) ms, prior row (0.8, 0.64, 0.512),
+// one draft pass d ms. Each L is scored at its best B (here B = L):
+//   d = 0.9:  L0 1/1.0 = 1.0; L1 1.8/1.91 = 0.942; L2 2.44/2.82 = 0.865; L3 2.952/3.73 = 0.79 -> 0
+//   d = 0.4:  L1 1.8/1.41 = 1.277; L2 2.44/1.82 = 1.341; L3 2.952/2.23 = 1.324             -> 2
+//   d = 0.05: L1 1.8/1.06 = 1.698; L2 2.44/1.12 = 2.179; L3 2.952/1.18 = 2.502             -> 3
+// and with a 10 ms overhead even d = 0.9 pays: L0 1/11 = 0.091, L1 1.8/11.91 = 0.151, L2
+// 2.44/12.82 = 0.190, L3 2.952/13.73 = 0.215 -> 3.
+CostTable DraftTable(const std::vector<std::pair<int, double>>& points) {
+  std::vector<CostTable::Sample> samples;
+  for (const auto& [n, seconds] : points) {
+    for (int i = 0; i < 5; ++i) samples.push_back({n, n, seconds});
+  }
+  return CostTable::FromSamples(samples).value();
+}
+
+TEST(BudgetTest, DraftLengthWeighsTheDraftCost) {
+  const CostTable cost = Table({{1, 1.0e-3}, {9, 1.08e-3}});
+  const std::vector<std::vector<double>> priors = {{0.8, 0.64, 0.512}};
+  struct Case {
+    double draft_ms, extra_ms;
+    int length;
+    double tokens_per_ms;
+  };
+  for (const Case& c : {Case{0.9, 0.0, 0, 1.0}, Case{0.4, 0.0, 2, 2.44 / 1.82},
+                        Case{0.05, 0.0, 3, 2.952 / 1.18}, Case{0.9, 10.0, 3, 2.952 / 13.73}}) {
+    const CostTable draft = DraftTable({{1, c.draft_ms * 1e-3}, {8, c.draft_ms * 2e-3}});
+    auto plan = PlanDraftLength({1, 1, 1, c.extra_ms * 1e-3}, priors, &cost, &draft);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_TRUE(plan->adaptive);
+    EXPECT_EQ(plan->length, c.length) << "draft " << c.draft_ms << " ms, extra " << c.extra_ms;
+    EXPECT_EQ(plan->budget, c.length);
+    EXPECT_NEAR(plan->draft_seconds, c.length * c.draft_ms * 1e-3, 1e-12);
+    EXPECT_NEAR(plan->tokens_per_second, c.tokens_per_ms * 1e3, 1e-6);
+  }
+  // A measured/predicted scale of 2.25 makes the 0.4 ms draft a 0.9 ms one: no draft.
+  const CostTable d04 = DraftTable({{1, 0.4e-3}, {8, 0.8e-3}});
+  auto scaled = PlanDraftLength({1, 1, 1}, priors, &cost, &d04, 2.25);
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_EQ(scaled->length, 0);
+  EXPECT_NEAR(scaled->tokens_per_second, 1.0e3, 1e-6);
+  EXPECT_EQ(PlanDraftLength({1, 1, 1}, priors, &cost, &d04, -1.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Free drafting: the longest row that pays; no table: every position, not adaptive.
+  auto costless = PlanDraftLength({1, 1, 1}, priors, &cost, nullptr);
+  ASSERT_TRUE(costless.ok());
+  EXPECT_EQ(costless->length, 3);
+  auto none = PlanDraftLength({1, 1, 1}, priors, nullptr, nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->adaptive);
+  EXPECT_EQ(none->length, 3);
+  EXPECT_NE(none->reason.find("no cost table"), std::string::npos);
+  EXPECT_EQ(PlanDraftLength({1, 1, 1}, {{0.5, 0.7}}, &cost, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BudgetTest, DraftSecondsCountsTheRequestsOfEachRound) {
+  // Rounds of caps {3, 1, 0}: 2 requests, then 1, then 1.
+  const CostTable draft = DraftTable({{1, 1.0}, {2, 1.5}, {4, 2.0}});
+  const std::vector<int> caps = {3, 1, 0};
+  EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 0), 0.0);
+  EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 1), 1.5);
+  EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 3), 3.5);
+  EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 5), 3.5);  // no request drafts past its cap
+  EXPECT_DOUBLE_EQ(DraftSeconds(draft, {3, 3, 3}, 1), 1.75);  // between 2 and 4 sequences
+}
+
 TEST(BudgetTest, PriorRowsSetTheBudgetCurrentRowsTheSlots) {
   const CostTable cost = Table({{2, 1.0}, {3, 1.1}, {4, 3.0}});
   // Prior rows value one slot (B = 1: 2.9 / 1.1 = 2.64 beats 2/1 and 3.4/3), the current rows

@@ -1,6 +1,7 @@
 #include "engine/spec/model_drafter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -291,6 +292,52 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     }
   }
   return first;
+}
+
+absl::StatusOr<CostTable> ModelDrafter::ProfileRoundCost(absl::Span<const int> batch_sizes,
+                                                          int runs) {
+  if (!seqs_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "draft model profile: expected an empty cache, got ", seqs_.size(), " sequences"));
+  }
+  constexpr int64_t kContext = 32;
+  const int64_t per_blocks = (kContext + 1 + options_.block_size - 1) / options_.block_size;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> tables;
+  std::vector<SequenceInput> batch;
+  auto run = [&](int n, int) -> absl::StatusOr<double> {
+    if (n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft model profile batch size: expected >= 1, got ", n));
+    }
+    // Scratch blocks, shared round-robin when the cache is smaller than the batch: only the
+    // time is kept.
+    tokens.resize(n);
+    tables.resize(static_cast<size_t>(n) * per_blocks);
+    for (int i = 0; i < n; ++i) tokens[i] = (i * 131 + 7) % vocab_;
+    for (size_t i = 0; i < tables.size(); ++i) {
+      tables[i] = static_cast<int32_t>(i % options_.num_blocks);
+    }
+    batch.assign(n, SequenceInput());
+    for (int i = 0; i < n; ++i) {
+      batch[i].tokens = &tokens[i];
+      batch[i].num_tokens = 1;
+      batch[i].start_position = kContext;
+      batch[i].block_table = tables.data() + i * per_blocks;
+      batch[i].num_blocks = per_blocks;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = model_->Forward(batch, cache_.get(), &logits_);
+    if (!s.ok()) return s;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<std::pair<int, int>> shapes;
+  for (int n : batch_sizes) shapes.emplace_back(n, n);
+  if (!shapes.empty()) {
+    absl::StatusOr<double> warm = run(shapes.back().first, 0);  // buffers, rope tables
+    if (!warm.ok()) return warm.status();
+  }
+  return ProfileCostTable(run, shapes, runs);
 }
 
 void ModelDrafter::Release(int64_t seq_id) {

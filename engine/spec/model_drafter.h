@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/spec/budget.h"
 #include "engine/spec/drafter.h"
 #include "engine/spec/verifier.h"
 
@@ -80,6 +81,14 @@ class ModelDrafter : public Drafter {
   absl::Status ProposeBatch(absl::Span<const DraftRequest> requests,
                             std::vector<DraftProposal>* out) override;
   void Release(int64_t seq_id) override;
+
+  // The draft model's cost per drafting round, for the adaptive draft length (budget.h
+  // PlanDraftLength): one forward pass of n sequences x 1 token (after a context of 32 tokens,
+  // logits for the new token) for each n in `batch_sizes` (each >= 1), `runs` (>= 5) times; the
+  // table's StepSeconds(n, n) is the median, made monotone. Writes scratch KV into the drafter's
+  // blocks, so it needs an empty cache: kFailedPrecondition when a sequence is cached (call it
+  // before the first proposal). Forward errors are returned as they are.
+  absl::StatusOr<CostTable> ProfileRoundCost(absl::Span<const int> batch_sizes, int runs = 5);
 
   // For tests and metrics.
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }

@@ -240,5 +240,26 @@ TEST(ModelDrafterTest, RefusesAnotherVocabulary) {
   EXPECT_TRUE(good.ok()) << good.status();
 }
 
+// The round-cost profile: one row per batch size, positive and non-decreasing in it; only on an
+// empty cache (it writes scratch KV).
+TEST(ModelDrafterTest, ProfilesOneDraftRoundPerBatchSize) {
+  auto d = Make(/*num_blocks=*/8, /*block_size=*/4);  // fewer blocks than 16 x 9: shared
+  auto table = d->ProfileRoundCost({1, 4, 16});
+  ASSERT_TRUE(table.ok()) << table.status();
+  for (int n = 1; n < 16; ++n) {
+    EXPECT_GT(table->StepSeconds(n, n), 0.0);
+    EXPECT_LE(table->StepSeconds(n, n), table->StepSeconds(n + 1, n + 1)) << n;
+  }
+  EXPECT_EQ(d->ProfileRoundCost({1, 2}, /*runs=*/4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d->ProfileRoundCost({0}).status().code(), absl::StatusCode::kInvalidArgument);
+  // Drafts after profiling are those of a fresh drafter.
+  const std::vector<int32_t> ctx = {5, 9, 2, 7, 7, 1};
+  DraftProposal p;
+  ASSERT_TRUE(d->Propose(1, ctx, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(ctx, 3));
+  EXPECT_EQ(d->ProfileRoundCost({1}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace deepinfer::engine::spec
