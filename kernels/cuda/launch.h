@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "kernels/cuda/embedding_params.h"
 #include "kernels/rmsnorm.h"
 
 namespace deepinfer::kernels::cuda_raw {
@@ -29,6 +30,10 @@ int StreamSynchronize(void* stream);
 
 // RMSNorm over device pointers; parameters as kernels/rmsnorm.h, already validated.
 int LaunchRmsNorm(const RmsNormParams& p, void* stream);
+
+// The launchers below take parameters already validated by their host wrappers
+// (kernels/cuda/*_cuda.h) and return cudaGetLastError() after the launch.
+int LaunchEmbedding(const EmbeddingParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

@@ -1,0 +1,62 @@
+// Runs on every machine (no "gpu" tag). The CUDA op launchers check their parameters before
+// touching the device (kInvalidArgument naming the field), and without a GPU they return
+// kUnavailable instead of crashing.
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/embedding_cuda.h"
+
+namespace deepinfer::kernels {
+namespace {
+
+void ExpectInvalid(const absl::Status& s, absl::string_view prefix) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StartsWith(s.message(), prefix)) << s << " should start with " << prefix;
+}
+
+// Valid parameters: kUnavailable without a device. (With one, the pointers here are host
+// memory, so the launch is not attempted.)
+void ExpectUnavailableWithoutDevice(const std::function<absl::Status()>& call) {
+  if (CudaAvailable().ok()) return;
+  const absl::Status s = call();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("no CUDA device"), absl::string_view::npos) << s;
+}
+
+TEST(CudaOpsValidationTest, Embedding) {
+  std::vector<int32_t> ids(4, 0);
+  std::vector<float> w(8 * 16), out(4 * 16);
+  EmbeddingParams p;
+  p.token_ids = ids.data();
+  p.weight = w.data();
+  p.out = out.data();
+  p.num_tokens = 4;
+  p.vocab_size = 8;
+  p.hidden = 16;
+  p.weight_dtype = DType::kF32;
+  p.out_dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return EmbeddingCuda(p, nullptr); });
+
+  EmbeddingParams bad = p;
+  bad.hidden = 0;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: hidden:");
+  bad = p;
+  bad.vocab_size = -1;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: vocab_size:");
+  bad = p;
+  bad.token_ids = nullptr;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: token_ids:");
+  bad = p;
+  bad.out_row_stride = 8;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: out_row_stride:");
+  bad = p;
+  bad.num_tokens = -2;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: num_tokens:");
+}
+
+}  // namespace
+}  // namespace deepinfer::kernels
