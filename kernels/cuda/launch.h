@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/embedding_params.h"
+#include "kernels/cuda/rope_params.h"
 #include "kernels/rmsnorm.h"
 
 namespace deepinfer::kernels::cuda_raw {
@@ -34,6 +35,7 @@ int LaunchRmsNorm(const RmsNormParams& p, void* stream);
 // The launchers below take parameters already validated by their host wrappers
 // (kernels/cuda/*_cuda.h) and return cudaGetLastError() after the launch.
 int LaunchEmbedding(const EmbeddingParams& p, void* stream);
+int LaunchRope(const RopeParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding_cuda.h"
+#include "kernels/cuda/rope_cuda.h"
 
 namespace deepinfer::kernels {
 namespace {
@@ -56,6 +57,38 @@ TEST(CudaOpsValidationTest, Embedding) {
   bad = p;
   bad.num_tokens = -2;
   ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: num_tokens:");
+}
+
+TEST(CudaOpsValidationTest, Rope) {
+  std::vector<float> q(3 * 4 * 8), k(3 * 2 * 8), inv(4);
+  std::vector<int32_t> pos(3, 0);
+  RopeParams p;
+  p.q = q.data();
+  p.k = k.data();
+  p.positions = pos.data();
+  p.inv_freq = inv.data();
+  p.num_tokens = 3;
+  p.num_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_dim = 8;
+  p.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return RopeCuda(p, nullptr); });
+
+  RopeParams bad = p;
+  bad.head_dim = 7;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: head_dim:");
+  bad = p;
+  bad.num_heads = 0;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: num_heads:");
+  bad = p;
+  bad.k = nullptr;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: k:");
+  bad = p;
+  bad.inv_freq = nullptr;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: inv_freq:");
+  bad = p;
+  bad.q_row_stride = 16;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: q_row_stride:");
 }
 
 }  // namespace
