@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/embedding_params.h"
 #include "kernels/cuda/rope_params.h"
+#include "kernels/cuda/swiglu_params.h"
 #include "kernels/rmsnorm.h"
 
 namespace deepinfer::kernels::cuda_raw {
@@ -36,6 +37,7 @@ int LaunchRmsNorm(const RmsNormParams& p, void* stream);
 // (kernels/cuda/*_cuda.h) and return cudaGetLastError() after the launch.
 int LaunchEmbedding(const EmbeddingParams& p, void* stream);
 int LaunchRope(const RopeParams& p, void* stream);
+int LaunchSwiGlu(const SwiGluParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

@@ -10,6 +10,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
+#include "kernels/cuda/swiglu_cuda.h"
 
 namespace deepinfer::kernels {
 namespace {
@@ -89,6 +90,28 @@ TEST(CudaOpsValidationTest, Rope) {
   bad = p;
   bad.q_row_stride = 16;
   ExpectInvalid(RopeCuda(bad, nullptr), "rope: q_row_stride:");
+}
+
+TEST(CudaOpsValidationTest, SwiGlu) {
+  std::vector<float> g(2 * 8), u(2 * 8), out(2 * 8);
+  SwiGluParams p;
+  p.gate = g.data();
+  p.up = u.data();
+  p.out = out.data();
+  p.rows = 2;
+  p.width = 8;
+  p.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return SwiGluCuda(p, nullptr); });
+
+  SwiGluParams bad = p;
+  bad.width = 0;
+  ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: width:");
+  bad = p;
+  bad.up = nullptr;
+  ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: up:");
+  bad = p;
+  bad.gate_row_stride = 4;
+  ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: gate_row_stride:");
 }
 
 }  // namespace
