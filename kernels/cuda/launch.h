@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "kernels/cuda/embedding_params.h"
+#include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/rope_params.h"
 #include "kernels/cuda/swiglu_params.h"
 #include "kernels/rmsnorm.h"
@@ -38,6 +39,7 @@ int LaunchRmsNorm(const RmsNormParams& p, void* stream);
 int LaunchEmbedding(const EmbeddingParams& p, void* stream);
 int LaunchRope(const RopeParams& p, void* stream);
 int LaunchSwiGlu(const SwiGluParams& p, void* stream);
+int LaunchKvWrite(const KvWriteParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

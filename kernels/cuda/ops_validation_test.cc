@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding_cuda.h"
+#include "kernels/cuda/kv_write_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
 #include "kernels/cuda/swiglu_cuda.h"
 
@@ -112,6 +113,42 @@ TEST(CudaOpsValidationTest, SwiGlu) {
   bad = p;
   bad.gate_row_stride = 4;
   ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: gate_row_stride:");
+}
+
+TEST(CudaOpsValidationTest, KvWrite) {
+  std::vector<float> k(2 * 16), v(2 * 16), kc(4 * 16 * 16), vc(4 * 16 * 16);
+  std::vector<int32_t> pos = {0, 1}, seq = {0, 0}, table = {2};
+  KvWriteParams p;
+  p.k = k.data();
+  p.v = v.data();
+  p.k_cache = kc.data();
+  p.v_cache = vc.data();
+  p.positions = pos.data();
+  p.token_seq = seq.data();
+  p.block_tables = table.data();
+  p.num_tokens = 2;
+  p.num_seqs = 1;
+  p.max_blocks_per_seq = 1;
+  p.num_kv_heads = 2;
+  p.head_dim = 8;
+  p.block_size = 16;
+  p.num_blocks = 4;
+  p.block_stride = 16 * 16;
+  p.src_dtype = p.cache_dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return KvWriteCuda(p, nullptr); });
+
+  KvWriteParams bad = p;
+  bad.block_stride = 100;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: block_stride:");
+  bad = p;
+  bad.block_tables = nullptr;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: block_tables:");
+  bad = p;
+  bad.block_size = 0;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: block_size:");
+  bad = p;
+  bad.num_seqs = 0;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: num_seqs:");
 }
 
 }  // namespace
