@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "kernels/cuda/decode_attention_params.h"
 #include "kernels/cuda/embedding_params.h"
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/rope_params.h"
@@ -40,6 +41,7 @@ int LaunchEmbedding(const EmbeddingParams& p, void* stream);
 int LaunchRope(const RopeParams& p, void* stream);
 int LaunchSwiGlu(const SwiGluParams& p, void* stream);
 int LaunchKvWrite(const KvWriteParams& p, void* stream);
+int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/decode_attention_cuda.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding_cuda.h"
 #include "kernels/cuda/kv_write_cuda.h"
@@ -149,6 +150,64 @@ TEST(CudaOpsValidationTest, KvWrite) {
   bad = p;
   bad.num_seqs = 0;
   ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: num_seqs:");
+}
+
+TEST(CudaOpsValidationTest, DecodeAttention) {
+  std::vector<float> q(2 * 8 * 64), out(2 * 8 * 64), kc(64 * 16 * 2 * 64), vc(kc.size());
+  std::vector<int32_t> tables(2 * 32, 0), ctx = {300, 5};
+  DecodeAttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.k_cache = kc.data();
+  p.v_cache = vc.data();
+  p.block_tables = tables.data();
+  p.context_lens = ctx.data();
+  p.num_seqs = 2;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.block_size = 16;
+  p.num_blocks = 64;
+  p.max_blocks_per_seq = 32;
+  p.block_stride = 16 * 2 * 64;
+  p.max_context_len = 300;
+  p.scale = 0.125f;
+  p.dtype = DType::kF32;
+  // 300 keys: two partitions, so a workspace is required.
+  EXPECT_EQ(DecodeAttentionMaxSplits(p), 2);
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(p), size_t{2} * 8 * 2 * 66 * 4);
+  ExpectInvalid(DecodeAttentionCuda(p, nullptr), "decode_attention: workspace_bytes:");
+  std::vector<uint8_t> ws(DecodeAttentionWorkspaceBytes(p));
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  ExpectUnavailableWithoutDevice([&] { return DecodeAttentionCuda(p, nullptr); });
+  // A window of one partition needs none.
+  DecodeAttentionParams windowed = p;
+  windowed.sliding_window = 64;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(windowed), 0u);
+
+  DecodeAttentionParams bad = p;
+  bad.num_heads = 7;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: num_heads:");
+  bad = p;
+  bad.num_heads = 34;
+  bad.num_kv_heads = 2;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: num_heads:");
+  bad = p;
+  bad.head_dim = 80;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: head_dim:");
+  bad = p;
+  bad.max_blocks_per_seq = 18;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: max_blocks_per_seq:");
+  bad = p;
+  bad.block_stride = 1;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: block_stride:");
+  bad = p;
+  bad.sliding_window = -1;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: sliding_window:");
+  bad = p;
+  bad.context_lens = nullptr;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: context_lens:");
 }
 
 }  // namespace
