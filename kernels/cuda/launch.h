@@ -7,6 +7,11 @@
 
 #include <cstddef>
 
+#include "kernels/cuda/decode_attention_params.h"
+#include "kernels/cuda/embedding_params.h"
+#include "kernels/cuda/kv_write_params.h"
+#include "kernels/cuda/rope_params.h"
+#include "kernels/cuda/swiglu_params.h"
 #include "kernels/rmsnorm.h"
 
 namespace deepinfer::kernels::cuda_raw {
@@ -29,6 +34,14 @@ int StreamSynchronize(void* stream);
 
 // RMSNorm over device pointers; parameters as kernels/rmsnorm.h, already validated.
 int LaunchRmsNorm(const RmsNormParams& p, void* stream);
+
+// The launchers below take parameters already validated by their host wrappers
+// (kernels/cuda/*_cuda.h) and return cudaGetLastError() after the launch.
+int LaunchEmbedding(const EmbeddingParams& p, void* stream);
+int LaunchRope(const RopeParams& p, void* stream);
+int LaunchSwiGlu(const SwiGluParams& p, void* stream);
+int LaunchKvWrite(const KvWriteParams& p, void* stream);
+int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

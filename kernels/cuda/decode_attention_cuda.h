@@ -1,0 +1,20 @@
+// CUDA paged decode attention (kernels/cuda/decode_attention_params.h) on device pointers.
+// Asynchronous on `stream` (a cudaStream_t, nullptr = default stream); errors of the launch itself
+// are returned, errors during execution surface at the next synchronisation. Thread-safe given
+// distinct workspaces.
+#ifndef DEEPINFER_KERNELS_CUDA_DECODE_ATTENTION_CUDA_H_
+#define DEEPINFER_KERNELS_CUDA_DECODE_ATTENTION_CUDA_H_
+
+#include "absl/status/status.h"
+#include "kernels/cuda/decode_attention_params.h"
+
+namespace deepinfer::kernels {
+
+// kInvalidArgument naming the field for bad parameters (checked first, including a workspace
+// smaller than DecodeAttentionWorkspaceBytes); kUnavailable without a device; kInternal for a
+// failed launch.
+absl::Status DecodeAttentionCuda(const DecodeAttentionParams& p, void* stream);
+
+}  // namespace deepinfer::kernels
+
+#endif  // DEEPINFER_KERNELS_CUDA_DECODE_ATTENTION_CUDA_H_

@@ -1,0 +1,214 @@
+// Runs on every machine (no "gpu" tag). The CUDA op launchers check their parameters before
+// touching the device (kInvalidArgument naming the field), and without a GPU they return
+// kUnavailable instead of crashing.
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/decode_attention_cuda.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/embedding_cuda.h"
+#include "kernels/cuda/kv_write_cuda.h"
+#include "kernels/cuda/rope_cuda.h"
+#include "kernels/cuda/swiglu_cuda.h"
+
+namespace deepinfer::kernels {
+namespace {
+
+void ExpectInvalid(const absl::Status& s, absl::string_view prefix) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StartsWith(s.message(), prefix)) << s << " should start with " << prefix;
+}
+
+// Valid parameters: kUnavailable without a device. (With one, the pointers here are host
+// memory, so the launch is not attempted.)
+void ExpectUnavailableWithoutDevice(const std::function<absl::Status()>& call) {
+  if (CudaAvailable().ok()) return;
+  const absl::Status s = call();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("no CUDA device"), absl::string_view::npos) << s;
+}
+
+TEST(CudaOpsValidationTest, Embedding) {
+  std::vector<int32_t> ids(4, 0);
+  std::vector<float> w(8 * 16), out(4 * 16);
+  EmbeddingParams p;
+  p.token_ids = ids.data();
+  p.weight = w.data();
+  p.out = out.data();
+  p.num_tokens = 4;
+  p.vocab_size = 8;
+  p.hidden = 16;
+  p.weight_dtype = DType::kF32;
+  p.out_dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return EmbeddingCuda(p, nullptr); });
+
+  EmbeddingParams bad = p;
+  bad.hidden = 0;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: hidden:");
+  bad = p;
+  bad.vocab_size = -1;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: vocab_size:");
+  bad = p;
+  bad.token_ids = nullptr;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: token_ids:");
+  bad = p;
+  bad.out_row_stride = 8;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: out_row_stride:");
+  bad = p;
+  bad.num_tokens = -2;
+  ExpectInvalid(EmbeddingCuda(bad, nullptr), "embedding: num_tokens:");
+}
+
+TEST(CudaOpsValidationTest, Rope) {
+  std::vector<float> q(3 * 4 * 8), k(3 * 2 * 8), inv(4);
+  std::vector<int32_t> pos(3, 0);
+  RopeParams p;
+  p.q = q.data();
+  p.k = k.data();
+  p.positions = pos.data();
+  p.inv_freq = inv.data();
+  p.num_tokens = 3;
+  p.num_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_dim = 8;
+  p.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return RopeCuda(p, nullptr); });
+
+  RopeParams bad = p;
+  bad.head_dim = 7;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: head_dim:");
+  bad = p;
+  bad.num_heads = 0;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: num_heads:");
+  bad = p;
+  bad.k = nullptr;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: k:");
+  bad = p;
+  bad.inv_freq = nullptr;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: inv_freq:");
+  bad = p;
+  bad.q_row_stride = 16;
+  ExpectInvalid(RopeCuda(bad, nullptr), "rope: q_row_stride:");
+}
+
+TEST(CudaOpsValidationTest, SwiGlu) {
+  std::vector<float> g(2 * 8), u(2 * 8), out(2 * 8);
+  SwiGluParams p;
+  p.gate = g.data();
+  p.up = u.data();
+  p.out = out.data();
+  p.rows = 2;
+  p.width = 8;
+  p.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return SwiGluCuda(p, nullptr); });
+
+  SwiGluParams bad = p;
+  bad.width = 0;
+  ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: width:");
+  bad = p;
+  bad.up = nullptr;
+  ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: up:");
+  bad = p;
+  bad.gate_row_stride = 4;
+  ExpectInvalid(SwiGluCuda(bad, nullptr), "swiglu: gate_row_stride:");
+}
+
+TEST(CudaOpsValidationTest, KvWrite) {
+  std::vector<float> k(2 * 16), v(2 * 16), kc(4 * 16 * 16), vc(4 * 16 * 16);
+  std::vector<int32_t> pos = {0, 1}, seq = {0, 0}, table = {2};
+  KvWriteParams p;
+  p.k = k.data();
+  p.v = v.data();
+  p.k_cache = kc.data();
+  p.v_cache = vc.data();
+  p.positions = pos.data();
+  p.token_seq = seq.data();
+  p.block_tables = table.data();
+  p.num_tokens = 2;
+  p.num_seqs = 1;
+  p.max_blocks_per_seq = 1;
+  p.num_kv_heads = 2;
+  p.head_dim = 8;
+  p.block_size = 16;
+  p.num_blocks = 4;
+  p.block_stride = 16 * 16;
+  p.src_dtype = p.cache_dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return KvWriteCuda(p, nullptr); });
+
+  KvWriteParams bad = p;
+  bad.block_stride = 100;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: block_stride:");
+  bad = p;
+  bad.block_tables = nullptr;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: block_tables:");
+  bad = p;
+  bad.block_size = 0;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: block_size:");
+  bad = p;
+  bad.num_seqs = 0;
+  ExpectInvalid(KvWriteCuda(bad, nullptr), "kv_write: num_seqs:");
+}
+
+TEST(CudaOpsValidationTest, DecodeAttention) {
+  std::vector<float> q(2 * 8 * 64), out(2 * 8 * 64), kc(64 * 16 * 2 * 64), vc(kc.size());
+  std::vector<int32_t> tables(2 * 32, 0), ctx = {300, 5};
+  DecodeAttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.k_cache = kc.data();
+  p.v_cache = vc.data();
+  p.block_tables = tables.data();
+  p.context_lens = ctx.data();
+  p.num_seqs = 2;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.block_size = 16;
+  p.num_blocks = 64;
+  p.max_blocks_per_seq = 32;
+  p.block_stride = 16 * 2 * 64;
+  p.max_context_len = 300;
+  p.scale = 0.125f;
+  p.dtype = DType::kF32;
+  // 300 keys: two partitions, so a workspace is required.
+  EXPECT_EQ(DecodeAttentionMaxSplits(p), 2);
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(p), size_t{2} * 8 * 2 * 66 * 4);
+  ExpectInvalid(DecodeAttentionCuda(p, nullptr), "decode_attention: workspace_bytes:");
+  std::vector<uint8_t> ws(DecodeAttentionWorkspaceBytes(p));
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  ExpectUnavailableWithoutDevice([&] { return DecodeAttentionCuda(p, nullptr); });
+  // A window of one partition needs none.
+  DecodeAttentionParams windowed = p;
+  windowed.sliding_window = 64;
+  EXPECT_EQ(DecodeAttentionWorkspaceBytes(windowed), 0u);
+
+  DecodeAttentionParams bad = p;
+  bad.num_heads = 7;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: num_heads:");
+  bad = p;
+  bad.num_heads = 34;
+  bad.num_kv_heads = 2;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: num_heads:");
+  bad = p;
+  bad.head_dim = 80;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: head_dim:");
+  bad = p;
+  bad.max_blocks_per_seq = 18;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: max_blocks_per_seq:");
+  bad = p;
+  bad.block_stride = 1;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: block_stride:");
+  bad = p;
+  bad.sliding_window = -1;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: sliding_window:");
+  bad = p;
+  bad.context_lens = nullptr;
+  ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: context_lens:");
+}
+
+}  // namespace
+}  // namespace deepinfer::kernels

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the gpu-tagged test binaries here (no GPU needed) and copies them, with the shared
+# libraries they need that a bare CUDA machine may lack (Abseil etc.), into OUT_DIR for
+# run_gpu_checks.sh. Usage: tools/gpu/pack_gpu_tests.sh OUT_DIR   (from the workspace root)
+set -euo pipefail
+out="${1:?usage: $0 OUT_DIR}"
+# .bazelrc has no --config=cuda: nvcc runs through cuda_library whenever the targets are built.
+targets=$(bazel query 'attr(tags, "\bgpu\b", tests(//kernels/cuda/...))' 2>/dev/null)
+[ -n "$targets" ] || { echo "no gpu-tagged tests found" >&2; exit 1; }
+bazel build $targets
+mkdir -p "$out/bin" "$out/lib"
+for t in $targets; do
+  name="${t##*:}"
+  pkg="${t#//}"; pkg="${pkg%%:*}"
+  cp -f "bazel-bin/$pkg/$name" "$out/bin/$name"
+  # These tests read no data files, so no runfiles tree is needed.
+  ldd "bazel-bin/$pkg/$name" | awk '/=> \//{print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libstdc++.so*|libgcc_s.so*|ld-linux*) ;;
+      libcuda.so*) ;;  # the driver's, never copied
+      *) cp -fL "$lib" "$out/lib/" ;;
+    esac
+  done
+done
+cp -f tools/gpu/run_gpu_checks.sh "$out/"
+git rev-parse HEAD > "$out/COMMIT" 2>/dev/null || true
+echo "packed $(ls "$out/bin" | wc -l) test binaries into $out"

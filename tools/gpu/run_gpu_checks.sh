@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every prebuilt gpu-tagged test binary in DIR/bin on a machine with a GPU, a CUDA 13
+# capable driver and no Bazel, and writes DIR/gpu_report.txt (pass/fail/skip per test, seconds,
+# and the failing assertions). Usage: run_gpu_checks.sh DIR [per-test timeout seconds, 300]
+# Exit status: 0 when every test passed, 1 otherwise (a test that skips everything counts as a
+# failure here: on this machine a skip means the GPU was not usable).
+set -uo pipefail
+dir="${1:?usage: $0 DIR [timeout_s]}"
+limit="${2:-300}"
+report="$dir/gpu_report.txt"
+export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{
+  echo "gpu checks $(date -u +%FT%TZ) commit $(cat "$dir/COMMIT" 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4
+} > "$report"
+failed=0
+for bin in "$dir"/bin/*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  log="$dir/$name.log"
+  start=$(date +%s.%N)
+  timeout "$limit" "$bin" --gtest_brief=0 > "$log" 2>&1
+  rc=$?
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  passed=$(grep -c '^\[       OK \]' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \].*ms)$' "$log")
+  failures=$(grep -c '^\[  FAILED  \].*(' "$log")
+  if [ "$rc" -eq 0 ] && [ "$passed" -gt 0 ]; then
+    verdict=PASS
+  elif [ "$rc" -eq 124 ]; then
+    verdict="FAIL (timeout ${limit}s)"; failed=1
+  elif [ "$rc" -eq 0 ]; then
+    verdict="FAIL (everything skipped: no usable GPU?)"; failed=1
+  else
+    verdict="FAIL (exit $rc)"; failed=1
+  fi
+  printf '%-32s %-44s %8.2fs  ok=%s skipped=%s failed=%s\n' "$name" "$verdict" "$secs" \
+    "$passed" "$skipped" "$failures" >> "$report"
+  if [ "$verdict" != PASS ]; then
+    grep -B2 -A6 -E 'Failure|FAILED|error|Skipped' "$log" | head -40 | sed 's/^/    /' >> "$report"
+  fi
+done
+cat "$report"
+exit "$failed"
