@@ -215,7 +215,7 @@ def train_one(name: str, tok, stream, copy, steps: int, batch_size: int, seed: i
         loss = out.loss.item()
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         rec = {"step": step + 1, "loss": round(loss, 4), "ema": round(ema, 4),
-               "lr": lr_at(step), "elapsed_s": round(time.time() - t0, 1)}
+               "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 1)}
         log.write(json.dumps(rec) + "\n")
         if (step + 1) % 10 == 0:
             log.flush()
