@@ -110,8 +110,9 @@ struct LlmEngine::Step {
   double forward_seconds = 0.0;
   Clock::time_point done_at;
   bool external = false;  // a token computed elsewhere (remote prefill): not a step of ours
-  // Adaptive speculative decoding: the step's time from Schedule through Process is compared
-  // with its prediction (cost table + predicted drafting) to learn the per-step overhead.
+  // Adaptive speculative decoding: the step's period (from the previous step's Process, or
+  // from Schedule after an idle engine, through its own Process) is compared with its
+  // prediction (cost table + predicted drafting) to learn the per-step overhead.
   bool spec_timed = false;
   Clock::time_point spec_start;
   double spec_draft_predicted = 0.0;
@@ -845,6 +846,14 @@ void LlmEngine::CommitBlocks(Sequence* seq) {
   }
 }
 
+double LlmEngine::SyncOverheadSeconds() const {
+  // Before any synchronous step was measured, the overlapped steps' overhead (a lower bound:
+  // overlap hides the scheduling) stands in for it; with neither, the pure table.
+  if (have_overhead_) return std::max(0.0, overhead_ema_);
+  if (have_overlap_overhead_) return std::max(0.0, overlap_overhead_ema_);
+  return 0.0;
+}
+
 LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   DraftGate gate;
   if (drafter_ == nullptr) return gate;
@@ -872,10 +881,6 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   const int64_t n = static_cast<int64_t>(decodes.size());
   const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
   const bool adaptive = so.adaptive && cost_ != nullptr;
-  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= so.probe_interval) {
-    gate.probe = true;
-    steps_since_probe_ = 0;
-  }
   std::vector<int> caps(decodes.size(), 0);
   int longest = 0;
   for (size_t i = 0; i < decodes.size(); ++i) {
@@ -885,6 +890,12 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
         seq->sampling.max_tokens - seq->generated() - seq->pending_samples - 1;
     caps[i] = spare > 0 ? static_cast<int>(std::clamp<int64_t>(room, 0, k)) : 0;
     longest = std::max(longest, caps[i]);
+  }
+  // Probes count steps with decoding sequences; a probe due waits for a step that can draft.
+  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= so.probe_interval &&
+      longest > 0) {
+    gate.probe = true;
+    steps_since_probe_ = 0;
   }
   if (longest == 0) return gate;  // nothing could be drafted or verified
   gate.may_draft = true;
@@ -896,7 +907,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   shape.sampling_requests = static_cast<int>(n);
   shape.step_tokens = static_cast<int>(std::min(n + prefill_tokens, budget));
   shape.step_requests = static_cast<int>(n) + prefills;
-  shape.extra_seconds = std::max(0.0, overhead_ema_);
+  shape.extra_seconds = SyncOverheadSeconds();
   double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
   bool drafts = true;
   if (calibration_ != nullptr) {
@@ -1035,7 +1046,9 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
     }
     if (!decodes.empty()) {
       step->spec_timed = options_.speculative.adaptive && cost_ != nullptr;
-      step->spec_start = Clock::now();
+      // Its period: from the previous step's processing (the loop's own work between steps is
+      // part of every step's cost), or from here after the engine idled.
+      step->spec_start = have_last_processed_ ? last_processed_at_ : Clock::now();
     }
     bool all_known = true;
     for (const Sequence* seq : decodes) all_known = all_known && seq->pending_samples == 0;
@@ -1126,11 +1139,10 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step, Clock::time_point*
     Process(*step);
     return false;
   }
-  if (step->spec_timed) {
-    // Overlapped: its time is the period from the previous step's processing to its own.
-    step->spec_overlapped = true;
-    if (have_last_processed_) step->spec_start = last_processed_at_;
-  }
+  // Overlapped: its period runs from the previous step's processing (which comes after its
+  // scheduling) to its own.
+  step->spec_overlapped = true;
+  if (step->spec_timed && have_last_processed_) step->spec_start = last_processed_at_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.overlapped_steps;
@@ -1399,7 +1411,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   shape.sampling_requests = static_cast<int>(decodes.size());
   shape.step_tokens = step_tokens;
   shape.step_requests = step_requests;
-  shape.extra_seconds = std::max(0.0, overhead_ema_);
+  shape.extra_seconds = SyncOverheadSeconds();
   probe = probe && adaptive;
   std::vector<int> caps(decodes.size());
   for (size_t i = 0; i < decodes.size(); ++i) {

@@ -372,6 +372,8 @@ class LlmEngine {
   // Plans the next step. With speculation, `gate.may_draft` requires that no step is in flight.
   std::unique_ptr<Step> Schedule(const DraftGate& gate);
   DraftGate PlanDrafting();
+  // The per-step overhead (seconds, >= 0) of a synchronous step, for the adaptive plans.
+  double SyncOverheadSeconds() const;
   // Fills step inputs from the now-known tokens and runs it (inline without overlap or with
   // drafts, else on the executor). Returns true when the step was handed to the executor; else
   // sets `*executed_at` to when its execution ended (if it ran).

@@ -152,7 +152,13 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
       EXPECT_EQ(usage_drafts, got.stats.spec_verified_tokens);
       EXPECT_EQ(usage_accepted, got.stats.spec_accepted_tokens);
       EXPECT_LE(got.stats.spec_verified_tokens, got.stats.spec_drafted_tokens);
-      EXPECT_GT(got.stats.spec_drafted_tokens, 0);
+      if (adaptive) {
+        // Only steps the plan may verify drafts in (and probes) ask the drafter; on a model
+        // whose outputs rarely repeat none of them may find an n-gram match.
+        EXPECT_GT(got.stats.spec_probe_steps, 0);
+      } else {
+        EXPECT_GT(got.stats.spec_drafted_tokens, 0);
+      }
       accepted += got.stats.spec_accepted_tokens;
     }
   }
