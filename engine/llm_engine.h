@@ -107,16 +107,22 @@ struct SpecOptions {
   // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
   // in budget.h) and a cost table profiled on the model when the engine is created. The step
   // time in the objective is the table's forward time plus the measured per-step overhead: an
-  // exponential average (weight 0.1 per step) of each adaptive step's measured time (from
-  // scheduling through processing its outputs) minus its predicted forward time (and minus a
-  // draft model's measured drafting time), clamped >= 0; so under load, when a step's fixed cost
-  // is large, verifying more drafts pays.
+  // exponential average (weight 0.1 per step) of each adaptive step's measured time (its period:
+  // from processing the previous step's outputs, or from its scheduling after an idle engine,
+  // through processing its own) minus its predicted forward time (and minus a draft model's
+  // measured drafting time), clamped >= 0; so under load, when a step's fixed cost is large,
+  // verifying more drafts pays. Synchronous steps (those that may draft) and overlapped ones
+  // (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed at the first
+  // against not drafting at the second (until a synchronous step was measured, the overlapped
+  // average stands in for it).
   // A draft model pays for every token it drafts, so before drafting the step chooses one draft
   // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
   // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
   // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
-  // time); L = 0 skips drafting and verification for the step. The n-gram drafter (nearly free)
-  // always drafts k.
+  // time); L = 0 skips drafting and verification for the step (which then overlaps with the
+  // previous one). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
+  // acceptance rows (the best over match lengths) would verify none: then it is not asked.
+  // Probes count steps with decoding sequences; one falls due at the next that can draft.
   // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
   // the plan (a draft model drafts one more, so after a run of L = 0 it drafts and verifies one
   // token), so that positions the plan stopped verifying keep being observed and estimates can
@@ -266,9 +272,9 @@ struct EngineStats {
   int64_t spec_accepted_tokens = 0;    // of those, accepted
   bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
   // Adaptive steps with decoding sequences: their predicted time (cost table + predicted
-  // drafting), their measured time (scheduling through output processing), and the current
-  // per-step overhead estimate in the objective (average of measured - predicted forward -
-  // measured draft-model drafting, clamped >= 0).
+  // drafting), their measured time (period through output processing; SpecOptions::adaptive),
+  // and the current per-step overhead estimate of synchronous steps in the objective (average of
+  // measured - predicted forward - measured draft-model drafting, clamped >= 0).
   int64_t spec_timed_steps = 0;
   double spec_predicted_step_seconds = 0.0;
   double spec_measured_step_seconds = 0.0;
