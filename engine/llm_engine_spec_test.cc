@@ -601,7 +601,9 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsOverlap) {
     std::vector<spec::CostTable::Sample> samples;
     for (int requests : {1, 8}) {
       for (int tokens : {1, 64}) {
-        for (int run = 0; run < 5; ++run) samples.push_back({tokens, requests, base + slope * tokens});
+        for (int run = 0; run < 5; ++run) {
+          samples.push_back({tokens, requests, base + slope * tokens});
+        }
       }
     }
     return spec::CostTable::FromSamples(samples).value();
