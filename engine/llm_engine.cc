@@ -110,12 +110,16 @@ struct LlmEngine::Step {
   double forward_seconds = 0.0;
   Clock::time_point done_at;
   bool external = false;  // a token computed elsewhere (remote prefill): not a step of ours
-  // Adaptive speculative decoding: the step's time from Schedule through Process is compared
-  // with its prediction (cost table + predicted drafting) to learn the per-step overhead.
+  // Adaptive speculative decoding: the step's period (from the previous step's Process, or
+  // from Schedule after an idle engine, through its own Process) is compared with its
+  // prediction (cost table + predicted drafting) to learn the per-step overhead.
   bool spec_timed = false;
   Clock::time_point spec_start;
   double spec_draft_predicted = 0.0;
   double spec_draft_model_seconds = 0.0;  // measured drafting time of a draft model
+  // Ran on the executor while the next step was scheduled: then spec_start is where its period
+  // began (the previous step's processing end) and its overhead feeds the overlap estimate.
+  bool spec_overlapped = false;
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -307,7 +311,7 @@ LlmEngine::LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr
       options_(options),
       cache_(std::move(cache)),
       blocks_(options.num_blocks, options.block_size),
-      overlap_(options.overlap && !options.speculative.enabled) {}
+      overlap_(options.overlap) {}
 
 LlmEngine::~LlmEngine() { Stop(); }
 
@@ -842,7 +846,117 @@ void LlmEngine::CommitBlocks(Sequence* seq) {
   }
 }
 
-std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
+double LlmEngine::SyncOverheadSeconds() const {
+  // Before any synchronous step was measured, the overlapped steps' overhead (a lower bound:
+  // overlap hides the scheduling) stands in for it; with neither, the pure table.
+  if (have_overhead_) return std::max(0.0, overhead_ema_);
+  if (have_overlap_overhead_) return std::max(0.0, overlap_overhead_ema_);
+  return 0.0;
+}
+
+LlmEngine::DraftGate LlmEngine::PlanDrafting() {
+  DraftGate gate;
+  if (drafter_ == nullptr) return gate;
+  const SpecOptions& so = options_.speculative;
+  const int k = so.num_speculative_tokens;
+  // The next step's decoding sequences as Schedule will see them once the step in flight (if
+  // any) is processed: one known token to feed, counting the samples in flight.
+  std::vector<const Sequence*> decodes;
+  int64_t prefill_tokens = 0;
+  int prefills = 0;
+  for (const auto& owned : running_) {
+    const Sequence* seq = owned.get();
+    if (seq->preempt_requested) continue;
+    const int64_t avail =
+        static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples - seq->scheduled_end;
+    if (avail == 1 && seq->verifier != nullptr) {
+      decodes.push_back(seq);
+    } else if (avail > 0) {
+      prefill_tokens += avail;
+      ++prefills;
+    }
+  }
+  if (decodes.empty()) return gate;
+  const int64_t budget = options_.max_batch_tokens;
+  const int64_t n = static_cast<int64_t>(decodes.size());
+  const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
+  const bool adaptive = so.adaptive && cost_ != nullptr;
+  std::vector<int> caps(decodes.size(), 0);
+  int longest = 0;
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
+    const Sequence* seq = decodes[i];
+    const int64_t room =
+        seq->sampling.max_tokens - seq->generated() - seq->pending_samples - 1;
+    caps[i] = spare > 0 ? static_cast<int>(std::clamp<int64_t>(room, 0, k)) : 0;
+    longest = std::max(longest, caps[i]);
+  }
+  // Probes count steps with decoding sequences; a probe due waits for a step that can draft.
+  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= so.probe_interval &&
+      longest > 0) {
+    gate.probe = true;
+    steps_since_probe_ = 0;
+  }
+  if (longest == 0) return gate;  // nothing could be drafted or verified
+  gate.may_draft = true;
+  if (!adaptive || gate.probe) return gate;
+  // The planner's decision from earlier steps' estimates (as Draft makes it): drafting runs
+  // synchronously at the measured synchronous overhead; not drafting overlaps, at the measured
+  // overlapped overhead once known.
+  spec::StepShape shape;
+  shape.sampling_requests = static_cast<int>(n);
+  shape.step_tokens = static_cast<int>(std::min(n + prefill_tokens, budget));
+  shape.step_requests = static_cast<int>(n) + prefills;
+  shape.extra_seconds = SyncOverheadSeconds();
+  double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
+  bool drafts = true;
+  if (calibration_ != nullptr) {
+    std::vector<std::vector<double>> priors(decodes.size());
+    for (size_t i = 0; i < decodes.size(); ++i) calibration_->PositionPrior(caps[i], &priors[i]);
+    absl::StatusOr<spec::DraftLengthPlan> length =
+        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_);
+    if (length.ok() && length->adaptive) {
+      drafts = length->length > 0;
+      draft_rate = length->tokens_per_second;
+    }
+  } else {
+    // n-gram drafts: the match length is known only after drafting; the most optimistic row
+    // over match lengths bounds what any draft could be worth (B = 0 there: B = 0 for all).
+    std::vector<spec::VerifyCandidate> candidates(decodes.size());
+    std::vector<double> row;
+    for (size_t i = 0; i < decodes.size(); ++i) {
+      std::vector<double>& best = candidates[i].prior;
+      best.assign(caps[i], 0.0);
+      for (int m = 1; m <= so.max_n; ++m) {
+        survival_->Survival(m, caps[i], &row);
+        for (int j = 0; j < caps[i] && j < static_cast<int>(row.size()); ++j) {
+          best[j] = std::max(best[j], row[j]);
+        }
+      }
+    }
+    absl::StatusOr<spec::VerifyPlan> plan = spec::PlanVerification(shape, candidates, cost_.get());
+    if (plan.ok() && plan->adaptive) {
+      drafts = plan->budget > 0;
+      draft_rate = plan->tokens_per_second;
+    }
+  }
+  if (drafts && have_overlap_overhead_) {
+    const double plain = cost_->StepSeconds(static_cast<double>(shape.step_tokens),
+                                            shape.step_requests) +
+                         std::max(0.0, overlap_overhead_ema_);
+    if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
+  }
+  if (!drafts) {
+    gate.may_draft = false;
+    if (calibration_ != nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.spec_no_draft_steps;
+    }
+  }
+  return gate;
+}
+
+std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
   auto step = std::make_unique<Step>();
   int64_t budget = options_.max_batch_tokens;
   bool preempting = false;
@@ -911,8 +1025,10 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
   };
 
   if (drafter_ != nullptr) {
-    // Speculative decoding (no overlap: every sequence's tokens are known here). Decoding
-    // sequences get drafts within what the budget has left after one token each.
+    // Speculative decoding. Decoding sequences (one known token to feed) get drafts within what
+    // the budget has left after one token each, when the gate allows it: then nothing is in
+    // flight and every sequence's tokens are known here. Otherwise (a step may be in flight,
+    // sampling for some of them) they are planned as plain one-token decodes.
     std::vector<Sequence*> decodes;
     int64_t prefill_tokens = 0;
     int prefills = 0;
@@ -921,7 +1037,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
       if (seq->preempt_requested) continue;
       const int64_t avail = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples -
                             seq->scheduled_end;
-      if (avail == 1 && seq->pending_samples == 0 && seq->verifier != nullptr) {
+      if (avail == 1 && seq->verifier != nullptr) {
         decodes.push_back(seq);
       } else if (avail > 0) {
         prefill_tokens += avail;
@@ -929,13 +1045,19 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
       }
     }
     if (!decodes.empty()) {
+      step->spec_timed = options_.speculative.adaptive && cost_ != nullptr;
+      // Its period: from the previous step's processing (the loop's own work between steps is
+      // part of every step's cost), or from here after the engine idled.
+      step->spec_start = have_last_processed_ ? last_processed_at_ : Clock::now();
+    }
+    bool all_known = true;
+    for (const Sequence* seq : decodes) all_known = all_known && seq->pending_samples == 0;
+    if (gate.may_draft && all_known && !decodes.empty()) {
       // Drafts take what one token per decode and the running prefills leave of the budget.
       const int64_t n = static_cast<int64_t>(decodes.size());
       const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
-      step->spec_timed = options_.speculative.adaptive && cost_ != nullptr;
-      step->spec_start = Clock::now();
       Draft(decodes, spare, static_cast<int>(std::min(n + prefill_tokens, budget)),
-            static_cast<int>(n) + prefills, step.get());
+            static_cast<int>(n) + prefills, gate.probe, step.get());
     }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.
@@ -986,7 +1108,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule() {
   return step;
 }
 
-bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step) {
+bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step, Clock::time_point* executed_at) {
   std::vector<Planned> kept;
   for (Planned& p : step->items) {
     Sequence* seq = p.seq;
@@ -1008,10 +1130,22 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step) {
   }
   step->items = std::move(kept);
   if (step->items.empty()) return false;
-  if (!overlap_) {
+  bool has_draft = false;
+  for (const Planned& p : step->items) has_draft = has_draft || !p.draft.empty();
+  if (!overlap_ || has_draft) {
+    // A step with drafts runs alone: the next one's positions depend on what it accepts.
     ExecuteStep(*step);
+    *executed_at = step->done_at;
     Process(*step);
     return false;
+  }
+  // Overlapped: its period runs from the previous step's processing (which comes after its
+  // scheduling) to its own.
+  step->spec_overlapped = true;
+  if (step->spec_timed && have_last_processed_) step->spec_start = last_processed_at_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.overlapped_steps;
   }
   {
     std::unique_lock<std::mutex> lock(exec_mu_);
@@ -1219,6 +1353,9 @@ void LlmEngine::Process(Step& step) {
     seq->on_output(o);
   }
   if (step.external) return;
+  const auto processed_at = Clock::now();
+  last_processed_at_ = processed_at;
+  have_last_processed_ = true;
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
   stats_.step_tokens += tokens;
@@ -1232,7 +1369,7 @@ void LlmEngine::Process(Step& step) {
   if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
     // Measured (Schedule through this point) against predicted (the cost table for what ran, plus
     // predicted drafting): the difference is the per-step overhead the tables do not see.
-    const double measured = Seconds(step.spec_start, Clock::now());
+    const double measured = Seconds(step.spec_start, processed_at);
     const double predicted =
         cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size())) +
         step.spec_draft_predicted;
@@ -1240,13 +1377,17 @@ void LlmEngine::Process(Step& step) {
     // steps without drafts included) stays out of the overhead, which is the non-model part.
     const double target = predicted - step.spec_draft_predicted;
     const double sample = measured - target - step.spec_draft_model_seconds;
-    overhead_ema_ = have_overhead_ ? overhead_ema_ + kOverheadWeight * (sample - overhead_ema_)
-                                   : sample;
-    have_overhead_ = true;
+    // Synchronous steps (drafting ones among them) and overlapped ones (no drafts) have their
+    // own overhead: the plan weighs drafting at the first against not drafting at the second.
+    double& ema = step.spec_overlapped ? overlap_overhead_ema_ : overhead_ema_;
+    bool& have = step.spec_overlapped ? have_overlap_overhead_ : have_overhead_;
+    ema = have ? ema + kOverheadWeight * (sample - ema) : sample;
+    have = true;
     ++stats_.spec_timed_steps;
     stats_.spec_predicted_step_seconds += predicted;
     stats_.spec_measured_step_seconds += measured;
     stats_.spec_overhead_seconds = std::max(0.0, overhead_ema_);
+    stats_.spec_overlap_overhead_seconds = std::max(0.0, overlap_overhead_ema_);
   }
 }
 
@@ -1259,22 +1400,19 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
 }
 
 void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-                      int step_requests, Step* step) {
+                      int step_requests, bool probe, Step* step) {
   const SpecOptions& so = options_.speculative;
   const int k = so.num_speculative_tokens;
   const bool adaptive = so.adaptive && cost_ != nullptr;
-  // Every decision below (draft length, budget, probe) uses only estimates and times from
-  // earlier steps and the step count, never the drafts themselves: lossless (budget.h).
+  // Every decision below (draft length, budget, probe: PlanDrafting) uses only estimates and
+  // times from earlier steps and the step count, never the drafts themselves: lossless
+  // (budget.h).
   spec::StepShape shape;
   shape.sampling_requests = static_cast<int>(decodes.size());
   shape.step_tokens = step_tokens;
   shape.step_requests = step_requests;
-  shape.extra_seconds = std::max(0.0, overhead_ema_);
-  bool probe = false;
-  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= so.probe_interval) {
-    probe = true;
-    steps_since_probe_ = 0;
-  }
+  shape.extra_seconds = SyncOverheadSeconds();
+  probe = probe && adaptive;
   std::vector<int> caps(decodes.size());
   for (size_t i = 0; i < decodes.size(); ++i) {
     // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
@@ -1435,14 +1573,9 @@ void LlmEngine::SchedulerLoop() {
       for (Sequence* s : all) Finish(s, FinishReason::kAborted, absl::CancelledError("engine stopped"));
     }
 
-    const auto sched_start = Clock::now();
-    std::unique_ptr<Step> next = stopping ? std::make_unique<Step>() : Schedule();
-    const auto sched_end = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.schedule_seconds += Seconds(sched_start, sched_end);
-    }
-    if (in_flight) {
+    // Waits for the step in flight and processes its outputs.
+    auto complete_in_flight = [&] {
+      if (!in_flight) return;
       std::unique_ptr<Step> done;
       {
         std::unique_lock<std::mutex> lock(exec_mu_);
@@ -1453,22 +1586,43 @@ void LlmEngine::SchedulerLoop() {
       have_last_done = true;
       Process(*done);
       in_flight = false;
-    }
+    };
     // Blocks of finished or preempted sequences are released once no step uses them.
-    for (auto it = finished_pending_free_.begin(); it != finished_pending_free_.end();) {
-      Sequence* seq = it->get();
-      if (seq->in_flight > 0) {
-        ++it;
-        continue;
+    auto release = [&] {
+      for (auto it = finished_pending_free_.begin(); it != finished_pending_free_.end();) {
+        Sequence* seq = it->get();
+        if (seq->in_flight > 0) {
+          ++it;
+          continue;
+        }
+        if (seq->has_blocks) (void)blocks_.Free(seq->id);
+        it = finished_pending_free_.erase(it);
       }
-      if (seq->has_blocks) (void)blocks_.Free(seq->id);
-      it = finished_pending_free_.erase(it);
+      std::vector<Sequence*> victims;
+      for (auto& s : running_) {
+        if (s->preempt_requested && s->in_flight == 0) victims.push_back(s.get());
+      }
+      for (Sequence* v : victims) Preempt(v);
+    };
+
+    // Speculative decoding: a step that may draft needs every sequence's latest token, so the
+    // step in flight is processed first; one that may not is prepared while it runs.
+    const DraftGate gate = stopping ? DraftGate() : PlanDrafting();
+    if (gate.may_draft && in_flight) {
+      complete_in_flight();
+      release();
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.spec_synced_steps;
     }
-    std::vector<Sequence*> victims;
-    for (auto& s : running_) {
-      if (s->preempt_requested && s->in_flight == 0) victims.push_back(s.get());
+    const auto sched_start = Clock::now();
+    std::unique_ptr<Step> next = stopping ? std::make_unique<Step>() : Schedule(gate);
+    const auto sched_end = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.schedule_seconds += Seconds(sched_start, sched_end);
     }
-    for (Sequence* v : victims) Preempt(v);
+    complete_in_flight();
+    release();
 
     const bool had_work = !next->items.empty();
     if (had_work) {
@@ -1479,7 +1633,13 @@ void LlmEngine::SchedulerLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         stats_.exposed_schedule_seconds += Seconds(last_done, submit_at);
       }
-      in_flight = FinalizeAndSubmit(std::move(next));
+      Clock::time_point executed_at = Clock::time_point::min();
+      in_flight = FinalizeAndSubmit(std::move(next), &executed_at);
+      if (executed_at != Clock::time_point::min()) {
+        // Ran inline: the executor's next idle period starts where it ended.
+        last_done = executed_at;
+        have_last_done = true;
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -1507,6 +1667,7 @@ void LlmEngine::SchedulerLoop() {
     if (stopping && !in_flight && finished_pending_free_.empty()) return;
     if (!had_work && !in_flight) {
       have_last_done = false;
+      have_last_processed_ = false;
       std::unique_lock<std::mutex> lock(mu_);
       const bool runnable = !waiting_.empty() || !running_.empty();
       wake_.wait_for(lock, std::chrono::milliseconds(runnable ? 1 : 50), [&] {

@@ -26,9 +26,15 @@
 //   back (the sequence's length returns to the accepted count and blocks needed only by
 //   rejected positions are freed); only blocks whose tokens are all accepted are published to
 //   the prefix cache. EOS, stop token ids, max_tokens and stop strings apply per emitted token.
-//   With speculation on the engine does not overlap scheduling with execution (the next step's
-//   positions depend on how many drafts the running step accepts): `overlap` is ignored. Drafts
-//   share the step's token budget with what one token per decode and the running prefills leave.
+//   Overlap with speculation: a step that verifies drafts runs synchronously (the next step's
+//   positions depend on how many drafts it accepts, and drafting needs every sequence's latest
+//   token). Before scheduling a step the engine decides, from earlier steps only (the adaptive
+//   planner's inputs: cost tables, overhead estimates, acceptance estimates, the probe counter;
+//   without `adaptive`: always), whether it may draft. If it may, the step in flight is waited
+//   for and processed first; if not (adaptive draft length 0 / verification budget 0, and not a
+//   probe), the step is scheduled while the previous one runs, exactly as without speculation.
+//   Drafts share the step's token budget with what one token per decode and the running
+//   prefills leave.
 //   Greedy outputs are token-identical to decoding without speculation; sampled outputs have the
 //   same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
 //   (rejection sampling draws differently; an adaptive budget depends on measured step times).
@@ -41,6 +47,7 @@
 #define DEEPINFER_ENGINE_LLM_ENGINE_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -100,16 +107,22 @@ struct SpecOptions {
   // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
   // in budget.h) and a cost table profiled on the model when the engine is created. The step
   // time in the objective is the table's forward time plus the measured per-step overhead: an
-  // exponential average (weight 0.1 per step) of each adaptive step's measured time (from
-  // scheduling through processing its outputs) minus its predicted forward time (and minus a
-  // draft model's measured drafting time), clamped >= 0; so under load, when a step's fixed cost
-  // is large, verifying more drafts pays.
+  // exponential average (weight 0.1 per step) of each adaptive step's measured time (its period:
+  // from processing the previous step's outputs, or from its scheduling after an idle engine,
+  // through processing its own) minus its predicted forward time (and minus a draft model's
+  // measured drafting time), clamped >= 0; so under load, when a step's fixed cost is large,
+  // verifying more drafts pays. Synchronous steps (those that may draft) and overlapped ones
+  // (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed at the first
+  // against not drafting at the second (until a synchronous step was measured, the overlapped
+  // average stands in for it).
   // A draft model pays for every token it drafts, so before drafting the step chooses one draft
   // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
   // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
   // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
-  // time); L = 0 skips drafting and verification for the step. The n-gram drafter (nearly free)
-  // always drafts k.
+  // time); L = 0 skips drafting and verification for the step (which then overlaps with the
+  // previous one). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
+  // acceptance rows (the best over match lengths) would verify none: then it is not asked.
+  // Probes count steps with decoding sequences; one falls due at the next that can draft.
   // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
   // the plan (a draft model drafts one more, so after a run of L = 0 it drafts and verifies one
   // token), so that positions the plan stopped verifying keep being observed and estimates can
@@ -259,9 +272,9 @@ struct EngineStats {
   int64_t spec_accepted_tokens = 0;    // of those, accepted
   bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
   // Adaptive steps with decoding sequences: their predicted time (cost table + predicted
-  // drafting), their measured time (scheduling through output processing), and the current
-  // per-step overhead estimate in the objective (average of measured - predicted forward -
-  // measured draft-model drafting, clamped >= 0).
+  // drafting), their measured time (period through output processing; SpecOptions::adaptive),
+  // and the current per-step overhead estimate of synchronous steps in the objective (average of
+  // measured - predicted forward - measured draft-model drafting, clamped >= 0).
   int64_t spec_timed_steps = 0;
   double spec_predicted_step_seconds = 0.0;
   double spec_measured_step_seconds = 0.0;
@@ -272,6 +285,15 @@ struct EngineStats {
   double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
   int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
+  // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
+  // prepared the next one, and (speculation) steps that first waited for the step in flight
+  // because they were allowed to draft.
+  int64_t overlapped_steps = 0;
+  int64_t spec_synced_steps = 0;
+  // Adaptive with overlap: the per-step overhead of overlapped steps (no drafts), averaged as
+  // spec_overhead_seconds but over the time between consecutive steps' completions; the plan
+  // compares drafting (synchronous, spec_overhead_seconds) against not drafting at this cost.
+  double spec_overlap_overhead_seconds = 0.0;
 };
 
 class LlmEngine {
@@ -344,12 +366,25 @@ class LlmEngine {
 
   LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
 
+  // Speculative decoding: whether the next step may draft (then the step in flight is processed
+  // before it is scheduled) and whether it probes. Decided from earlier steps only.
+  struct DraftGate {
+    bool may_draft = false;
+    bool probe = false;
+  };
+
   void SchedulerLoop();
   void ExecutorLoop();
-  std::unique_ptr<Step> Schedule();
-  // Fills step inputs from the now-known tokens and runs it (inline without overlap, else on the
-  // executor). Returns true when the step was handed to the executor.
-  bool FinalizeAndSubmit(std::unique_ptr<Step> step);
+  // Plans the next step. With speculation, `gate.may_draft` requires that no step is in flight.
+  std::unique_ptr<Step> Schedule(const DraftGate& gate);
+  DraftGate PlanDrafting();
+  // The per-step overhead (seconds, >= 0) of a synchronous step, for the adaptive plans.
+  double SyncOverheadSeconds() const;
+  // Fills step inputs from the now-known tokens and runs it (inline without overlap or with
+  // drafts, else on the executor). Returns true when the step was handed to the executor; else
+  // sets `*executed_at` to when its execution ended (if it ran).
+  bool FinalizeAndSubmit(std::unique_ptr<Step> step,
+                         std::chrono::steady_clock::time_point* executed_at);
   // `image_data_required`: false only for ReserveForRemotePrefill (hashes suffice there).
   absl::StatusOr<std::unique_ptr<Sequence>> MakeSequence(EngineRequest request,
                                                           OutputCallback on_output,
@@ -379,7 +414,7 @@ class LlmEngine {
   // `step_requests` estimate the step's shape before drafts, for the cost table.
   // Records the step's predicted drafting time in `step`.
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-             int step_requests, Step* step);
+             int step_requests, bool probe, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
   void RecordOutputToken(Sequence* seq, int32_t token);
   // Profiles the model's step cost for the adaptive budget (called by Create).
@@ -389,7 +424,7 @@ class LlmEngine {
   const EngineOptions options_;
   std::unique_ptr<KvCache> cache_;
   BlockManager blocks_;  // scheduler thread only
-  const bool overlap_;   // options.overlap, off with speculative decoding
+  const bool overlap_;   // options.overlap
 
   // Submission side (guarded by mu_).
   mutable std::mutex mu_;
@@ -429,8 +464,14 @@ class LlmEngine {
   std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
   std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft
   std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
-  double overhead_ema_ = 0.0;  // measured - predicted step seconds, averaged
+  double overhead_ema_ = 0.0;  // measured - predicted step seconds, averaged (synchronous steps)
   bool have_overhead_ = false;
+  double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
+  bool have_overlap_overhead_ = false;
+  // When the last step's outputs were processed (scheduler thread); the period of an overlapped
+  // step starts there. Unset after the engine idled.
+  std::chrono::steady_clock::time_point last_processed_at_;
+  bool have_last_processed_ = false;
   int steps_since_probe_ = 0;
   double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
 };
