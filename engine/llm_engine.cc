@@ -892,10 +892,18 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     longest = std::max(longest, caps[i]);
   }
   // Probes count steps with decoding sequences; a probe due waits for a step that can draft.
-  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= so.probe_interval &&
-      longest > 0) {
+  // The gap backs off (doubling, up to kMaxProbeBackoff x probe_interval) while the plan keeps
+  // saying "no draft" between probes, and returns to probe_interval once it drafts again: a probe
+  // costs a synchronous step (and a draft model's catch-up), which an unprofitable drafter should
+  // pay ever more rarely.
+  if (probe_gap_ <= 0) probe_gap_ = so.probe_interval;
+  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= probe_gap_ && longest > 0) {
     gate.probe = true;
     steps_since_probe_ = 0;
+    probe_gap_ = planned_draft_since_probe_
+                     ? so.probe_interval
+                     : std::min(probe_gap_ * 2, so.probe_interval * kMaxProbeBackoff);
+    planned_draft_since_probe_ = false;
   }
   if (longest == 0) return gate;  // nothing could be drafted or verified
   gate.may_draft = true;
@@ -946,6 +954,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
                          std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
+  if (drafts) planned_draft_since_probe_ = true;
   if (!drafts) {
     gate.may_draft = false;
     if (calibration_ != nullptr) {

@@ -126,7 +126,8 @@ struct SpecOptions {
   // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
   // the plan (a draft model drafts one more, so after a run of L = 0 it drafts and verifies one
   // token), so that positions the plan stopped verifying keep being observed and estimates can
-  // recover; 0 turns probing off.
+  // recover; 0 turns probing off. While no plan between two probes drafts, the gap doubles (up
+  // to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
   // Still lossless: the draft length, the budget and probes depend only on earlier steps (and
   // the step count). With a flat or missing cost table every draft is verified (and a warning is
   // logged once).
@@ -473,6 +474,11 @@ class LlmEngine {
   std::chrono::steady_clock::time_point last_processed_at_;
   bool have_last_processed_ = false;
   int steps_since_probe_ = 0;
+  // Steps between probes now (probe_interval, doubled while no plan drafted in between), and
+  // whether a plan drafted since the last probe.
+  static constexpr int kMaxProbeBackoff = 16;
+  int probe_gap_ = 0;
+  bool planned_draft_since_probe_ = false;
   double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
 };
 
