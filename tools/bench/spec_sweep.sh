@@ -7,6 +7,9 @@
 #
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=24 SWEEP_METHODS="off ngram draft_model" ...
+#   SWEEP_REPEATS=3: the whole list of configurations runs 3 times in turn (so slow drifts of a
+#   shared machine hit every configuration alike); the table shows the median over repeats, the
+#   ratio of medians to "off", and min-max of the per-repeat ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-models/demo}
@@ -16,11 +19,12 @@ SESSIONS=${SWEEP_SESSIONS:-24}
 METHODS=${SWEEP_METHODS:-"off ngram draft_model"}
 KS=${SWEEP_KS:-"1 2 4 8 adaptive"}
 THREADS=${SWEEP_THREADS:-1}
+REPEATS=${SWEEP_REPEATS:-1}
 bazel build --config=opt //deploy/local:launcher //tools/bench 2>&1 | { grep -v linux-sandbox || true; } | tail -1
 BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
 RESULTS=$WORK/results.tsv
-echo -e "config\tconcurrency\tout_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms" >"$RESULTS"
+echo -e "repeat\tconfig\tconcurrency\tout_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms" >"$RESULTS"
 
 run_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready pid
@@ -36,10 +40,10 @@ run_config() {  # name, flags (comma-separated)
     "$BIN/tools/bench/bench" --target "$router" --workload coding --sessions "$SESSIONS" \
       --coding_turns 3 --coding_context_words 250 --coding_answer_tokens 96 --mode closed \
       --concurrency "$c" --warmup_sessions 1 --seed 7 --json >"$WORK/$name.c$c.json" 2>/dev/null
-    python3 - "$name" "$c" "$WORK/$name.c$c.json" >>"$RESULTS" <<'PY'
+    python3 - "$name" "$c" "$WORK/$name.c$c.json" "$REPEAT" >>"$RESULTS" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[3]))["A"]
-print("\t".join([sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
+print("\t".join([sys.argv[4], sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
                  "%.2f" % s["mean_accepted_length"], "%.2f" % s["draft_acceptance_rate"],
                  "%.1f" % s["ttft_ms"]["p90"], "%.2f" % s["itl_ms"]["p90"]]))
 PY
@@ -47,6 +51,7 @@ PY
   kill -INT $pid; wait $pid || true
 }
 
+for REPEAT in $(seq 1 "$REPEATS"); do
 for m in $METHODS; do
   if [ "$m" = off ]; then run_config off ""; continue; fi
   extra=""
@@ -59,16 +64,35 @@ for m in $METHODS; do
     fi
   done
 done
+done
 python3 - "$RESULTS" <<'PY'
-import csv, sys
+import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-base = {r["concurrency"]: float(r["out_tok_s"]) for r in rows if r["config"] == "off"}
-print("%-20s %5s %10s %8s %8s %9s %9s %8s" % ("config", "conc", "out tok/s", "tok/step",
-      "accept", "TTFT p90", "ITL p90", "vs off"))
+keys = []
+by = {}
 for r in rows:
-    b = base.get(r["concurrency"])
-    print("%-20s %5s %10s %8s %8s %9s %9s %8s" % (r["config"], r["concurrency"], r["out_tok_s"],
-          r["tokens_per_step"], r["acceptance"], r["ttft_p90_ms"], r["itl_p90_ms"],
-          "%.3f" % (float(r["out_tok_s"]) / b) if b else "-"))
+    k = (r["config"], r["concurrency"])
+    if k not in by:
+        keys.append(k)
+        by[k] = []
+    by[k].append(r)
+off = {(r["repeat"], r["concurrency"]): float(r["out_tok_s"]) for r in rows if r["config"] == "off"}
+def med(rs, f):
+    return statistics.median(float(r[f]) for r in rs)
+print("%-20s %5s %10s %8s %8s %9s %9s %8s %13s" % ("config", "conc", "out tok/s", "tok/step",
+      "accept", "TTFT p90", "ITL p90", "vs off", "range"))
+for k in keys:
+    rs = by[k]
+    base = [off[(r["repeat"], k[1])] for r in rs if (r["repeat"], k[1]) in off]
+    ratio = "-"
+    spread = "-"
+    if base:
+        ratio = "%.3f" % (med(rs, "out_tok_s") / statistics.median(base))
+        per = [float(r["out_tok_s"]) / off[(r["repeat"], k[1])] for r in rs
+               if (r["repeat"], k[1]) in off]
+        spread = "%.2f-%.2f" % (min(per), max(per))
+    print("%-20s %5s %10.1f %8.2f %8.2f %9.1f %9.2f %8s %13s" % (k[0], k[1],
+          med(rs, "out_tok_s"), med(rs, "tokens_per_step"), med(rs, "acceptance"),
+          med(rs, "ttft_p90_ms"), med(rs, "itl_p90_ms"), ratio, spread))
 PY
 echo "raw results: $RESULTS"
