@@ -705,7 +705,17 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     metrics = metrics_.get();
   }
   if (metrics != nullptr) metrics->Stop();
-  if (engine_ != nullptr) engine_->Stop();
+  if (engine_ != nullptr) {
+    engine_->Stop();
+    // One line of what the engine did, for benchmarks and post-mortems.
+    const internal::v1::WorkerStats st = Stats();
+    spdlog::info(
+        "worker {}: engine ran {} steps ({} overlapped); speculative: {} synced, {} without "
+        "drafts, {} probes, {} drafted / {} verified / {} accepted tokens",
+        options_.worker_id, st.engine_steps(), st.overlapped_steps(), st.spec_synced_steps(),
+        st.spec_no_draft_steps(), st.spec_probe_steps(), st.spec_draft_tokens(),
+        st.spec_verified_tokens(), st.spec_accepted_tokens());
+  }
   if (agent_ != nullptr) agent_->Stop();
   {
     absl::MutexLock lock(&mu_);
@@ -748,6 +758,11 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_spec_draft_tokens(static_cast<uint64_t>(e.spec_drafted_tokens));
     s.set_spec_verified_tokens(static_cast<uint64_t>(e.spec_verified_tokens));
     s.set_spec_accepted_tokens(static_cast<uint64_t>(e.spec_accepted_tokens));
+    s.set_engine_steps(static_cast<uint64_t>(e.steps));
+    s.set_overlapped_steps(static_cast<uint64_t>(e.overlapped_steps));
+    s.set_spec_synced_steps(static_cast<uint64_t>(e.spec_synced_steps));
+    s.set_spec_no_draft_steps(static_cast<uint64_t>(e.spec_no_draft_steps));
+    s.set_spec_probe_steps(static_cast<uint64_t>(e.spec_probe_steps));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -30,7 +30,7 @@ run_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready pid
   rm -f "$ready"
   "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
-    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level warn \
+    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level info \
     ${flags:+--prefill_flags="$flags" --decode_flags="$flags"} >"$WORK/$name.out" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do [ -s "$ready" ] && break; sleep 0.2; done
