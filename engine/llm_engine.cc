@@ -1478,13 +1478,24 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   int64_t drafted = 0;
   if (!requests.empty()) {
     std::vector<spec::DraftProposal> proposals;
+    auto* model_drafter = dynamic_cast<spec::ModelDrafter*>(drafter_.get());
+    const int64_t fed_before = model_drafter != nullptr ? model_drafter->computed_tokens() : 0;
     const auto t0 = Clock::now();
     absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
     draft_seconds = Seconds(t0, Clock::now());
     if (calibration_ != nullptr) step->spec_draft_model_seconds = draft_seconds;
-    if (adaptive && !probe && draft_profiled > 0.0 && draft_seconds > 0.0) {
+    // What a steady round feeds: per sequence the tokens accepted since its last draft (at most
+    // its previous draft length + the bonus token) and its new drafts. More means the draft
+    // cache caught up on a whole new prompt (a new request, or one drafted after steps without
+    // drafts or after eviction): a one-off prefill the per-round profile does not describe.
+    int64_t steady_tokens = 0;
+    for (const spec::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
+    const bool caught_up =
+        model_drafter != nullptr &&
+        model_drafter->computed_tokens() - fed_before > steady_tokens;
+    if (adaptive && !probe && !caught_up && draft_profiled > 0.0 && draft_seconds > 0.0) {
       // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
-      // are left out: after steps without drafts they also catch the draft cache up.
+      // and catch-up rounds are left out: they also prefill the draft cache.
       draft_scale_ += kOverheadWeight * (draft_seconds / draft_profiled - draft_scale_);
     }
     if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
