@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace deepinfer::kernels::cuda_raw {
@@ -11,27 +12,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__device__ __forceinline__ float ToF32(T v);
-template <>
-__device__ __forceinline__ float ToF32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float ToF32<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float ToF32<__half>(__half v) { return __half2float(v); }
-
-template <typename T>
-__device__ __forceinline__ T FromF32(float v);
-template <>
-__device__ __forceinline__ float FromF32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
+using dev::FromF32;
+using dev::ToF32;
 
 __device__ __forceinline__ float BlockSum(float v) {
   __shared__ float warp_sums[kThreads / 32];
