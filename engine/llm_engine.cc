@@ -192,6 +192,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   std::unique_ptr<LlmEngine> engine(new LlmEngine(model, options, std::move(cache)));
   if (so.enabled) {
     engine->drafter_ = std::move(drafter);
+    engine->model_drafter_ = model_drafter;
     engine->survival_ = std::make_unique<spec::NgramSurvivalStats>(
         /*max_match_length=*/so.max_n,
         spec::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
@@ -1478,8 +1479,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   int64_t drafted = 0;
   if (!requests.empty()) {
     std::vector<spec::DraftProposal> proposals;
-    auto* model_drafter = dynamic_cast<spec::ModelDrafter*>(drafter_.get());
-    const int64_t fed_before = model_drafter != nullptr ? model_drafter->computed_tokens() : 0;
+    const int64_t fed_before = model_drafter_ != nullptr ? model_drafter_->computed_tokens() : 0;
     const auto t0 = Clock::now();
     absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
     draft_seconds = Seconds(t0, Clock::now());
@@ -1491,8 +1491,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     int64_t steady_tokens = 0;
     for (const spec::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
     const bool caught_up =
-        model_drafter != nullptr &&
-        model_drafter->computed_tokens() - fed_before > steady_tokens;
+        model_drafter_ != nullptr &&
+        model_drafter_->computed_tokens() - fed_before > steady_tokens;
     if (adaptive && !probe && !caught_up && draft_profiled > 0.0 && draft_seconds > 0.0) {
       // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
       // and catch-up rounds are left out: they also prefill the draft cache.

@@ -78,6 +78,7 @@ namespace spec {
 class CostTable;
 class DraftCalibration;
 class Drafter;
+class ModelDrafter;
 class NgramSurvivalStats;
 }  // namespace spec
 }  // namespace deepinfer::engine
@@ -461,6 +462,7 @@ class LlmEngine {
 
   // Speculative decoding (scheduler thread only).
   std::unique_ptr<spec::Drafter> drafter_;
+  spec::ModelDrafter* model_drafter_ = nullptr;  // drafter_ when it is a draft model
   std::unique_ptr<spec::NgramSurvivalStats> survival_;
   std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
   std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft

@@ -15,12 +15,9 @@
 #include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
-#include "grpc/impl/codegen/grpc_types.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "kv_transfer/agent_factory.h"
 #include "node/worker_identity.h"
+#include "node/worker_link.h"
 #include "proto/worker_role.h"
 #include "spdlog/spdlog.h"
 
@@ -29,9 +26,6 @@ namespace {
 
 using internal::v1::WorkerRole;
 
-constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
-constexpr absl::Duration kRegisterBackoffMin = absl::Milliseconds(100);
-constexpr absl::Duration kRegisterBackoffMax = absl::Seconds(2);
 // How often the link thread wakes to check for wedging and due heartbeats.
 constexpr absl::Duration kTick = absl::Milliseconds(50);
 // Unacknowledged KV-event batches kept for resending; beyond it the worker starts over with
@@ -41,10 +35,6 @@ constexpr size_t kMaxUnackedKvBatches = 256;
 absl::Status Positive(absl::string_view flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected > 0, got ", value));
-}
-
-void SetDeadline(grpc::ClientContext* context) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
 }
 
 // Engine events -> proto events: runs of STORED events that chain (each one's parent is the
@@ -70,20 +60,6 @@ void AppendKvEvents(const std::vector<engine::KvEvent>& events, internal::v1::Kv
 }
 
 }  // namespace
-
-class WorkerRuntime::AdminService final : public internal::v1::WorkerAdmin::Service {
- public:
-  explicit AdminService(const WorkerRuntime* runtime) : runtime_(runtime) {}
-  grpc::Status GetStats(grpc::ServerContext* /*context*/,
-                        const internal::v1::WorkerStatsRequest* /*request*/,
-                        internal::v1::WorkerStats* response) override {
-    *response = runtime_->Stats();
-    return grpc::Status::OK;
-  }
-
- private:
-  const WorkerRuntime* const runtime_;
-};
 
 // The worker's Prometheus registry and its HTTP server; values mirror Stats() at each scrape.
 class WorkerRuntime::Metrics {
@@ -145,10 +121,7 @@ class WorkerRuntime::Metrics {
   explicit Metrics(const WorkerRuntime* runtime) : runtime_(runtime) {}
 
   // Counters mirror cumulative stats: add what grew since the last scrape.
-  static void Mirror(Counter* counter, uint64_t value) {
-    const double delta = static_cast<double>(value) - counter->Value();
-    if (delta > 0) counter->Increment(delta);
-  }
+  static void Mirror(Counter* counter, uint64_t value) { MirrorCounter(counter, value); }
 
   void Refresh() {
     const internal::v1::WorkerStats s = runtime_->Stats();
@@ -360,7 +333,7 @@ absl::Status WorkerRuntime::Start(std::vector<grpc::Service*> services,
   if (server_ != nullptr) return absl::FailedPreconditionError("WorkerRuntime: already started");
   if (draining_.load()) return absl::FailedPreconditionError("WorkerRuntime: drained");
   contribute_stats_ = std::move(contribute_stats);
-  admin_ = std::make_unique<AdminService>(this);
+  admin_ = std::make_unique<WorkerAdminService>([this] { return Stats(); });
   GrpcServerOptions so;
   so.listen_address = options_.listen_address;
   so.services = std::move(services);
@@ -438,7 +411,7 @@ absl::Status WorkerRuntime::RegisterOnce(internal::v1::WorkerRegistry::Stub* stu
   w->set_block_hash_seed(options_.hash_seed);
   *w->mutable_speculative() = ToSpeculativeConfig(options_.speculative);
   grpc::ClientContext context;
-  SetDeadline(&context);
+  SetWorkerRpcDeadline(&context);
   return FromGrpcStatus(stub->Register(&context, request, response));
 }
 
@@ -446,16 +419,7 @@ void WorkerRuntime::RouterLoop() {
   const bool linked = !options_.router_address.empty();
   std::unique_ptr<internal::v1::WorkerRegistry::Stub> stub;
   if (linked) {
-    // Reconnect quickly once the router (re)appears; gRPC's default backoff grows to 2 minutes.
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-                static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-                static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-                static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMax)));
-    stub = internal::v1::WorkerRegistry::NewStub(grpc::CreateCustomChannel(
-        options_.router_address, grpc::InsecureChannelCredentials(), args));
+    stub = NewRegistryStub(options_.router_address);
   }
   bool registered = false;
   bool ever_registered = false;
@@ -573,7 +537,7 @@ void WorkerRuntime::RouterLoop() {
     {
       internal::v1::LoadReportResponse response;
       grpc::ClientContext context;
-      SetDeadline(&context);
+      SetWorkerRpcDeadline(&context);
       absl::Status s = FromGrpcStatus(stub->ReportLoad(&context, report, &response));
       if (!s.ok()) {
         spdlog::warn("worker {}: ReportLoad failed: {}", options_.worker_id, s.ToString());
@@ -616,7 +580,7 @@ void WorkerRuntime::RouterLoop() {
     for (; sent < unacked.size(); ++sent) {
       internal::v1::KvEventAck ack;
       grpc::ClientContext context;
-      SetDeadline(&context);
+      SetWorkerRpcDeadline(&context);
       absl::Status s = FromGrpcStatus(stub->PublishKvEvents(&context, unacked[sent], &ack));
       if (s.code() == absl::StatusCode::kNotFound) {
         registered = false;
@@ -639,7 +603,7 @@ void WorkerRuntime::RouterLoop() {
     request.set_incarnation(incarnation_);
     internal::v1::DeregisterResponse response;
     grpc::ClientContext context;
-    SetDeadline(&context);
+    SetWorkerRpcDeadline(&context);
     absl::Status s = FromGrpcStatus(stub->Deregister(&context, request, &response));
     if (!s.ok()) {
       spdlog::warn("worker {}: Deregister failed: {}", options_.worker_id, s.ToString());

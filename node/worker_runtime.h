@@ -52,6 +52,7 @@
 #include "engine/model.h"
 #include "engine/model_assets.h"
 #include "kv_transfer/transfer_agent.h"
+#include "node/worker_link.h"
 #include "proto/deepinfer/internal/v1/kv_transfer.pb.h"
 #include "proto/deepinfer/internal/v1/worker.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/worker.pb.h"
@@ -182,7 +183,6 @@ class WorkerRuntime {
   internal::v1::WorkerStats Stats() const;
 
  private:
-  class AdminService;
   class Metrics;
   explicit WorkerRuntime(WorkerOptions options);
 
@@ -202,7 +202,7 @@ class WorkerRuntime {
   std::unique_ptr<engine::LlmEngine> engine_;
   internal::v1::KvPoolLayout pool_layout_;
   internal::v1::KvPeerMetadata kv_metadata_;
-  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<WorkerAdminService> admin_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;  // set in Start when metrics_listen is
   StatsContributor contribute_stats_;

@@ -10,11 +10,8 @@
 #include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
-#include "grpc/impl/codegen/grpc_types.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "node/worker_identity.h"
+#include "node/worker_link.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::vision_encoder {
@@ -22,30 +19,12 @@ namespace {
 
 using internal::v1::WORKER_ROLE_ENCODER;
 
-constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
-constexpr absl::Duration kRegisterBackoffMin = absl::Milliseconds(100);
-constexpr absl::Duration kRegisterBackoffMax = absl::Seconds(2);
+using node::kRegisterBackoffMax;
+using node::kRegisterBackoffMin;
+
 constexpr absl::Duration kTick = absl::Milliseconds(50);
 
-void SetDeadline(grpc::ClientContext* context) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
-}
-
 }  // namespace
-
-class EncoderNode::AdminService final : public internal::v1::WorkerAdmin::Service {
- public:
-  explicit AdminService(const EncoderNode* node) : node_(node) {}
-  grpc::Status GetStats(grpc::ServerContext* /*context*/,
-                        const internal::v1::WorkerStatsRequest* /*request*/,
-                        internal::v1::WorkerStats* response) override {
-    *response = node_->Stats();
-    return grpc::Status::OK;
-  }
-
- private:
-  const EncoderNode* const node_;
-};
 
 // The node's Prometheus registry and its HTTP server; values mirror Stats() at each scrape.
 class EncoderNode::Metrics {
@@ -88,10 +67,7 @@ class EncoderNode::Metrics {
  private:
   explicit Metrics(const EncoderNode* node) : node_(node) {}
 
-  static void Mirror(Counter* counter, uint64_t value) {
-    const double delta = static_cast<double>(value) - counter->Value();
-    if (delta > 0) counter->Increment(delta);
-  }
+  static void Mirror(Counter* counter, uint64_t value) { node::MirrorCounter(counter, value); }
 
   void Refresh() {
     const internal::v1::WorkerStats s = node_->Stats();
@@ -158,7 +134,8 @@ absl::StatusOr<std::unique_ptr<EncoderNode>> EncoderNode::Create(EncoderNodeOpti
   so.max_images = n->options_.max_images_per_request;
   so.max_image_bytes = n->options_.limits.max_bytes;
   n->service_ = std::make_unique<EncoderService>(n->encoder_.get(), n->cache_.get(), so);
-  n->admin_ = std::make_unique<AdminService>(n.get());
+  EncoderNode* self = n.get();
+  n->admin_ = std::make_unique<node::WorkerAdminService>([self] { return self->Stats(); });
   spdlog::info("encoder {}: model {} ({} image tokens x {} per image), cache {} bytes",
                n->options_.worker_id, n->options_.model_id, n->encoder_->num_image_tokens(),
                n->encoder_->output_hidden_size(), n->options_.cache_bytes);
@@ -227,21 +204,13 @@ absl::Status EncoderNode::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
   w->set_model(options_.model_id);
   w->set_incarnation(incarnation_);
   grpc::ClientContext context;
-  SetDeadline(&context);
+  node::SetWorkerRpcDeadline(&context);
   return FromGrpcStatus(stub->Register(&context, request, response));
 }
 
 void EncoderNode::RouterLoop() {
   if (options_.router_address.empty()) return;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMin)));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(kRegisterBackoffMax)));
-  auto stub = internal::v1::WorkerRegistry::NewStub(grpc::CreateCustomChannel(
-      options_.router_address, grpc::InsecureChannelCredentials(), args));
+  auto stub = node::NewRegistryStub(options_.router_address);
   bool registered = false;
   bool ever_registered = false;
   absl::Duration backoff = kRegisterBackoffMin;
@@ -299,7 +268,7 @@ void EncoderNode::RouterLoop() {
     last_report = now;
     internal::v1::LoadReportResponse response;
     grpc::ClientContext context;
-    SetDeadline(&context);
+    node::SetWorkerRpcDeadline(&context);
     absl::Status s = FromGrpcStatus(stub->ReportLoad(&context, report, &response));
     if (!s.ok()) {
       spdlog::warn("encoder {}: ReportLoad failed: {}", options_.worker_id, s.ToString());
@@ -316,7 +285,7 @@ void EncoderNode::RouterLoop() {
     request.set_incarnation(incarnation_);
     internal::v1::DeregisterResponse response;
     grpc::ClientContext context;
-    SetDeadline(&context);
+    node::SetWorkerRpcDeadline(&context);
     absl::Status s = FromGrpcStatus(stub->Deregister(&context, request, &response));
     if (!s.ok()) spdlog::warn("encoder {}: Deregister failed: {}", options_.worker_id, s.ToString());
   }

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_server.h"
 #include "engine/vision/vision_encoder.h"
+#include "node/worker_link.h"
 #include "proto/deepinfer/internal/v1/worker.grpc.pb.h"
 #include "vision_encoder/embedding_cache.h"
 #include "vision_encoder/encoder_service.h"
@@ -81,7 +82,6 @@ class EncoderNode {
   void RunUntilSignal();
 
  private:
-  class AdminService;
   class Metrics;
   explicit EncoderNode(EncoderNodeOptions options);
   void RouterLoop();
@@ -93,7 +93,7 @@ class EncoderNode {
   std::unique_ptr<engine::vision::VisionEncoder> encoder_;
   std::unique_ptr<EmbeddingCache> cache_;
   std::unique_ptr<EncoderService> service_;
-  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<node::WorkerAdminService> admin_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;
   std::thread router_thread_;
