@@ -117,6 +117,7 @@ struct LlmEngine::Step {
   Clock::time_point spec_start;
   double spec_draft_predicted = 0.0;
   double spec_draft_model_seconds = 0.0;  // measured drafting time of a draft model
+  double spec_draft_seconds = 0.0;        // measured drafting time, any drafter
   // Ran on the executor while the next step was scheduled: then spec_start is where its period
   // began (the previous step's processing end) and its overhead feeds the overlap estimate.
   bool spec_overlapped = false;
@@ -916,7 +917,8 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   shape.sampling_requests = static_cast<int>(n);
   shape.step_tokens = static_cast<int>(std::min(n + prefill_tokens, budget));
   shape.step_requests = static_cast<int>(n) + prefills;
-  shape.extra_seconds = SyncOverheadSeconds();
+  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset();
+  shape.cost_scale = forward_fit_.Scale();
   double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
   bool drafts = true;
   if (calibration_ != nullptr) {
@@ -950,9 +952,10 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     }
   }
   if (drafts && have_overlap_overhead_) {
-    const double plain = cost_->StepSeconds(static_cast<double>(shape.step_tokens),
-                                            shape.step_requests) +
-                         std::max(0.0, overlap_overhead_ema_);
+    const double plain = forward_fit_.Scale() * cost_->StepSeconds(
+                                                    static_cast<double>(shape.step_tokens),
+                                                    shape.step_requests) +
+                         forward_fit_.Offset() + std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
   if (drafts) planned_draft_since_probe_ = true;
@@ -1364,6 +1367,22 @@ void LlmEngine::Process(Step& step) {
   }
   if (step.external) return;
   const auto processed_at = Clock::now();
+  if (spdlog::should_log(spdlog::level::debug) && !step.items.empty()) {
+    // One line per step for offline fits of step time (tools/bench/spec_sweep.sh --trace):
+    // period = time since the previous step's processing (0 after the engine idled).
+    int64_t samples = 0;
+    for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
+    spdlog::debug(
+        "step-trace overlapped={} items={} samples={} tokens={} verified={} accepted={} "
+        "period_us={} forward_us={} draft_us={}",
+        step.spec_overlapped ? 1 : 0, step.items.size(), samples, tokens, spec_verified,
+        spec_accepted,
+        have_last_processed_
+            ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
+            : 0,
+        static_cast<int64_t>(step.forward_seconds * 1e6),
+        static_cast<int64_t>(step.spec_draft_seconds * 1e6));
+  }
   last_processed_at_ = processed_at;
   have_last_processed_ = true;
   std::lock_guard<std::mutex> lock(mu_);
@@ -1377,20 +1396,25 @@ void LlmEngine::Process(Step& step) {
   stats_.spec_verified_tokens += spec_verified;
   stats_.spec_accepted_tokens += spec_accepted;
   if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
-    // Measured (Schedule through this point) against predicted (the cost table for what ran, plus
-    // predicted drafting): the difference is the per-step overhead the tables do not see.
+    // The step's period (Schedule through this point) is modelled as s x T(tokens) (the target's
+    // forward pass: the cost table scaled by how much slower it runs in service) + drafting + E.
     const double measured = Seconds(step.spec_start, processed_at);
-    const double predicted =
-        cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size())) +
-        step.spec_draft_predicted;
-    // A draft model's drafting is modelled by its own table: its measured time (catch-up after
-    // steps without drafts included) stays out of the overhead, which is the non-model part.
-    const double target = predicted - step.spec_draft_predicted;
-    const double sample = measured - target - step.spec_draft_model_seconds;
-    // Synchronous steps (drafting ones among them) and overlapped ones (no drafts) have their
-    // own overhead: the plan weighs drafting at the first against not drafting at the second.
+    const double table =
+        cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size()));
     double& ema = step.spec_overlapped ? overlap_overhead_ema_ : overhead_ema_;
     bool& have = step.spec_overlapped ? have_overlap_overhead_ : have_overhead_;
+    const double predicted = forward_fit_.Scale() * table + forward_fit_.Offset() +
+                             step.spec_draft_predicted + (have ? std::max(0.0, ema) : 0.0);
+    // Contention and contexts longer than the profile's make forward passes slower than the
+    // table, partly by a factor (which a per-step constant would miss, making verifying more
+    // look cheap) and partly by a constant.
+    forward_fit_.Observe(table, step.forward_seconds);
+    // The rest of the period: scheduling, n-gram drafting, sampling bookkeeping, output. A draft
+    // model's drafting is modelled by its own table: its measured time (catch-up after steps
+    // without drafts included) stays out. Synchronous steps (drafting ones among them) and
+    // overlapped ones (no drafts) have their own overhead: the plan weighs drafting at the first
+    // against not drafting at the second.
+    const double sample = measured - step.forward_seconds - step.spec_draft_model_seconds;
     ema = have ? ema + kOverheadWeight * (sample - ema) : sample;
     have = true;
     ++stats_.spec_timed_steps;
@@ -1398,6 +1422,8 @@ void LlmEngine::Process(Step& step) {
     stats_.spec_measured_step_seconds += measured;
     stats_.spec_overhead_seconds = std::max(0.0, overhead_ema_);
     stats_.spec_overlap_overhead_seconds = std::max(0.0, overlap_overhead_ema_);
+    stats_.spec_forward_scale = forward_fit_.Scale();
+    stats_.spec_forward_offset_seconds = forward_fit_.Offset();
   }
 }
 
@@ -1421,7 +1447,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   shape.sampling_requests = static_cast<int>(decodes.size());
   shape.step_tokens = step_tokens;
   shape.step_requests = step_requests;
-  shape.extra_seconds = SyncOverheadSeconds();
+  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset();
+  shape.cost_scale = forward_fit_.Scale();
   probe = probe && adaptive;
   std::vector<int> caps(decodes.size());
   for (size_t i = 0; i < decodes.size(); ++i) {
@@ -1484,6 +1511,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
     draft_seconds = Seconds(t0, Clock::now());
     if (calibration_ != nullptr) step->spec_draft_model_seconds = draft_seconds;
+    step->spec_draft_seconds = draft_seconds;
     // What a steady round feeds: per sequence the tokens accepted since its last draft (at most
     // its previous draft length + the bonus token) and its new drafts. More means the draft
     // cache caught up on a whole new prompt (a new request, or one drafted after steps without

@@ -69,13 +69,13 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/spec/budget.h"
 #include "engine/text_stream.h"
 #include "nlohmann/json.hpp"
 
 namespace deepinfer::engine {
 class ChatTemplate;
 namespace spec {
-class CostTable;
 class DraftCalibration;
 class Drafter;
 class ModelDrafter;
@@ -273,10 +273,11 @@ struct EngineStats {
   int64_t spec_verified_tokens = 0;    // of those, fed to the model for verification
   int64_t spec_accepted_tokens = 0;    // of those, accepted
   bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
-  // Adaptive steps with decoding sequences: their predicted time (cost table + predicted
-  // drafting), their measured time (period through output processing; SpecOptions::adaptive),
-  // and the current per-step overhead estimate of synchronous steps in the objective (average of
-  // measured - predicted forward - measured draft-model drafting, clamped >= 0).
+  // Adaptive steps with decoding sequences: their predicted time (forward scale x cost table +
+  // overhead + predicted drafting, with the estimates before the step), their measured time
+  // (period through output processing; SpecOptions::adaptive), and the current per-step overhead
+  // estimate of synchronous steps in the objective (average of the period - the measured forward
+  // pass - measured draft-model drafting, clamped >= 0).
   int64_t spec_timed_steps = 0;
   double spec_predicted_step_seconds = 0.0;
   double spec_measured_step_seconds = 0.0;
@@ -285,6 +286,9 @@ struct EngineStats {
   double spec_draft_seconds = 0.0;
   double spec_draft_predicted_seconds = 0.0;
   double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
+  // Measured target forward time ~= scale x profiled + offset (spec::ForwardCostFit).
+  double spec_forward_scale = 1.0;
+  double spec_forward_offset_seconds = 0.0;
   int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
@@ -467,8 +471,13 @@ class LlmEngine {
   std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
   std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft
   std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
-  double overhead_ema_ = 0.0;  // measured - predicted step seconds, averaged (synchronous steps)
+  // The step period outside the target's forward pass and the draft model's drafting, averaged
+  // (synchronous steps).
+  double overhead_ema_ = 0.0;
   bool have_overhead_ = false;
+  // Measured forward time against the cost table's prediction for the same shape: the planner's
+  // StepShape::cost_scale and an offset added to its extra_seconds.
+  spec::ForwardCostFit forward_fit_;
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;
   // When the last step's outputs were processed (scheduler thread); the period of an overlapped

@@ -223,6 +223,46 @@ std::string CostTable::DebugString() const {
   return out;
 }
 
+ForwardCostFit::ForwardCostFit(double decay, double min_scale, double max_scale)
+    : decay_(decay), min_scale_(min_scale), max_scale_(max_scale) {}
+
+void ForwardCostFit::Observe(double predicted_seconds, double measured_seconds) {
+  if (!(std::isfinite(predicted_seconds) && predicted_seconds > 0.0 &&
+        std::isfinite(measured_seconds) && measured_seconds > 0.0)) {
+    return;
+  }
+  weight_ = decay_ * weight_ + 1.0;
+  sx_ = decay_ * sx_ + predicted_seconds;
+  sy_ = decay_ * sy_ + measured_seconds;
+  sxx_ = decay_ * sxx_ + predicted_seconds * predicted_seconds;
+  sxy_ = decay_ * sxy_ + predicted_seconds * measured_seconds;
+  ++observations_;
+  Refit();
+}
+
+void ForwardCostFit::Refit() {
+  const double mx = sx_ / weight_, my = sy_ / weight_;
+  const double var = sxx_ / weight_ - mx * mx;
+  const double cov = sxy_ / weight_ - mx * my;
+  const double ratio = my / mx;
+  double scale = ratio;  // through the mean point, offset 0
+  double offset = 0.0;
+  if (observations_ >= 2 && var > 0.0 && std::sqrt(var) >= 0.05 * mx) {
+    // Noisy steps can tilt the slope far off; it stays within half the ratio of the averages
+    // (steeper than that ratio means a negative offset, handled below).
+    scale = std::max(cov / var, 0.5 * ratio);
+    offset = my - scale * mx;
+    if (offset < 0.0) {
+      // Through the origin: least squares of measured = scale x predicted.
+      scale = sxy_ / sxx_;
+      offset = 0.0;
+    }
+  }
+  if (!std::isfinite(scale)) return;
+  scale_ = std::clamp(scale, min_scale_, max_scale_);
+  offset_ = offset == 0.0 ? 0.0 : std::max(0.0, my - scale_ * mx);
+}
+
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
     absl::Span<const std::pair<int, int>> shapes, int runs) {
@@ -273,17 +313,27 @@ absl::Status CheckShape(const StepShape& shape) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step shape extra_seconds: expected finite and >= 0, got ", shape.extra_seconds));
   }
+  if (!(std::isfinite(shape.cost_scale) && shape.cost_scale > 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step shape cost_scale: expected finite and > 0, got ", shape.cost_scale));
+  }
   return absl::OkStatus();
 }
 
-// The B in [0, sums.size() - 1] maximising (sampling + sums[B]) / (T(step_tokens + B) + extra),
-// searched globally (the ratio can dip and rise again); the first on ties.
+// The target's forward time for a step with B drafts verified: cost_scale x T(step_tokens + B).
+double ForwardSeconds(const StepShape& shape, const CostTable& cost, int b) {
+  return shape.cost_scale * cost.StepSeconds(shape.step_tokens + b, shape.step_requests);
+}
+
+// The B in [0, sums.size() - 1] maximising
+// (sampling + sums[B]) / (cost_scale x T(step_tokens + B) + extra), searched globally (the ratio
+// can dip and rise again); the first on ties.
 std::pair<int, double> BestBudget(const StepShape& shape, const std::vector<double>& sums,
                                   const CostTable& cost, double extra) {
   int best_b = 0;
   double best = -1.0;
   for (int b = 0; b < static_cast<int>(sums.size()); ++b) {
-    const double seconds = cost.StepSeconds(shape.step_tokens + b, shape.step_requests) + extra;
+    const double seconds = ForwardSeconds(shape, cost, b) + extra;
     const double ratio = (shape.sampling_requests + sums[b]) / seconds;
     if (ratio > best) {
       best = ratio;
@@ -340,9 +390,7 @@ absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
   }
   VerifyPlan plan;
   auto t = [&](int b) {
-    return cost == nullptr ? 0.0
-                           : cost->StepSeconds(shape.step_tokens + b, shape.step_requests) +
-                                 shape.extra_seconds;
+    return cost == nullptr ? 0.0 : ForwardSeconds(shape, *cost, b) + shape.extra_seconds;
   };
   if (cost == nullptr) {
     plan.budget = total;
@@ -420,9 +468,7 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
       plan.budget = b;
       plan.expected_tokens = shape.sampling_requests + sums[b];
       plan.draft_seconds = draft;
-      plan.step_seconds =
-          cost->StepSeconds(shape.step_tokens + b, shape.step_requests) + shape.extra_seconds +
-          draft;
+      plan.step_seconds = ForwardSeconds(shape, *cost, b) + shape.extra_seconds + draft;
       plan.tokens_per_second = ratio;
     }
   }

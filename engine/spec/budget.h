@@ -6,12 +6,16 @@
 // B largest a (ties broken by (position, request), so every request verifies a prefix of its
 // draft), is expected to emit (requests sampling + sum of those a) tokens and takes
 // T(step tokens + B, step requests) from a cost table profiled on the backend. B maximises
-//     (requests sampling + sum of the B largest a) / (T(step tokens + B) + E)
-// over all B in [0, total drafted], searched globally (the ratio need not be unimodal). E
-// (StepShape::extra_seconds) is the step's time outside the target's forward pass that does not
-// depend on B: the engine's measured per-step overhead (scheduling, sampling, verification,
-// output; an average of measured minus predicted step time) plus the time spent drafting. A large
-// fixed cost per step makes verifying more drafts worth it; E = 0 is the pure table case.
+//     (requests sampling + sum of the B largest a) / (s x T(step tokens + B) + E)
+// over all B in [0, total drafted], searched globally (the ratio need not be unimodal). In service
+// the step takes s x T + E: s (StepShape::cost_scale) is the measured / profiled forward time
+// (the profile ran on a quiet machine with short contexts; contention and long contexts scale
+// every forward pass alike), E (StepShape::extra_seconds) is the step's time outside the target's
+// forward pass that does not depend on B: the engine's measured per-step overhead (scheduling,
+// output; an average of the step period minus its forward pass and drafting) plus the time spent
+// drafting. A large fixed cost per step makes verifying more drafts worth it, a large s less;
+// s = 1, E = 0 is the pure table case. (Folding a slowdown into E instead of s would overstate
+// the fixed cost and verify too much.)
 //
 // Draft length. A drafter that pays per drafted token (a draft model: L batched forward passes
 // for L tokens) asks PlanDraftLength, before drafting, for the L in [0, k] that maximises the
@@ -164,6 +168,33 @@ absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
     absl::Span<const std::pair<int, int>> shapes, int runs = 5);
 
+// Online fit of the target's measured forward time against the cost table's prediction for the
+// same step, measured ~= scale x predicted + offset, by least squares with exponential forgetting
+// (each observation's weight decays by `decay` per new one). In service a forward pass is slower
+// than the quiet start-up profile, neither by a pure factor (contexts longer than the profile's
+// make each token dearer) nor by a pure constant (contention slows the fixed part too); the fit
+// gives the planner both: StepShape::cost_scale = Scale(), and Offset() joins extra_seconds.
+// Until the predictions spread enough to separate the two (relative spread < 5%, or fewer than
+// two observations), the offset is 0 and the scale the ratio of the averages r; the fitted slope
+// is kept >= r / 2 (noise can tilt it arbitrarily), a fitted offset below 0 becomes 0 (the scale
+// refitted through the origin), and the scale stays in [min_scale, max_scale].
+class ForwardCostFit {
+ public:
+  explicit ForwardCostFit(double decay = 0.99, double min_scale = 0.1, double max_scale = 100.0);
+  // Ignores non-finite or non-positive values.
+  void Observe(double predicted_seconds, double measured_seconds);
+  double Scale() const { return scale_; }
+  double Offset() const { return offset_; }
+  bool empty() const { return weight_ == 0.0; }
+
+ private:
+  void Refit();
+  double decay_, min_scale_, max_scale_;
+  double weight_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;
+  int observations_ = 0;
+  double scale_ = 1.0, offset_ = 0.0;
+};
+
 // --- Budget ---------------------------------------------------------------------------------
 
 struct VerifyCandidate {
@@ -178,13 +209,17 @@ struct StepShape {
   // E: seconds the step spends outside the target's forward pass regardless of B (measured
   // overhead, drafting already done), in the cost table's unit; >= 0. 0: the pure table.
   double extra_seconds = 0.0;
+  // s: how much slower (> 1) or faster the target's forward passes run in service than the
+  // profile says (measured / predicted forward time: other processes on the machine, longer
+  // contexts than the profile's); > 0. The step takes s x T(tokens + B) + E. 1: the pure table.
+  double cost_scale = 1.0;
 };
 
 struct VerifyPlan {
   int budget = 0;                // B: draft tokens verified in total
   std::vector<int> verify_len;   // per candidate, a prefix of its draft
   double expected_tokens = 0.0;  // sampling_requests + sum of the chosen current a
-  double step_seconds = 0.0;     // T(step_tokens + B, step_requests) + E; 0 without a table
+  double step_seconds = 0.0;     // s x T(step_tokens + B, step_requests) + E; 0 without a table
   double tokens_per_second = 0.0;
   bool adaptive = false;  // false: every drafted token is verified
   std::string reason;     // why every token is verified, when it is
@@ -209,7 +244,7 @@ struct DraftLengthPlan {
   int budget = 0;                // the B that scored L (the plan after drafting recomputes it)
   double expected_tokens = 0.0;  // sampling_requests + sum of the B largest prior a
   double draft_seconds = 0.0;    // predicted drafting time for L
-  double step_seconds = 0.0;     // T(step_tokens + B) + E + draft_seconds
+  double step_seconds = 0.0;     // s x T(step_tokens + B) + E + draft_seconds
   double tokens_per_second = 0.0;
   bool adaptive = false;  // false: no cost table, draft the longest row
   std::string reason;     // why, when not adaptive

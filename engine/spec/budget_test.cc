@@ -131,6 +131,49 @@ TEST(BudgetTest, PerStepOverheadRaisesTheBudget) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// In service the forward pass runs s times slower than the profile: the step takes
+// s x T(1 + B) + E. Same row (0.8, 0.6, 0.4, 0.2), T(t) = t ms, E = 4 ms:
+//   s = 2: 1/6 = 0.167, 1.8/8 = 0.225, 2.4/10 = 0.240, 2.8/12 = 0.233, 3.0/14 = 0.214 -> B = 2
+//   s = 4: 1/8 = 0.125, 1.8/12 = 0.150, 2.4/16 = 0.150 (tie: the smaller), 2.8/20    -> B = 1
+// Folding the same slowdown into E instead (s = 1, E = 5 ms: the measured period at B = 0 is
+// 2 x 1 + 4 = 6 ms either way) would verify 3: 1/6, 1.8/7, 2.4/8 = 0.300, 2.8/9 = 0.311, 3/10.
+TEST(BudgetTest, ForwardScaleLowersTheBudget) {
+  const CostTable cost = Table({{1, 1.0e-3}, {5, 5.0e-3}});
+  const std::vector<VerifyCandidate> rows = {Row({0.8, 0.6, 0.4, 0.2})};
+  const std::vector<std::pair<double, int>> cases = {{1.0, 3}, {2.0, 2}, {4.0, 1}};
+  for (const auto& [scale, budget] : cases) {
+    StepShape shape{1, 1, 1, 4.0e-3};
+    shape.cost_scale = scale;
+    auto plan = PlanVerification(shape, rows, &cost);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->budget, budget) << "s " << scale;
+  }
+  StepShape two{1, 1, 1, 4.0e-3};
+  two.cost_scale = 2.0;
+  auto plan = PlanVerification(two, rows, &cost);
+  EXPECT_NEAR(plan->step_seconds, 10.0e-3, 1e-12);  // 2 x T(3) + E
+  EXPECT_NEAR(plan->tokens_per_second, 2.4 / 10.0e-3, 1e-6);
+  auto folded = PlanVerification({1, 1, 1, 5.0e-3}, rows, &cost);
+  EXPECT_EQ(folded->budget, 3);
+  // The draft length sees the same scale: with s = 4 a free drafter drafts what B verifies.
+  StepShape four{1, 1, 1, 4.0e-3};
+  four.cost_scale = 4.0;
+  auto length = PlanDraftLength(four, {{0.8, 0.6, 0.4, 0.2}}, &cost, nullptr);
+  ASSERT_TRUE(length.ok()) << length.status();
+  EXPECT_EQ(length->length, 1);
+  EXPECT_NEAR(length->step_seconds, 4.0 * 2.0e-3 + 4.0e-3, 1e-12);
+  for (double bad : {0.0, -1.0, std::nan(""), static_cast<double>(INFINITY)}) {
+    StepShape shape{1, 1, 1, 0.0};
+    shape.cost_scale = bad;
+    EXPECT_EQ(PlanVerification(shape, rows, &cost).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_EQ(PlanDraftLength(shape, {{0.5}}, &cost, nullptr).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 // Draft length by hand. One request, T(t) = 1.0 + 0.01 (t - 1) ms, prior row (0.8, 0.64, 0.512),
 // one draft pass d ms. Each L is scored at its best B (here B = L):
 //   d = 0.9:  L0 1/1.0 = 1.0; L1 1.8/1.91 = 0.942; L2 2.44/2.82 = 0.865; L3 2.952/3.73 = 0.79 -> 0
@@ -257,6 +300,58 @@ TEST(BudgetTest, RejectsBadRows) {
   auto empty = PlanVerification({3, 3, 3}, {}, &cost);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->budget, 0);
+}
+
+TEST(ForwardCostFitTest, RecoversFactorAndOffset) {
+  ForwardCostFit factor;
+  EXPECT_TRUE(factor.empty());
+  EXPECT_DOUBLE_EQ(factor.Scale(), 1.0);
+  for (int i = 0; i < 200; ++i) {
+    const double predicted = 1e-3 * (1 + i % 9);
+    factor.Observe(predicted, 2.0 * predicted);
+  }
+  EXPECT_NEAR(factor.Scale(), 2.0, 1e-9);
+  EXPECT_NEAR(factor.Offset(), 0.0, 1e-12);
+
+  ForwardCostFit affine;
+  std::mt19937 rng(3);
+  std::normal_distribution<double> noise(0.0, 5e-5);
+  for (int i = 0; i < 2000; ++i) {
+    const double predicted = 1e-3 * (1 + i % 9);
+    affine.Observe(predicted, 1.5 * predicted + 1e-3 + noise(rng));
+  }
+  EXPECT_NEAR(affine.Scale(), 1.5, 0.05);
+  EXPECT_NEAR(affine.Offset(), 1e-3, 1e-4);
+
+  // A fitted offset below zero: the fit goes through the origin instead.
+  ForwardCostFit steep;
+  for (int i = 0; i < 200; ++i) {
+    const double predicted = 1e-3 * (2 + i % 5);
+    steep.Observe(predicted, 3.0 * predicted - 1e-3);
+  }
+  EXPECT_EQ(steep.Offset(), 0.0);
+  // sum(x y) / sum(x x) over x = 2..6 ms, y = 3x - 1 ms: (3 * 90 - 20) / 90 = 2.778.
+  EXPECT_NEAR(steep.Scale(), 250.0 / 90.0, 0.01);
+
+  // One shape only: the ratio, no offset.
+  ForwardCostFit one;
+  for (int i = 0; i < 50; ++i) one.Observe(2e-3, 5e-3);
+  EXPECT_NEAR(one.Scale(), 2.5, 1e-9);
+  EXPECT_EQ(one.Offset(), 0.0);
+  // Bad values are ignored.
+  one.Observe(0.0, 1.0);
+  one.Observe(1e-3, std::nan(""));
+  one.Observe(-1.0, 1.0);
+  EXPECT_NEAR(one.Scale(), 2.5, 1e-9);
+}
+
+TEST(ForwardCostFitTest, ForgetsAnOldRegime) {
+  ForwardCostFit fit(/*decay=*/0.95);
+  for (int i = 0; i < 500; ++i) fit.Observe(1e-3 * (1 + i % 4), 1e-3 * (1 + i % 4));
+  EXPECT_NEAR(fit.Scale(), 1.0, 1e-9);
+  for (int i = 0; i < 500; ++i) fit.Observe(1e-3 * (1 + i % 4), 3e-3 * (1 + i % 4));
+  EXPECT_NEAR(fit.Scale(), 3.0, 1e-6);
+  EXPECT_NEAR(fit.Offset(), 0.0, 1e-6);
 }
 
 TEST(CostTableTest, MedianMonotoneAndInterpolation) {

@@ -7,6 +7,9 @@
 #
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=24 SWEEP_METHODS="off ngram draft_model" ...
+#   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 96).
+#   SWEEP_TRACE=1: the decode node logs at debug level, one "step-trace" line per engine step
+#   (shape, drafts verified and accepted, period, forward and drafting time) for offline fits.
 #   SWEEP_REPEATS=3: the whole list of configurations runs 3 times in turn (so slow drifts of a
 #   shared machine hit every configuration alike); the table shows the median over repeats, the
 #   ratio of medians to "off", and min-max of the per-repeat ratios.
@@ -30,15 +33,16 @@ run_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready pid
   rm -f "$ready"
   "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
-    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level info \
-    ${flags:+--prefill_flags="$flags" --decode_flags="$flags"} >"$WORK/$name.out" 2>&1 &
+    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" \
+    ${flags:+--prefill_flags="$flags"} --decode_flags="$flags${SWEEP_TRACE:+${flags:+,}--log_level=debug}" \
+    >"$WORK/$name.out" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do [ -s "$ready" ] && break; sleep 0.2; done
   [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; kill -INT $pid; wait $pid || true; return 1; }
   local router; router=$(cat "$ready")
   for c in $CONCURRENCY; do
     "$BIN/tools/bench/bench" --target "$router" --workload coding --sessions "$SESSIONS" \
-      --coding_turns 3 --coding_context_words 250 --coding_answer_tokens 96 --mode closed \
+      --coding_turns 3 --coding_context_words 250 --coding_answer_tokens "${SWEEP_ANSWER_TOKENS:-96}" --mode closed \
       --concurrency "$c" --warmup_sessions 1 --seed 7 --json >"$WORK/$name.c$c.json" 2>/dev/null
     python3 - "$name" "$c" "$WORK/$name.c$c.json" "$REPEAT" >>"$RESULTS" <<'PY'
 import json, sys
