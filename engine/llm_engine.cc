@@ -917,7 +917,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   shape.sampling_requests = static_cast<int>(n);
   shape.step_tokens = static_cast<int>(std::min(n + prefill_tokens, budget));
   shape.step_requests = static_cast<int>(n) + prefills;
-  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset();
+  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset(shape.step_requests);
   shape.cost_scale = forward_fit_.Scale();
   double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
   bool drafts = true;
@@ -955,7 +955,8 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     const double plain = forward_fit_.Scale() * cost_->StepSeconds(
                                                     static_cast<double>(shape.step_tokens),
                                                     shape.step_requests) +
-                         forward_fit_.Offset() + std::max(0.0, overlap_overhead_ema_);
+                         forward_fit_.Offset(shape.step_requests) +
+                         std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
   if (drafts) planned_draft_since_probe_ = true;
@@ -1403,12 +1404,12 @@ void LlmEngine::Process(Step& step) {
         cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size()));
     double& ema = step.spec_overlapped ? overlap_overhead_ema_ : overhead_ema_;
     bool& have = step.spec_overlapped ? have_overlap_overhead_ : have_overhead_;
-    const double predicted = forward_fit_.Scale() * table + forward_fit_.Offset() +
+    const int requests = static_cast<int>(step.items.size());
+    const double predicted = forward_fit_.Scale() * table + forward_fit_.Offset(requests) +
                              step.spec_draft_predicted + (have ? std::max(0.0, ema) : 0.0);
     // Contention and contexts longer than the profile's make forward passes slower than the
-    // table, partly by a factor (which a per-step constant would miss, making verifying more
-    // look cheap) and partly by a constant.
-    forward_fit_.Observe(table, step.forward_seconds);
+    // table: by a factor, per sequence and per step (ForwardCostFit).
+    forward_fit_.Observe(table, requests, step.forward_seconds);
     // The rest of the period: scheduling, n-gram drafting, sampling bookkeeping, output. A draft
     // model's drafting is modelled by its own table: its measured time (catch-up after steps
     // without drafts included) stays out. Synchronous steps (drafting ones among them) and
@@ -1423,7 +1424,8 @@ void LlmEngine::Process(Step& step) {
     stats_.spec_overhead_seconds = std::max(0.0, overhead_ema_);
     stats_.spec_overlap_overhead_seconds = std::max(0.0, overlap_overhead_ema_);
     stats_.spec_forward_scale = forward_fit_.Scale();
-    stats_.spec_forward_offset_seconds = forward_fit_.Offset();
+    stats_.spec_forward_offset_seconds = forward_fit_.offset();
+    stats_.spec_forward_per_request_seconds = forward_fit_.per_request();
   }
 }
 
@@ -1447,7 +1449,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   shape.sampling_requests = static_cast<int>(decodes.size());
   shape.step_tokens = step_tokens;
   shape.step_requests = step_requests;
-  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset();
+  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset(shape.step_requests);
   shape.cost_scale = forward_fit_.Scale();
   probe = probe && adaptive;
   std::vector<int> caps(decodes.size());
@@ -1471,10 +1473,30 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     }
     absl::StatusOr<spec::DraftLengthPlan> length =
         spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_);
-    int l = length.ok() ? length->length : k;
+    const int l = length.ok() ? length->length : k;
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
-    if (probe) l = std::min(k, l + 1);
-    for (int& cap : caps) cap = std::min(cap, l);
+    // A probe drafts one token more for one sequence: the one whose draft cache lags least (a
+    // sequence not drafted for a while first feeds everything since into the draft model, which
+    // for a whole batch would cost more than the probe learns). Chosen from the contexts only.
+    int probe_seq = -1;
+    if (probe && model_drafter_ != nullptr) {
+      int64_t least = 0;
+      for (size_t i = 0; i < decodes.size(); ++i) {
+        if (caps[i] <= 0) continue;
+        const int64_t lag = static_cast<int64_t>(decodes[i]->tokens.size()) -
+                            model_drafter_->cached_length(static_cast<int64_t>(decodes[i]->id));
+        if (probe_seq < 0 || lag < least) {
+          probe_seq = static_cast<int>(i);
+          least = lag;
+        }
+      }
+    }
+    for (size_t i = 0; i < caps.size(); ++i) {
+      const int allowed = static_cast<int>(i) == probe_seq || (probe && model_drafter_ == nullptr)
+                              ? std::min(k, l + 1)
+                              : l;
+      caps[i] = std::min(caps[i], allowed);
+    }
   }
   double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
   if (calibration_ != nullptr && draft_cost_ != nullptr) {

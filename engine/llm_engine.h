@@ -286,9 +286,11 @@ struct EngineStats {
   double spec_draft_seconds = 0.0;
   double spec_draft_predicted_seconds = 0.0;
   double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
-  // Measured target forward time ~= scale x profiled + offset (spec::ForwardCostFit).
+  // Measured target forward time ~= scale x profiled + offset + per_request x requests
+  // (spec::ForwardCostFit).
   double spec_forward_scale = 1.0;
   double spec_forward_offset_seconds = 0.0;
+  double spec_forward_per_request_seconds = 0.0;
   int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
@@ -475,8 +477,8 @@ class LlmEngine {
   // (synchronous steps).
   double overhead_ema_ = 0.0;
   bool have_overhead_ = false;
-  // Measured forward time against the cost table's prediction for the same shape: the planner's
-  // StepShape::cost_scale and an offset added to its extra_seconds.
+  // Measured forward time against the cost table's prediction and the request count: the
+  // planner's StepShape::cost_scale and an offset added to its extra_seconds.
   spec::ForwardCostFit forward_fit_;
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;

@@ -226,41 +226,84 @@ std::string CostTable::DebugString() const {
 ForwardCostFit::ForwardCostFit(double decay, double min_scale, double max_scale)
     : decay_(decay), min_scale_(min_scale), max_scale_(max_scale) {}
 
-void ForwardCostFit::Observe(double predicted_seconds, double measured_seconds) {
+void ForwardCostFit::Observe(double predicted_seconds, int requests, double measured_seconds) {
   if (!(std::isfinite(predicted_seconds) && predicted_seconds > 0.0 &&
-        std::isfinite(measured_seconds) && measured_seconds > 0.0)) {
+        std::isfinite(measured_seconds) && measured_seconds > 0.0 && requests >= 1)) {
     return;
   }
-  weight_ = decay_ * weight_ + 1.0;
-  sx_ = decay_ * sx_ + predicted_seconds;
-  sy_ = decay_ * sy_ + measured_seconds;
-  sxx_ = decay_ * sxx_ + predicted_seconds * predicted_seconds;
-  sxy_ = decay_ * sxy_ + predicted_seconds * measured_seconds;
+  const double x[3] = {1.0, predicted_seconds * 1e3, static_cast<double>(requests)};
+  const double y = measured_seconds * 1e3;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) xx_[i][j] = decay_ * xx_[i][j] + x[i] * x[j];
+    xy_[i] = decay_ * xy_[i] + x[i] * y;
+  }
   ++observations_;
   Refit();
 }
 
-void ForwardCostFit::Refit() {
-  const double mx = sx_ / weight_, my = sy_ / weight_;
-  const double var = sxx_ / weight_ - mx * mx;
-  const double cov = sxy_ / weight_ - mx * my;
-  const double ratio = my / mx;
-  double scale = ratio;  // through the mean point, offset 0
-  double offset = 0.0;
-  if (observations_ >= 2 && var > 0.0 && std::sqrt(var) >= 0.05 * mx) {
-    // Noisy steps can tilt the slope far off; it stays within half the ratio of the averages
-    // (steeper than that ratio means a negative offset, handled below).
-    scale = std::max(cov / var, 0.5 * ratio);
-    offset = my - scale * mx;
-    if (offset < 0.0) {
-      // Through the origin: least squares of measured = scale x predicted.
-      scale = sxy_ / sxx_;
-      offset = 0.0;
+namespace {
+
+// Solves the normal equations restricted to the regressors in `use` (indices into x = (1, T,
+// n)) by Gaussian elimination with partial pivoting; false when they are ill-conditioned (the
+// determinant, relative to the product of the diagonal, below 1e-4: the data do not separate
+// them).
+bool SolveSubset(const double xx[3][3], const double xy[3], const std::vector<int>& use,
+                 double coef[3]) {
+  const int m = static_cast<int>(use.size());
+  double a[3][4];
+  double diag = 1.0;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < m; ++j) a[i][j] = xx[use[i]][use[j]];
+    a[i][m] = xy[use[i]];
+    diag *= a[i][i];
+  }
+  if (!(diag > 0.0)) return false;
+  double det = 1.0;
+  for (int c = 0; c < m; ++c) {
+    int pivot = c;
+    for (int r = c + 1; r < m; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
+    }
+    if (a[pivot][c] == 0.0) return false;
+    if (pivot != c) {
+      for (int k = 0; k <= m; ++k) std::swap(a[c][k], a[pivot][k]);
+      det = -det;
+    }
+    det *= a[c][c];
+    for (int r = c + 1; r < m; ++r) {
+      const double f = a[r][c] / a[c][c];
+      for (int k = c; k <= m; ++k) a[r][k] -= f * a[c][k];
     }
   }
-  if (!std::isfinite(scale)) return;
-  scale_ = std::clamp(scale, min_scale_, max_scale_);
-  offset_ = offset == 0.0 ? 0.0 : std::max(0.0, my - scale_ * mx);
+  if (std::abs(det) / diag < 1e-4) return false;
+  double sol[3] = {0.0, 0.0, 0.0};
+  for (int r = m - 1; r >= 0; --r) {
+    double v = a[r][m];
+    for (int k = r + 1; k < m; ++k) v -= a[r][k] * sol[k];
+    sol[r] = v / a[r][r];
+  }
+  coef[0] = coef[1] = coef[2] = 0.0;
+  for (int i = 0; i < m; ++i) coef[use[i]] = sol[i];
+  return true;
+}
+
+}  // namespace
+
+void ForwardCostFit::Refit() {
+  const double ratio = xy_[0] / xx_[0][1];  // mean measured / mean T
+  static const std::vector<std::vector<int>> kModels = {{0, 1, 2}, {0, 1}, {1, 2}, {1}};
+  for (const std::vector<int>& use : kModels) {
+    double coef[3];
+    if (observations_ < static_cast<int>(use.size())) continue;
+    if (!SolveSubset(xx_, xy_, use, coef)) continue;
+    const bool last = use.size() == 1;
+    if (!last && (coef[0] < 0.0 || coef[2] < 0.0 || coef[1] < 0.5 * ratio)) continue;
+    if (!std::isfinite(coef[0] + coef[1] + coef[2])) continue;
+    scale_ = std::clamp(coef[1], min_scale_, max_scale_);
+    offset_ = coef[0] * 1e-3;
+    per_request_ = coef[2] * 1e-3;
+    return;
+  }
 }
 
 absl::StatusOr<CostTable> ProfileCostTable(

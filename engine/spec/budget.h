@@ -168,31 +168,42 @@ absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
     absl::Span<const std::pair<int, int>> shapes, int runs = 5);
 
-// Online fit of the target's measured forward time against the cost table's prediction for the
-// same step, measured ~= scale x predicted + offset, by least squares with exponential forgetting
-// (each observation's weight decays by `decay` per new one). In service a forward pass is slower
-// than the quiet start-up profile, neither by a pure factor (contexts longer than the profile's
-// make each token dearer) nor by a pure constant (contention slows the fixed part too); the fit
-// gives the planner both: StepShape::cost_scale = Scale(), and Offset() joins extra_seconds.
-// Until the predictions spread enough to separate the two (relative spread < 5%, or fewer than
-// two observations), the offset is 0 and the scale the ratio of the averages r; the fitted slope
-// is kept >= r / 2 (noise can tilt it arbitrarily), a fitted offset below 0 becomes 0 (the scale
-// refitted through the origin), and the scale stays in [min_scale, max_scale].
+// Online fit of the target's measured forward time against the cost table's prediction T for
+// the same step and its number of requests n:
+//     measured ~= scale x T + offset + per_request x n,
+// by least squares with exponential forgetting (each observation's weight decays by `decay` per
+// new one). In service a forward pass is slower than the quiet start-up profile in three ways:
+// contention slows everything (scale), contexts longer than the profile's make every sequence
+// dearer whatever its token count (per_request: attention over its context, its logits), and
+// some work is per step (offset). Folding all of it into a factor on T overstates what a draft
+// token costs; folding it into a constant understates it. The planner takes
+// StepShape::cost_scale = Scale() and adds Offset(n) = offset + per_request x n to extra_seconds
+// (n does not change with B).
+// The fit uses the first of the models {offset, scale, per_request}, {offset, scale},
+// {scale, per_request}, {scale} whose regressors the data separate (well-conditioned moments)
+// and whose coefficients are plausible: offset >= 0, per_request >= 0, scale >= r / 2 with r the
+// ratio of the averages of measured and T (noise can tilt a slope arbitrarily). Before any
+// observation: scale 1, no offset. The scale stays in [min_scale, max_scale].
 class ForwardCostFit {
  public:
   explicit ForwardCostFit(double decay = 0.99, double min_scale = 0.1, double max_scale = 100.0);
-  // Ignores non-finite or non-positive values.
-  void Observe(double predicted_seconds, double measured_seconds);
+  // Ignores non-finite or non-positive times and requests < 1.
+  void Observe(double predicted_seconds, int requests, double measured_seconds);
   double Scale() const { return scale_; }
-  double Offset() const { return offset_; }
-  bool empty() const { return weight_ == 0.0; }
+  double Offset(int requests) const { return offset_ + per_request_ * requests; }
+  double offset() const { return offset_; }
+  double per_request() const { return per_request_; }
+  bool empty() const { return observations_ == 0; }
 
  private:
   void Refit();
   double decay_, min_scale_, max_scale_;
-  double weight_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;
+  // Decayed moments of x = (1, T, n) in milliseconds: xx_[i][j] = sum w x_i x_j, xy_[i] = sum w
+  // x_i y.
+  double xx_[3][3] = {};
+  double xy_[3] = {};
   int observations_ = 0;
-  double scale_ = 1.0, offset_ = 0.0;
+  double scale_ = 1.0, offset_ = 0.0, per_request_ = 0.0;
 };
 
 // --- Budget ---------------------------------------------------------------------------------

@@ -302,56 +302,71 @@ TEST(BudgetTest, RejectsBadRows) {
   EXPECT_EQ(empty->budget, 0);
 }
 
-TEST(ForwardCostFitTest, RecoversFactorAndOffset) {
+TEST(ForwardCostFitTest, RecoversFactorOffsetAndPerRequestCost) {
   ForwardCostFit factor;
   EXPECT_TRUE(factor.empty());
   EXPECT_DOUBLE_EQ(factor.Scale(), 1.0);
+  EXPECT_DOUBLE_EQ(factor.Offset(8), 0.0);
   for (int i = 0; i < 200; ++i) {
     const double predicted = 1e-3 * (1 + i % 9);
-    factor.Observe(predicted, 2.0 * predicted);
+    factor.Observe(predicted, 1, 2.0 * predicted);
   }
-  EXPECT_NEAR(factor.Scale(), 2.0, 1e-9);
-  EXPECT_NEAR(factor.Offset(), 0.0, 1e-12);
+  EXPECT_NEAR(factor.Scale(), 2.0, 1e-6);
+  EXPECT_NEAR(factor.Offset(1), 0.0, 1e-9);
 
-  ForwardCostFit affine;
+  // measured = 1.5 T + 1 ms + 0.5 ms x n, T and n varying independently, with noise.
+  ForwardCostFit full;
   std::mt19937 rng(3);
   std::normal_distribution<double> noise(0.0, 5e-5);
-  for (int i = 0; i < 2000; ++i) {
+  for (int i = 0; i < 3000; ++i) {
     const double predicted = 1e-3 * (1 + i % 9);
-    affine.Observe(predicted, 1.5 * predicted + 1e-3 + noise(rng));
+    const int requests = 1 + (i / 9) % 7;
+    full.Observe(predicted, requests, 1.5 * predicted + 1e-3 + 0.5e-3 * requests + noise(rng));
+  }
+  EXPECT_NEAR(full.Scale(), 1.5, 0.05);
+  EXPECT_NEAR(full.offset(), 1e-3, 1e-4);
+  EXPECT_NEAR(full.per_request(), 0.5e-3, 5e-5);
+  EXPECT_NEAR(full.Offset(4), 3e-3, 2e-4);
+
+  // One request count: the per-request part cannot be told from the offset; offset + scale.
+  ForwardCostFit affine;
+  for (int i = 0; i < 500; ++i) {
+    const double predicted = 1e-3 * (1 + i % 9);
+    affine.Observe(predicted, 1, 1.5 * predicted + 1e-3 + noise(rng));
   }
   EXPECT_NEAR(affine.Scale(), 1.5, 0.05);
-  EXPECT_NEAR(affine.Offset(), 1e-3, 1e-4);
+  EXPECT_NEAR(affine.Offset(1), 1e-3, 1e-4);
 
-  // A fitted offset below zero: the fit goes through the origin instead.
+  // A fitted offset below zero: through the origin instead.
   ForwardCostFit steep;
   for (int i = 0; i < 200; ++i) {
     const double predicted = 1e-3 * (2 + i % 5);
-    steep.Observe(predicted, 3.0 * predicted - 1e-3);
+    steep.Observe(predicted, 1, 3.0 * predicted - 1e-3);
   }
-  EXPECT_EQ(steep.Offset(), 0.0);
+  EXPECT_NEAR(steep.Offset(1), 0.0, 1e-12);
   // sum(x y) / sum(x x) over x = 2..6 ms, y = 3x - 1 ms: (3 * 90 - 20) / 90 = 2.778.
   EXPECT_NEAR(steep.Scale(), 250.0 / 90.0, 0.01);
 
   // One shape only: the ratio, no offset.
   ForwardCostFit one;
-  for (int i = 0; i < 50; ++i) one.Observe(2e-3, 5e-3);
+  for (int i = 0; i < 50; ++i) one.Observe(2e-3, 4, 5e-3);
   EXPECT_NEAR(one.Scale(), 2.5, 1e-9);
-  EXPECT_EQ(one.Offset(), 0.0);
+  EXPECT_EQ(one.Offset(4), 0.0);
   // Bad values are ignored.
-  one.Observe(0.0, 1.0);
-  one.Observe(1e-3, std::nan(""));
-  one.Observe(-1.0, 1.0);
+  one.Observe(0.0, 1, 1.0);
+  one.Observe(1e-3, 1, std::nan(""));
+  one.Observe(-1.0, 1, 1.0);
+  one.Observe(1e-3, 0, 1.0);
   EXPECT_NEAR(one.Scale(), 2.5, 1e-9);
 }
 
 TEST(ForwardCostFitTest, ForgetsAnOldRegime) {
   ForwardCostFit fit(/*decay=*/0.95);
-  for (int i = 0; i < 500; ++i) fit.Observe(1e-3 * (1 + i % 4), 1e-3 * (1 + i % 4));
-  EXPECT_NEAR(fit.Scale(), 1.0, 1e-9);
-  for (int i = 0; i < 500; ++i) fit.Observe(1e-3 * (1 + i % 4), 3e-3 * (1 + i % 4));
-  EXPECT_NEAR(fit.Scale(), 3.0, 1e-6);
-  EXPECT_NEAR(fit.Offset(), 0.0, 1e-6);
+  for (int i = 0; i < 500; ++i) fit.Observe(1e-3 * (1 + i % 4), 1, 1e-3 * (1 + i % 4));
+  EXPECT_NEAR(fit.Scale(), 1.0, 1e-6);
+  for (int i = 0; i < 500; ++i) fit.Observe(1e-3 * (1 + i % 4), 1, 3e-3 * (1 + i % 4));
+  EXPECT_NEAR(fit.Scale(), 3.0, 1e-4);
+  EXPECT_NEAR(fit.Offset(1), 0.0, 1e-6);
 }
 
 TEST(CostTableTest, MedianMonotoneAndInterpolation) {
