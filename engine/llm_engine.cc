@@ -30,6 +30,9 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 
 // Adaptive speculative decoding: weight of each step's overhead sample in the running average.
 constexpr double kOverheadWeight = 0.1;
+// A draft model drafts a longer draft (or any) only when the plan expects it to beat the best
+// shorter one by this much: a near tie is decided by estimation noise, and drafts are paid for.
+constexpr double kDraftLengthMinGain = 0.03;
 
 }  // namespace
 
@@ -925,7 +928,8 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     std::vector<std::vector<double>> priors(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) calibration_->PositionPrior(caps[i], &priors[i]);
     absl::StatusOr<spec::DraftLengthPlan> length =
-        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_);
+        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_,
+                              kDraftLengthMinGain);
     if (length.ok() && length->adaptive) {
       drafts = length->length > 0;
       draft_rate = length->tokens_per_second;
@@ -1472,7 +1476,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       calibration_->PositionPrior(caps[i], &priors[i]);
     }
     absl::StatusOr<spec::DraftLengthPlan> length =
-        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_);
+        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_,
+                              kDraftLengthMinGain);
     const int l = length.ok() ? length->length : k;
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
     // A probe drafts one token more for one sequence: the one whose draft cache lags least (a

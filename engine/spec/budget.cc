@@ -473,8 +473,12 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
                                                 const CostTable* cost,
                                                 const CostTable* draft_cost,
-                                                double draft_cost_scale) {
+                                                double draft_cost_scale, double min_gain) {
   if (absl::Status s = CheckShape(shape); !s.ok()) return s;
+  if (!(std::isfinite(min_gain) && min_gain >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_gain: expected finite and >= 0, got ", min_gain));
+  }
   if (!(std::isfinite(draft_cost_scale) && draft_cost_scale >= 0.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "draft_cost_scale: expected finite and >= 0, got ", draft_cost_scale));
@@ -505,7 +509,9 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
         draft_cost == nullptr ? 0.0 : draft_cost_scale * DraftSeconds(*draft_cost, caps, length);
     const std::vector<double> sums = LargestSums(rows, /*use_current=*/false);
     const auto [b, ratio] = BestBudget(shape, sums, *cost, shape.extra_seconds + draft);
-    if (ratio > best) {  // strict: ties keep the shorter draft
+    // A longer draft must beat the best shorter one by min_gain (relative): the estimates are
+    // noisy and a longer draft is paid for whether its tokens are verified or not.
+    if (best < 0.0 || ratio > best * (1.0 + min_gain)) {
       best = ratio;
       plan.length = length;
       plan.budget = b;

@@ -267,14 +267,18 @@ struct DraftLengthPlan {
 // StepSeconds(n, n); a round r < L runs only the requests whose cap exceeds r (DraftSeconds).
 // Null `draft_cost`: drafting is free. `draft_cost_scale` multiplies its predictions (the
 // caller's measured / predicted drafting time: work a profile of forward passes misses, such as
-// choosing the draft tokens or longer contexts). Ties go to the shorter L. Null `cost`: not
+// choosing the draft tokens or longer contexts). A longer L is chosen only when its ratio beats
+// the best shorter L's by more than `min_gain` (relative, >= 0; 0: ties go to the shorter L):
+// the engine asks for a margin because its estimates are noisy and drafting is paid for whether
+// the drafts are verified or not. Null `cost`: not
 // adaptive, L = the longest row. Errors as PlanVerification, and kInvalidArgument for a negative
-// or non-finite scale.
+// or non-finite scale or min_gain.
 absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
                                                 const CostTable* cost,
                                                 const CostTable* draft_cost,
-                                                double draft_cost_scale = 1.0);
+                                                double draft_cost_scale = 1.0,
+                                                double min_gain = 0.0);
 
 // Predicted seconds to draft `length` tokens for requests whose caps are `caps`: the sum over
 // rounds r < length of draft_cost.StepSeconds(n_r, n_r), n_r = requests with cap > r (rounds

@@ -229,6 +229,23 @@ TEST(BudgetTest, DraftLengthWeighsTheDraftCost) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The margin: d = 0.4 ms above scores L1 1.277, L2 1.341 (+5.0% over L1), L3 1.324. A 3%
+// margin keeps L = 2; a 6% margin stops at L = 1 (L1 beats L0's 1.0 by 28%); with 40% nothing
+// beats L0 by enough (L2, the best, by 34%): no draft.
+TEST(BudgetTest, DraftLengthMarginPrefersShorterDrafts) {
+  const CostTable cost = Table({{1, 1.0e-3}, {9, 1.08e-3}});
+  const CostTable draft = DraftTable({{1, 0.4e-3}, {2, 0.8e-3}});
+  const std::vector<std::vector<double>> priors = {{0.8, 0.64, 0.512}};
+  const std::vector<std::pair<double, int>> cases = {{0.0, 2}, {0.03, 2}, {0.06, 1}, {0.4, 0}};
+  for (const auto& [gain, length] : cases) {
+    auto plan = PlanDraftLength({1, 1, 1}, priors, &cost, &draft, 1.0, gain);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->length, length) << "min_gain " << gain;
+  }
+  EXPECT_EQ(PlanDraftLength({1, 1, 1}, priors, &cost, &draft, 1.0, -0.1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BudgetTest, DraftSecondsCountsTheRequestsOfEachRound) {
   // Rounds of caps {3, 1, 0}: 2 requests, then 1, then 1.
   const CostTable draft = DraftTable({{1, 1.0}, {2, 1.5}, {4, 2.0}});
