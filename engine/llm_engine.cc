@@ -1379,14 +1379,18 @@ void LlmEngine::Process(Step& step) {
     for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
     spdlog::debug(
         "step-trace overlapped={} items={} samples={} tokens={} verified={} accepted={} "
-        "period_us={} forward_us={} draft_us={}",
+        "period_us={} forward_us={} draft_us={} fit_scale={:.3f} fit_offset_us={:.0f} "
+        "fit_per_request_us={:.0f} overhead_us={:.0f} overlap_overhead_us={:.0f} "
+        "draft_scale={:.3f}",
         step.spec_overlapped ? 1 : 0, step.items.size(), samples, tokens, spec_verified,
         spec_accepted,
         have_last_processed_
             ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
             : 0,
         static_cast<int64_t>(step.forward_seconds * 1e6),
-        static_cast<int64_t>(step.spec_draft_seconds * 1e6));
+        static_cast<int64_t>(step.spec_draft_seconds * 1e6), forward_fit_.Scale(),
+        forward_fit_.offset() * 1e6, forward_fit_.per_request() * 1e6, overhead_ema_ * 1e6,
+        overlap_overhead_ema_ * 1e6, draft_scale_);
   }
   last_processed_at_ = processed_at;
   have_last_processed_ = true;
