@@ -107,12 +107,14 @@ struct SpecOptions {
   // maximises expected tokens per second, from online per-position acceptance estimates (keyed
   // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
   // in budget.h) and a cost table profiled on the model when the engine is created. The step
-  // time in the objective is the table's forward time plus the measured per-step overhead: an
-  // exponential average (weight 0.1 per step) of each adaptive step's measured time (its period:
-  // from processing the previous step's outputs, or from its scheduling after an idle engine,
-  // through processing its own) minus its predicted forward time (and minus a draft model's
-  // measured drafting time), clamped >= 0; so under load, when a step's fixed cost is large,
-  // verifying more drafts pays. Synchronous steps (those that may draft) and overlapped ones
+  // time in the objective is the forward time the table predicts, corrected by an online fit of
+  // measured against predicted forward passes (spec::ForwardCostFit: scale x table + offset +
+  // per-request cost, forgetting at 0.99 per step), plus the measured per-step overhead: an
+  // exponential average (weight 0.1 per step) of each adaptive step's period (from processing
+  // the previous step's outputs, or from its scheduling after an idle engine, through processing
+  // its own) minus its measured forward pass (and minus a draft model's measured drafting time),
+  // clamped >= 0; so under load, when a step's fixed cost is large, verifying more drafts pays,
+  // and when forward passes run slower than profiled, it pays less. Synchronous steps (those that may draft) and overlapped ones
   // (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed at the first
   // against not drafting at the second (until a synchronous step was measured, the overlapped
   // average stands in for it).
@@ -120,13 +122,13 @@ struct SpecOptions {
   // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
   // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
   // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
-  // time); L = 0 skips drafting and verification for the step (which then overlaps with the
-  // previous one). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
+  // time); a longer L must promise 3% more tokens per second than the best shorter one; L = 0
+  // skips drafting and verification for the step (which then overlaps with the previous one). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
   // acceptance rows (the best over match lengths) would verify none: then it is not asked.
   // Probes count steps with decoding sequences; one falls due at the next that can draft.
   // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
-  // the plan (a draft model drafts one more, so after a run of L = 0 it drafts and verifies one
-  // token), so that positions the plan stopped verifying keep being observed and estimates can
+  // the plan (a draft model drafts one more for the one sequence whose draft cache lags least,
+  // so after a run of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped verifying keep being observed and estimates can
   // recover; 0 turns probing off. While no plan between two probes drafts, the gap doubles (up
   // to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
   // Still lossless: the draft length, the budget and probes depend only on earlier steps (and
