@@ -1472,6 +1472,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     std::fill(caps.begin(), caps.end(), 0);
   }
   bool no_draft = false;
+  double keep_threshold = -1.0;  // >= 0: draft-model drafts stop by confidence (below)
   if (adaptive && calibration_ != nullptr && spare > 0) {
     // A draft model pays for every token it drafts, verified or not: one draft length for the
     // step, chosen before drafting from the prior rows and the target's and the draft's costs.
@@ -1500,18 +1501,37 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
         }
       }
     }
-    for (size_t i = 0; i < caps.size(); ++i) {
-      const int allowed = static_cast<int>(i) == probe_seq || (probe && model_drafter_ == nullptr)
-                              ? std::min(k, l + 1)
-                              : l;
-      caps[i] = std::min(caps[i], allowed);
+    if (l > 0 && length.ok() && length->adaptive && model_drafter_ != nullptr) {
+      // Drafting pays this step. How far each sequence drafts is then decided token by token
+      // from the draft's own confidence (known before each token is drawn): position j is
+      // drafted (and verified) while its calibrated survival a_j is worth the time one more
+      // token costs at the plan's rate, up to k. The plan's L only sized the decision to draft.
+      const double t0 = static_cast<double>(shape.step_tokens + length->budget);
+      const double verify_token =
+          shape.cost_scale * (cost_->StepSeconds(t0 + 1.0, shape.step_requests) -
+                              cost_->StepSeconds(t0, shape.step_requests));
+      const int n = static_cast<int>(decodes.size());
+      const double draft_token =
+          draft_cost_ != nullptr ? draft_scale_ * draft_cost_->StepSeconds(n, n) / n : 0.0;
+      keep_threshold = length->tokens_per_second * (verify_token + draft_token);
+      for (size_t i = 0; i < caps.size(); ++i) {
+        if (static_cast<int>(i) == probe_seq) caps[i] = std::min(caps[i], std::max(l + 1, 2));
+      }
+    } else {
+      for (size_t i = 0; i < caps.size(); ++i) {
+        const int allowed =
+            static_cast<int>(i) == probe_seq || (probe && model_drafter_ == nullptr)
+                ? std::min(k, l + 1)
+                : l;
+        caps[i] = std::min(caps[i], allowed);
+      }
     }
   }
   double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
   if (calibration_ != nullptr && draft_cost_ != nullptr) {
     draft_profiled = spec::DraftSeconds(*draft_cost_, caps, k);
   }
-  const double draft_predicted = draft_scale_ * draft_profiled;
+  double draft_predicted = draft_scale_ * draft_profiled;
   step->spec_draft_predicted = draft_predicted;
   for (Sequence* seq : decodes) {
     seq->draft.clear();
@@ -1530,6 +1550,16 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     r.context = seq->tokens;
     r.k = caps[i];
     r.temperature = seq->sampling.temperature;
+    if (keep_threshold >= 0.0) {
+      // a_j = prod_{i<=j} c(confidence_i): the first token is always drafted (the catch-up
+      // round that computes it is paid once drafting is on), later ones while a_j is worth it.
+      const spec::DraftCalibration* calibration = calibration_.get();
+      r.keep_drafting = [calibration, keep_threshold, survival = 1.0](int position,
+                                                                       float confidence) mutable {
+        survival *= calibration->Conditional(confidence);
+        return position == 0 || survival >= keep_threshold;
+      };
+    }
     requests.push_back(r);
     asked.push_back(seq);
   }
@@ -1552,6 +1582,18 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     const bool caught_up =
         model_drafter_ != nullptr &&
         model_drafter_->computed_tokens() - fed_before > steady_tokens;
+    if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
+      // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds
+      // each sequence took part in (its tokens, plus the round whose token it declined).
+      std::vector<int> rounds(requests.size(), 0);
+      for (size_t i = 0; i < requests.size() && i < proposals.size(); ++i) {
+        const int m = static_cast<int>(proposals[i].tokens.size());
+        rounds[i] = std::min(requests[i].k, m + 1);
+      }
+      draft_profiled = spec::DraftSeconds(*draft_cost_, rounds, k);
+      draft_predicted = draft_scale_ * draft_profiled;
+      step->spec_draft_predicted = draft_predicted;
+    }
     if (adaptive && !probe && !caught_up && draft_profiled > 0.0 && draft_seconds > 0.0) {
       // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
       // and catch-up rounds are left out: they also prefill the draft cache.
@@ -1572,7 +1614,9 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   for (size_t i = 0; i < decodes.size(); ++i) {
     verify_len[i] = static_cast<int>(decodes[i]->draft.size());
   }
-  if (adaptive && drafted > 0) {
+  if (adaptive && drafted > 0 && keep_threshold < 0.0) {
+    // (Drafts stopped by confidence are verified whole: each token was drafted only because its
+    // survival, known before it was drawn, paid for its verification.)
     // The budget comes from earlier steps' acceptance estimates (keyed by match length and
     // position), never from the drafted tokens themselves: lossless (budget.h). The drafting
     // just done is part of the step's time.

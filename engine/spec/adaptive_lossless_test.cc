@@ -104,7 +104,12 @@ TEST(AdaptiveLosslessTest, DsparkCounterExample) {
 // Three requests verified together, the budget from earlier steps' per-position estimates and the
 // slots from each draft's calibrated confidences (the largest draft probability at each position,
 // known before the token is drawn), so verify lengths vary per request and step.
-TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) {
+// stop_by_confidence: instead of a budget, each draft stops (before drawing d_j) once its
+// calibrated survival a_j = prod c(confidence_i) falls below a threshold, and every drafted token
+// is verified, as the engine does for a draft model (DraftRequest::keep_drafting).
+constexpr double kStopBelow = 0.35;
+
+void RunMarkovChiSquare(bool stop_by_confidence) {
   SamplingParams params = Params(0.9f);
   params.top_k = 4;
   const MarkovWorld w(params);
@@ -143,9 +148,13 @@ TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) {
       q.probs.clear();
       q.confidence.clear();
       int32_t dprev = q.prev;
+      double survival = 1.0;
       for (int j = 0; j < MarkovWorld::kMaxDraft; ++j) {
         const float* dist = w.Draft(q.pos + j, dprev);
-        q.confidence.push_back(*std::max_element(dist, dist + V));  // before drawing d_j
+        const float confidence = *std::max_element(dist, dist + V);  // before drawing d_j
+        survival *= calibration.Conditional(confidence);
+        if (stop_by_confidence && j > 0 && survival < kStopBelow) break;
+        q.confidence.push_back(confidence);
         double u = rng.Uniform(), cum = 0.0;
         int32_t x = V - 1;
         for (int i = 0; i < V; ++i) {
@@ -160,13 +169,17 @@ TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) {
         q.probs.insert(q.probs.end(), dist, dist + V);
         dprev = x;
       }
-      calibration.PositionPrior(MarkovWorld::kMaxDraft, &candidates[r].prior);
+      calibration.PositionPrior(static_cast<int>(q.draft.size()), &candidates[r].prior);
       calibration.Survival(q.confidence, &candidates[r].current);
     }
-    const VerifyPlan plan = *PlanVerification({kRequests, kRequests, kRequests}, candidates, &cost);
+    VerifyPlan plan;
+    if (!stop_by_confidence) {
+      plan = *PlanVerification({kRequests, kRequests, kRequests}, candidates, &cost);
+    }
     for (int r = 0; r < kRequests; ++r) {
       Request& q = requests[r];
-      const int len = plan.verify_len[r];
+      const int len =
+          stop_by_confidence ? static_cast<int>(q.draft.size()) : plan.verify_len[r];
       ++lengths[len];
       q.rows.assign(w.TargetLogits(q.pos, q.prev), w.TargetLogits(q.pos, q.prev) + V);
       for (int j = 0; j < len; ++j) {
@@ -193,7 +206,8 @@ TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) {
     }
   }
   char label[64];
-  std::snprintf(label, sizeof(label), "adaptive (%.2f s)", Seconds(start));
+  std::snprintf(label, sizeof(label), "%s (%.2f s)",
+                stop_by_confidence ? "confidence stop" : "adaptive", Seconds(start));
   std::printf("adaptive verify lengths:");
   for (const auto& [len, n] : lengths) std::printf(" %d:%lld", len, static_cast<long long>(n));
   std::printf("\n");
@@ -203,6 +217,12 @@ TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) {
     EXPECT_GT(lengths[len], slots / 20) << "verify length " << len;
   }
   CheckAgainst(counts, w.Expected(), label);
+}
+
+TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) { RunMarkovChiSquare(false); }
+
+TEST(AdaptiveLosslessTest, MarkovChiSquareWithConfidenceStoppedDrafts) {
+  RunMarkovChiSquare(true);
 }
 
 }  // namespace

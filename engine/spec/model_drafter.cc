@@ -20,6 +20,8 @@ struct ModelDrafter::Work {
   int k = 0;
   float temperature = 0.0f;
   int64_t start = 0;  // cached tokens kept before this proposal
+  const std::function<bool(int, float)>* keep = nullptr;  // DraftRequest::keep_drafting
+  bool stopped = false;                                    // keep declined a position
 };
 
 namespace {
@@ -131,6 +133,7 @@ bool ModelDrafter::Reserve(int64_t seq_id, SeqCache* seq, int64_t positions,
 }
 
 int32_t ModelDrafter::Choose(const float* logits, float temperature, bool keep_probs,
+                             const std::function<bool(int, float)>* keep, int position,
                              DraftProposal* out) {
   const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
   int32_t best = 0;
@@ -148,7 +151,10 @@ int32_t ModelDrafter::Choose(const float* logits, float temperature, bool keep_p
     total += weights_[v];
   }
   // The arg-max has weight 1: its probability is the largest.
-  out->confidence.push_back(static_cast<float>(1.0 / total));
+  const float confidence = static_cast<float>(1.0 / total);
+  // Asked before the token is drawn: the answer never depends on it.
+  if (keep != nullptr && !(*keep)(position, confidence)) return -1;
+  out->confidence.push_back(confidence);
   if (temperature <= 0.0f) return best;
   int32_t token = best;
   double u = rng_.Uniform() * total;
@@ -217,6 +223,7 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     w.context = r.context;
     w.k = r.k;
     w.temperature = r.temperature;
+    if (r.keep_drafting) w.keep = &r.keep_drafting;
     work.push_back(w);
     pinned.push_back(r.seq_id);
   }
@@ -250,7 +257,7 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     active.clear();
     for (size_t i = 0; i < ready.size(); ++i) {
       Work& w = ready[i];
-      if (round >= w.k) continue;
+      if (round >= w.k || w.stopped) continue;
       const int64_t len = static_cast<int64_t>(w.context.size());
       SequenceInput in;
       if (round == 0) {
@@ -268,6 +275,7 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
       inputs.push_back(in);
       active.push_back(&w);
     }
+    if (inputs.empty()) break;  // every draft stopped early
     absl::Status s = model_->Forward(inputs, cache_.get(), &logits_);
     if (!s.ok()) {
       // KV written by this proposal may be partial: keep only what was valid before it.
@@ -288,7 +296,13 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
       }
       DraftProposal& p = (*out)[w.index];
       const bool sampled = w.temperature > 0.0f;
-      p.tokens.push_back(Choose(logits_.data() + j * vocab_, w.temperature, sampled, &p));
+      const int32_t token =
+          Choose(logits_.data() + j * vocab_, w.temperature, sampled, w.keep, round, &p);
+      if (token < 0) {
+        w.stopped = true;  // its cache holds the context and the drafts fed so far
+        continue;
+      }
+      p.tokens.push_back(token);
     }
   }
   return first;

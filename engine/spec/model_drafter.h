@@ -31,7 +31,8 @@
 //
 // Batching. ProposeBatch drafts all sequences of a step together: one ragged forward pass
 // brings every sequence's cache up to date and yields d_1, then k - 1 passes of one token per
-// sequence (sequences with smaller k drop out).
+// sequence (sequences with smaller k, or whose DraftRequest::keep_drafting declined a position,
+// drop out; a round with none left is not run).
 //
 // Thread-safety: not thread-safe; use from one thread (the engine's scheduler thread). The
 // drafter runs the draft model's Forward, so nobody else may run that model concurrently.
@@ -39,6 +40,7 @@
 #define DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,8 +119,10 @@ class ModelDrafter : public Drafter {
   // (by id). False (nothing changed) when the blocks cannot be found.
   bool Reserve(int64_t seq_id, SeqCache* seq, int64_t positions,
                const std::vector<int64_t>& pinned);
-  // Fills probs/confidence for one logits row and picks the token.
-  int32_t Choose(const float* logits, float temperature, bool keep_probs, DraftProposal* out);
+  // Fills probs/confidence for one logits row and picks the token; -1 (nothing appended) when
+  // `keep` (may be null) declines `position` (asked before the draw).
+  int32_t Choose(const float* logits, float temperature, bool keep_probs,
+                 const std::function<bool(int, float)>* keep, int position, DraftProposal* out);
 
   Model* const model_;
   std::unique_ptr<Model> owned_;

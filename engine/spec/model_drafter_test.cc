@@ -147,6 +147,51 @@ TEST(ModelDrafterTest, BatchEqualsOneAtATime) {
   }
 }
 
+TEST(ModelDrafterTest, KeepDraftingStopsEachRequestBeforeTheDeclinedToken) {
+  auto d = Make();
+  std::vector<std::vector<int32_t>> ctx = {Context(5, 4), Context(17, 5), Context(1, 6)};
+  // Request 0 stops before token 2, request 1 before token 0 (no draft), request 2 never.
+  const int stop_at[] = {2, 0, 99};
+  std::vector<std::vector<std::pair<int, float>>> asked(3);
+  std::vector<DraftRequest> requests(3);
+  for (int i = 0; i < 3; ++i) {
+    requests[i].seq_id = 20 + i;
+    requests[i].context = ctx[i];
+    requests[i].k = 4;
+    requests[i].keep_drafting = [&asked, i, stop = stop_at[i]](int position, float confidence) {
+      asked[i].push_back({position, confidence});
+      return position < stop;
+    };
+  }
+  std::vector<DraftProposal> out;
+  ASSERT_TRUE(d->ProposeBatch(requests, &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  // The tokens kept are the greedy continuation's prefix; the declined token is not returned.
+  EXPECT_EQ(out[0].tokens, Reference(ctx[0], 2));
+  EXPECT_TRUE(out[1].tokens.empty());
+  EXPECT_EQ(out[2].tokens, Reference(ctx[2], 4));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[i].confidence.size(), out[i].tokens.size()) << i;
+    // Asked once per position up to and including the declined one, with the confidence the
+    // proposal reports for the kept ones.
+    const size_t expected_asks = std::min<size_t>(stop_at[i] + 1, 4);
+    ASSERT_EQ(asked[i].size(), expected_asks) << i;
+    for (size_t j = 0; j < asked[i].size(); ++j) {
+      EXPECT_EQ(asked[i][j].first, static_cast<int>(j));
+      EXPECT_GT(asked[i][j].second, 0.0f);
+      EXPECT_LE(asked[i][j].second, 1.0f);
+      if (j < out[i].confidence.size()) EXPECT_EQ(asked[i][j].second, out[i].confidence[j]);
+    }
+  }
+  // The next proposal continues from the cache as usual (a stopped draft left nothing stale).
+  for (int i = 0; i < 3; ++i) {
+    ctx[i].push_back(7);
+    DraftProposal again;
+    ASSERT_TRUE(d->Propose(20 + i, ctx[i], 3, &again).ok());
+    EXPECT_EQ(again.tokens, Reference(ctx[i], 3)) << i;
+  }
+}
+
 TEST(ModelDrafterTest, SampledDraftsCarryTheirDistribution) {
   auto d = Make();
   std::vector<DraftRequest> requests(1);
