@@ -1501,11 +1501,17 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
         }
       }
     }
-    if (l > 0 && length.ok() && length->adaptive && model_drafter_ != nullptr) {
-      // Drafting pays this step. How far each sequence drafts is then decided token by token
-      // from the draft's own confidence (known before each token is drawn): position j is
-      // drafted (and verified) while its calibrated survival a_j is worth the time one more
-      // token costs at the plan's rate, up to k. The plan's L only sized the decision to draft.
+    for (size_t i = 0; i < caps.size(); ++i) {
+      const int allowed = static_cast<int>(i) == probe_seq || (probe && model_drafter_ == nullptr)
+                              ? std::min(k, l + 1)
+                              : l;
+      caps[i] = std::min(caps[i], allowed);
+    }
+    if (l > 1 && !probe && length.ok() && length->adaptive && model_drafter_ != nullptr) {
+      // Within the plan's L, each sequence stops drafting early once the draft's own confidence
+      // (known before each token is drawn) says the next token is not worth its time: position
+      // j >= 1 is drafted (and then verified) while its calibrated survival a_j is at least the
+      // plan's rate x (one more verified token + its share of a draft round).
       const double t0 = static_cast<double>(shape.step_tokens + length->budget);
       const double verify_token =
           shape.cost_scale * (cost_->StepSeconds(t0 + 1.0, shape.step_requests) -
@@ -1514,17 +1520,6 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       const double draft_token =
           draft_cost_ != nullptr ? draft_scale_ * draft_cost_->StepSeconds(n, n) / n : 0.0;
       keep_threshold = length->tokens_per_second * (verify_token + draft_token);
-      for (size_t i = 0; i < caps.size(); ++i) {
-        if (static_cast<int>(i) == probe_seq) caps[i] = std::min(caps[i], std::max(l + 1, 2));
-      }
-    } else {
-      for (size_t i = 0; i < caps.size(); ++i) {
-        const int allowed =
-            static_cast<int>(i) == probe_seq || (probe && model_drafter_ == nullptr)
-                ? std::min(k, l + 1)
-                : l;
-        caps[i] = std::min(caps[i], allowed);
-      }
     }
   }
   double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled

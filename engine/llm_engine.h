@@ -123,7 +123,12 @@ struct SpecOptions {
   // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
   // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
   // time); a longer L must promise 3% more tokens per second than the best shorter one; L = 0
-  // skips drafting and verification for the step (which then overlaps with the previous one). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
+  // skips drafting and verification for the step (which then overlaps with the previous one).
+  // With L >= 2 each sequence may stop early: before drawing draft token j >= 1 the drafter
+  // asks (spec::DraftRequest::keep_drafting) whether its calibrated survival a_j, from the
+  // draft's confidences so far, is at least the plan's tokens per second x (the forward time of
+  // one more verified token + its share of a draft round); the drafted tokens are then all
+  // verified (lossless: each decision precedes its token's draw). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
   // acceptance rows (the best over match lengths) would verify none: then it is not asked.
   // Probes count steps with decoding sequences; one falls due at the next that can draft.
   // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
