@@ -1373,7 +1373,7 @@ void LlmEngine::Process(Step& step) {
   if (step.external) return;
   const auto processed_at = Clock::now();
   if (spdlog::should_log(spdlog::level::debug) && !step.items.empty()) {
-    // One line per step for offline fits of step time (tools/bench/spec_sweep.sh --trace):
+    // One line per step for offline fits of step time (tools/bench/spec_sweep.sh SWEEP_TRACE=1):
     // period = time since the previous step's processing (0 after the engine idled).
     int64_t samples = 0;
     for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
