@@ -104,41 +104,41 @@ struct SpecOptions {
   int draft_num_blocks = 256;
   int draft_threads = 0;
   // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
-  // maximises expected tokens per second, from online per-position acceptance estimates (keyed
-  // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
-  // in budget.h) and a cost table profiled on the model when the engine is created. The step
-  // time in the objective is the forward time the table predicts, corrected by an online fit of
-  // measured against predicted forward passes (spec::ForwardCostFit: scale x table + offset +
-  // per-request cost, forgetting at 0.99 per step), plus the measured per-step overhead: an
-  // exponential average (weight 0.1 per step) of each adaptive step's period (from processing
-  // the previous step's outputs, or from its scheduling after an idle engine, through processing
-  // its own) minus its measured forward pass (and minus a draft model's measured drafting time),
-  // clamped >= 0; so under load, when a step's fixed cost is large, verifying more drafts pays,
-  // and when forward passes run slower than profiled, it pays less. Synchronous steps (those that may draft) and overlapped ones
-  // (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed at the first
-  // against not drafting at the second (until a synchronous step was measured, the overlapped
-  // average stands in for it).
-  // A draft model pays for every token it drafts, so before drafting the step chooses one draft
-  // length L in [0, k] for its decoding sequences (PlanDraftLength) from the prior acceptance
-  // rows, the target's cost, the overhead and the draft model's cost per round (n sequences x 1
-  // token, profiled at creation, scaled by the average ratio of measured to profiled drafting
-  // time); a longer L must promise 3% more tokens per second than the best shorter one; L = 0
-  // skips drafting and verification for the step (which then overlaps with the previous one).
-  // With L >= 2 each sequence may stop early: before drawing draft token j >= 1 the drafter
-  // asks (spec::DraftRequest::keep_drafting) whether its calibrated survival a_j, from the
-  // draft's confidences so far, is at least the plan's tokens per second x (the forward time of
-  // one more verified token + its share of a draft round); the drafted tokens are then all
-  // verified (lossless: each decision precedes its token's draw). The n-gram drafter (nearly free) drafts k, unless even the most optimistic
-  // acceptance rows (the best over match lengths) would verify none: then it is not asked.
-  // Probes count steps with decoding sequences; one falls due at the next that can draft.
-  // Probing: every `probe_interval`-th adaptive step verifies one draft more per sequence than
-  // the plan (a draft model drafts one more for the one sequence whose draft cache lags least,
-  // so after a run of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped verifying keep being observed and estimates can
-  // recover; 0 turns probing off. While no plan between two probes drafts, the gap doubles (up
-  // to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
-  // Still lossless: the draft length, the budget and probes depend only on earlier steps (and
-  // the step count). With a flat or missing cost table every draft is verified (and a warning is
-  // logged once).
+  // maximises expected tokens per second, from online per-position acceptance estimates (keyed by
+  // n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration in
+  // budget.h) and a cost table profiled on the model when the engine is created. The step time in
+  // the objective is the forward time the table predicts, corrected by an online fit of measured
+  // against predicted forward passes (spec::ForwardCostFit: scale x table + offset + per-request
+  // cost, forgetting at 0.99 per step), plus the measured per-step overhead: an exponential average
+  // (weight 0.1 per step) of each adaptive step's period (from processing the previous step's
+  // outputs, or from its scheduling after an idle engine, through processing its own) minus its
+  // measured forward pass (and minus a draft model's measured drafting time), clamped >= 0; so
+  // under load, when a step's fixed cost is large, verifying more drafts pays, and when forward
+  // passes run slower than profiled, it pays less. Synchronous steps (those that may draft) and
+  // overlapped ones (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed
+  // at the first against not drafting at the second (until a synchronous step was measured, the
+  // overlapped average stands in for it). A draft model pays for every token it drafts, so before
+  // drafting the step chooses one draft length L in [0, k] for its decoding sequences
+  // (PlanDraftLength) from the prior acceptance rows, the target's cost, the overhead and the draft
+  // model's cost per round (n sequences x 1 token, profiled at creation, scaled by the average
+  // ratio of measured to profiled drafting time); a longer L must promise 3% more tokens per second
+  // than the best shorter one; L = 0 skips drafting and verification for the step (which then
+  // overlaps with the previous one). With L >= 2 each sequence may stop early: before drawing draft
+  // token j >= 1 the drafter asks (spec::DraftRequest::keep_drafting) whether its calibrated
+  // survival a_j, from the draft's confidences so far, is at least the plan's tokens per second x
+  // (the forward time of one more verified token + its share of a draft round); the drafted tokens
+  // are then all verified (lossless: each decision precedes its token's draw). The n-gram drafter
+  // (nearly free) drafts k, unless even the most optimistic acceptance rows (the best over match
+  // lengths) would verify none: then it is not asked. Probes count steps with decoding sequences;
+  // one falls due at the next that can draft. Probing: every `probe_interval`-th adaptive step
+  // verifies one draft more per sequence than the plan (a draft model drafts one more for the one
+  // sequence whose draft cache lags least, so after a run of L = 0 one sequence catches up and
+  // verifies one token), so that positions the plan stopped verifying keep being observed and
+  // estimates can recover; 0 turns probing off. While no plan between two probes drafts, the gap
+  // doubles (up to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
+  // Still lossless: the draft length, the budget and probes depend only on earlier steps (and the
+  // step count). With a flat or missing cost table every draft is verified (and a warning is logged
+  // once).
   bool adaptive = false;
   int profile_runs = 5;  // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
@@ -354,9 +354,9 @@ class LlmEngine {
   // with `status`.
   absl::Status FailRemotePrefill(const std::string& request_id, absl::Status status);
 
-  // Prefill side: computes the prompt's KV (reusing the prefix cache; images need their data)
-  // and samples the first token; `done` receives the blocks, which stay allocated (for the transfer) until
-  // ReleasePrefilled. `done` runs on the scheduler thread and must not block.
+  // Prefill side: computes the prompt's KV (reusing the prefix cache; images need their data) and
+  // samples the first token; `done` receives the blocks, which stay allocated (for the transfer)
+  // until ReleasePrefilled. `done` runs on the scheduler thread and must not block.
   absl::Status SubmitPrefill(EngineRequest request, PrefillCallback done);
   // Releases a held prefill's blocks (their KV stays in the prefix cache). kNotFound if unknown.
   absl::Status ReleasePrefilled(const std::string& request_id);

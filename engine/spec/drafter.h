@@ -44,9 +44,9 @@ struct DraftRequest {
   // (a draft model) draws from its distribution at this temperature and returns it in `probs`;
   // at 0 it proposes its arg-max as point masses. Drafters without a distribution ignore it.
   float temperature = 0.0f;
-  // Optional early stop (drafters with a confidence: a draft model). Before choosing token j
-  // (j = 0, 1, ...) the drafter calls keep_drafting(j, confidence of position j's distribution);
-  // false ends this request's draft with tokens 0..j-1 (token j is not chosen nor returned). The decision
+  // Optional early stop (drafters with a confidence: a draft model). Before choosing token j (j =
+  // 0, 1, ...) the drafter calls keep_drafting(j, confidence of position j's distribution); false
+  // ends this request's draft with tokens 0..j-1 (token j is not chosen nor returned). The decision
   // uses only what is known before d_j is chosen, so verifying exactly the drafted tokens keeps
   // rejection sampling lossless. Unset: draft k tokens. Drafters without a confidence ignore it.
   std::function<bool(int position, float confidence)> keep_drafting;
