@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       mo.num_blocks = so.draft_num_blocks;
       mo.block_size = options.block_size;
       mo.seed = options.hash_seed ^ 0x5eedd4a7ULL;
+      mo.max_catch_up = std::max(so.draft_catch_up_tokens, 0);
       absl::StatusOr<std::unique_ptr<spec::ModelDrafter>> loaded = spec::ModelDrafter::Load(
           so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
       if (!loaded.ok()) {

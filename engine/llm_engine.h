@@ -103,6 +103,10 @@ struct SpecOptions {
   std::string draft_model_path;
   int draft_num_blocks = 256;
   int draft_threads = 0;
+  // Draft model: at most this many not-yet-cached context tokens are fed to the draft model per
+  // sequence and step (a new request's prompt catches up over several steps, drafting once it
+  // has, instead of stalling one step for the whole prompt); 0: no limit.
+  int draft_catch_up_tokens = 128;
   // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
   // maximises expected tokens per second, from online per-position acceptance estimates (keyed by
   // n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration in

@@ -22,6 +22,8 @@ struct ModelDrafter::Work {
   int64_t start = 0;  // cached tokens kept before this proposal
   const std::function<bool(int, float)>* keep = nullptr;  // DraftRequest::keep_drafting
   bool stopped = false;                                    // keep declined a position
+  int64_t feed_end = 0;     // round 0 feeds context[start, feed_end)
+  bool catching_up = false;  // feed_end < context size: no draft this call (max_catch_up)
 };
 
 namespace {
@@ -240,7 +242,13 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     while (common < cached && common < len && seq.tokens[common] == w.context[common]) ++common;
     w.start = std::min(common, len - 1);
     Truncate(&seq, w.start);
-    if (!Reserve(w.seq_id, &seq, len + w.k - 1, pinned)) continue;  // no room: no draft
+    w.feed_end = len;
+    if (options_.max_catch_up > 0 && len - w.start > options_.max_catch_up) {
+      w.feed_end = w.start + options_.max_catch_up;
+      w.catching_up = true;
+    }
+    const int64_t positions = w.catching_up ? w.feed_end : len + w.k - 1;
+    if (!Reserve(w.seq_id, &seq, positions, pinned)) continue;  // no room: no draft
     w.seq = &seq;
     ready.push_back(w);
   }
@@ -262,7 +270,7 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
       SequenceInput in;
       if (round == 0) {
         in.tokens = w.context.data() + w.start;
-        in.num_tokens = len - w.start;
+        in.num_tokens = w.feed_end - w.start;
         in.start_position = w.start;
       } else {
         fed[i] = (*out)[w.index].tokens.back();
@@ -290,7 +298,12 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
       Work& w = *active[j];
       computed_tokens_ += inputs[j].num_tokens;
       if (round == 0) {
-        w.seq->tokens.insert(w.seq->tokens.end(), w.context.begin() + w.start, w.context.end());
+        w.seq->tokens.insert(w.seq->tokens.end(), w.context.begin() + w.start,
+                             w.context.begin() + w.feed_end);
+        if (w.catching_up) {
+          w.stopped = true;  // the rest of the context comes in later calls
+          continue;
+        }
       } else {
         w.seq->tokens.push_back(*inputs[j].tokens);
       }

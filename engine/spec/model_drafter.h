@@ -59,6 +59,10 @@ struct ModelDrafterOptions {
   int num_blocks = 256;  // drafter KV blocks, >= 1
   int block_size = 16;   // tokens per block, >= 1
   uint64_t seed = 0;     // the drafter's random stream (sampled drafts)
+  // > 0: a call feeds at most this many not-yet-cached context tokens per sequence; a sequence
+  // with more (a new request's prompt, or one not drafted for a while) advances its cache by that
+  // many and gets no draft this call, so one catch-up never stalls a step for long. 0: no limit.
+  int max_catch_up = 0;
 };
 
 class ModelDrafter : public Drafter {

@@ -192,6 +192,35 @@ TEST(ModelDrafterTest, KeepDraftingStopsEachRequestBeforeTheDeclinedToken) {
   }
 }
 
+TEST(ModelDrafterTest, LongCatchUpsAreSpreadOverCalls) {
+  ModelDrafterOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.max_catch_up = 4;
+  auto made = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ModelDrafter& d = **made;
+  const std::vector<int32_t> ctx = Context(10, 3);
+  DraftProposal p;
+  // 10 uncached tokens, at most 4 per call: 4, 8, then the last 2 and the draft.
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_EQ(d.cached_length(1), 4);
+  EXPECT_EQ(d.computed_tokens(), 4);
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_TRUE(p.tokens.empty());
+  EXPECT_EQ(d.cached_length(1), 8);
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(ctx, 3));
+  EXPECT_EQ(p.confidence.size(), 3u);
+  // Steady state: a short extension is drafted at once.
+  std::vector<int32_t> next = ctx;
+  next.push_back(p.tokens[0]);
+  next.push_back(9);
+  ASSERT_TRUE(d.Propose(1, next, 2, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(next, 2));
+}
+
 TEST(ModelDrafterTest, SampledDraftsCarryTheirDistribution) {
   auto d = Make();
   std::vector<DraftRequest> requests(1);
