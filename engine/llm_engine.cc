@@ -860,6 +860,17 @@ double LlmEngine::SyncOverheadSeconds() const {
   return 0.0;
 }
 
+spec::StepShape LlmEngine::SyncStepShape(int sampling_requests, int step_tokens,
+                                         int step_requests) const {
+  spec::StepShape shape;
+  shape.sampling_requests = sampling_requests;
+  shape.step_tokens = step_tokens;
+  shape.step_requests = step_requests;
+  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset(step_requests);
+  shape.cost_scale = forward_fit_.Scale();
+  return shape;
+}
+
 LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   DraftGate gate;
   if (drafter_ == nullptr) return gate;
@@ -917,12 +928,9 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   // The planner's decision from earlier steps' estimates (as Draft makes it): drafting runs
   // synchronously at the measured synchronous overhead; not drafting overlaps, at the measured
   // overlapped overhead once known.
-  spec::StepShape shape;
-  shape.sampling_requests = static_cast<int>(n);
-  shape.step_tokens = static_cast<int>(std::min(n + prefill_tokens, budget));
-  shape.step_requests = static_cast<int>(n) + prefills;
-  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset(shape.step_requests);
-  shape.cost_scale = forward_fit_.Scale();
+  const spec::StepShape shape =
+      SyncStepShape(static_cast<int>(n), static_cast<int>(std::min(n + prefill_tokens, budget)),
+                    static_cast<int>(n) + prefills);
   double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
   bool drafts = true;
   if (calibration_ != nullptr) {
@@ -957,11 +965,11 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     }
   }
   if (drafts && have_overlap_overhead_) {
-    const double plain = forward_fit_.Scale() * cost_->StepSeconds(
-                                                    static_cast<double>(shape.step_tokens),
-                                                    shape.step_requests) +
-                         forward_fit_.Offset(shape.step_requests) +
-                         std::max(0.0, overlap_overhead_ema_);
+    const double plain =
+        forward_fit_.Predict(cost_->StepSeconds(static_cast<double>(shape.step_tokens),
+                                                shape.step_requests),
+                             shape.step_requests) +
+        std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
   if (drafts) planned_draft_since_probe_ = true;
@@ -1414,8 +1422,8 @@ void LlmEngine::Process(Step& step) {
     double& ema = step.spec_overlapped ? overlap_overhead_ema_ : overhead_ema_;
     bool& have = step.spec_overlapped ? have_overlap_overhead_ : have_overhead_;
     const int requests = static_cast<int>(step.items.size());
-    const double predicted = forward_fit_.Scale() * table + forward_fit_.Offset(requests) +
-                             step.spec_draft_predicted + (have ? std::max(0.0, ema) : 0.0);
+    const double predicted = forward_fit_.Predict(table, requests) + step.spec_draft_predicted +
+                             (have ? std::max(0.0, ema) : 0.0);
     // Contention and contexts longer than the profile's make forward passes slower than the
     // table: by a factor, per sequence and per step (ForwardCostFit).
     forward_fit_.Observe(table, requests, step.forward_seconds);
@@ -1454,12 +1462,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   // Every decision below (draft length, budget, probe: PlanDrafting) uses only estimates and
   // times from earlier steps and the step count, never the drafts themselves: lossless
   // (budget.h).
-  spec::StepShape shape;
-  shape.sampling_requests = static_cast<int>(decodes.size());
-  shape.step_tokens = step_tokens;
-  shape.step_requests = step_requests;
-  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset(shape.step_requests);
-  shape.cost_scale = forward_fit_.Scale();
+  spec::StepShape shape =
+      SyncStepShape(static_cast<int>(decodes.size()), step_tokens, step_requests);
   probe = probe && adaptive;
   std::vector<int> caps(decodes.size());
   for (size_t i = 0; i < decodes.size(); ++i) {

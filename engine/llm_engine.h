@@ -399,6 +399,9 @@ class LlmEngine {
   DraftGate PlanDrafting();
   // The per-step overhead (seconds, >= 0) of a synchronous step, for the adaptive plans.
   double SyncOverheadSeconds() const;
+  // The planner's view of a synchronous (drafting) step: the counts given, the fitted forward
+  // cost (forward_fit_) and the synchronous overhead.
+  spec::StepShape SyncStepShape(int sampling_requests, int step_tokens, int step_requests) const;
   // Fills step inputs from the now-known tokens and runs it (inline without overlap or with
   // drafts, else on the executor). Returns true when the step was handed to the executor; else
   // sets `*executed_at` to when its execution ended (if it ran).

@@ -191,6 +191,10 @@ class ForwardCostFit {
   void Observe(double predicted_seconds, int requests, double measured_seconds);
   double Scale() const { return scale_; }
   double Offset(int requests) const { return offset_ + per_request_ * requests; }
+  // The fitted forward time of a step the table puts at `table_seconds`.
+  double Predict(double table_seconds, int requests) const {
+    return scale_ * table_seconds + Offset(requests);
+  }
   double offset() const { return offset_; }
   double per_request() const { return per_request_; }
   bool empty() const { return observations_ == 0; }
