@@ -167,12 +167,13 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         return absl::InvalidArgumentError(
             "speculative.draft_model_path: required with drafter \"draft_model\"");
       }
-      if (so.draft_num_blocks < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("speculative.draft_num_blocks: expected >= 1, got ", so.draft_num_blocks));
+      if (so.draft_num_blocks < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "speculative.draft_num_blocks: expected >= 0 (0: the target's num_blocks), got ",
+            so.draft_num_blocks));
       }
       spec::ModelDrafterOptions mo;
-      mo.num_blocks = so.draft_num_blocks;
+      mo.num_blocks = so.draft_num_blocks > 0 ? so.draft_num_blocks : options.num_blocks;
       mo.block_size = options.block_size;
       mo.seed = options.hash_seed ^ 0x5eedd4a7ULL;
       mo.max_catch_up = std::max(so.draft_catch_up_tokens, 0);
@@ -1657,6 +1658,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   stats_.spec_draft_predicted_seconds += draft_predicted;
   if (no_draft) ++stats_.spec_no_draft_steps;
   stats_.spec_draft_cost_scale = draft_scale_;
+  if (model_drafter_ != nullptr) stats_.spec_draft_evictions = model_drafter_->evictions();
   if (probe) ++stats_.spec_probe_steps;
 }
 

@@ -98,10 +98,12 @@ struct SpecOptions {
   int max_n = 4;                  // longest suffix matched, in [min_n, 64]
   int num_speculative_tokens = 4;  // k: drafts proposed per sequence and step, in [1, 64]
   // Draft model: Hugging Face checkpoint directory (required with drafter "draft_model"), the
-  // blocks of its own KV cache (EngineOptions::block_size tokens each, >= 1; the least recently
-  // used sequence's draft KV is evicted when full) and its forward-pass threads (<= 0: all).
+  // blocks of its own KV cache (EngineOptions::block_size tokens each; 0: as many as the target's
+  // cache, EngineOptions::num_blocks, so every sequence the target holds fits in the draft cache
+  // too; the least recently used sequence's draft KV is evicted when full and recomputed on its
+  // next draft) and its forward-pass threads (<= 0: all).
   std::string draft_model_path;
-  int draft_num_blocks = 256;
+  int draft_num_blocks = 0;
   int draft_threads = 0;
   // Draft model: at most this many not-yet-cached context tokens are fed to the draft model per
   // sequence and step (a new request's prompt catches up over several steps, drafting once it
@@ -303,6 +305,8 @@ struct EngineStats {
   double spec_forward_offset_seconds = 0.0;
   double spec_forward_per_request_seconds = 0.0;
   int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
+  // Draft model: sequences whose draft KV was evicted to make room (SpecOptions::draft_num_blocks)
+  int64_t spec_draft_evictions = 0;
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight

@@ -498,6 +498,39 @@ TEST(SpecEngineDraftModelTest, SameWeightsDraftIsAlwaysAcceptedAndOutputsMatch) 
   EXPECT_EQ(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
 }
 
+// The draft model's KV cache: by default as many blocks as the target's, so sequences running
+// together never evict one another's draft KV; a small explicit cache evicts (and the evicted
+// sequence's context is recomputed by the draft model), which costs time but never changes
+// outputs. A negative size is refused naming the field.
+TEST(SpecEngineDraftModelTest, DraftCacheDefaultsToTheTargetsCapacity) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 71);
+  const auto reqs = GreedyRequests(prompts, 20);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  for (int blocks : {0, 8}) {
+    EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 4, false);
+    o.speculative.draft_num_blocks = blocks;
+    const RunResult got = RunAll(model.get(), o, reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+          << r.request_id << " draft blocks " << blocks;
+    }
+    EXPECT_GT(got.stats.spec_verified_tokens, 0);
+    if (blocks == 0) {
+      EXPECT_EQ(got.stats.spec_draft_evictions, 0);
+    } else {
+      // 8 blocks of 4 tokens hold about one sequence: the six evict one another.
+      EXPECT_GT(got.stats.spec_draft_evictions, 0);
+    }
+  }
+  EngineOptions bad = WithDraftModel(BaseOptions(), kLlama, 4, false);
+  bad.speculative.draft_num_blocks = -1;
+  const auto e = LlmEngine::Create(model.get(), bad);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("speculative.draft_num_blocks"), std::string::npos)
+      << e.status();
+}
+
 TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejected) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 59);

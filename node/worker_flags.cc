@@ -57,6 +57,11 @@ ABSL_FLAG(int, ngram_max, 4,
 ABSL_FLAG(std::string, draft_model, "",
           "With --speculative=draft_model: the draft checkpoint's directory (Hugging Face "
           "layout, same vocabulary as --model).");
+ABSL_FLAG(int, draft_kv_blocks, 0,
+          "With --speculative=draft_model: blocks of the draft model's own KV cache (--block_size "
+          "tokens each, >= 0); 0: as many as --kv_blocks, so every sequence the target holds "
+          "keeps its draft KV (fewer evict the least recently drafted sequences, whose prompts "
+          "are then recomputed by the draft model).");
 ABSL_FLAG(bool, spec_adaptive, false,
           "With --speculative: verify per step the number of drafts that maximises expected "
           "tokens per second, from a cost table profiled on the model at start-up.");
@@ -147,6 +152,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   o.speculative.draft_threads = o.threads;
+  o.speculative.draft_num_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(o.speculative));
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());
   return o;

@@ -69,6 +69,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.drafter, "draft_model");
   EXPECT_EQ(o->speculative.draft_model_path, "/models/tiny-draft/");
   EXPECT_EQ(o->speculative.draft_threads, 3);
+  EXPECT_EQ(o->speculative.draft_num_blocks, 0);  // as many as the target's cache
+  absl::SetFlag(&FLAGS_draft_kv_blocks, 512);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.draft_num_blocks, 512);
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).method(), "draft_model");
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).draft_model_id(), "tiny-draft");
   // Off: the other speculative flags are not checked, and the config says only "off".
@@ -114,6 +119,12 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
          absl::SetFlag(&FLAGS_num_speculative_tokens, 65);
        },
        "--num_speculative_tokens:"},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "draft_model");
+         absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft");
+         absl::SetFlag(&FLAGS_draft_kv_blocks, -1);
+       },
+       "--draft_kv_blocks: expected >= 0 (0: as many as --kv_blocks), got -1"},
       {[] {
          absl::SetFlag(&FLAGS_speculative, "ngram");
          absl::SetFlag(&FLAGS_ngram_min, 0);

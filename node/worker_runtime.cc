@@ -104,6 +104,10 @@ class WorkerRuntime::Metrics {
                                      "Draft tokens fed to the model for verification."));
     DI_ASSIGN_OR_RETURN(m->spec_accepted_, r.AddCounter("deepinfer_spec_accepted_tokens_total",
                                                         "Verified draft tokens accepted."));
+    DI_ASSIGN_OR_RETURN(
+        m->spec_draft_evictions_,
+        r.AddCounter("deepinfer_spec_draft_evictions_total",
+                     "Sequences whose draft-model KV was evicted for room (--draft_kv_blocks)."));
     MetricsHttpServerOptions options;
     options.listen_address = listen_address;
     Metrics* self = m.get();
@@ -144,6 +148,7 @@ class WorkerRuntime::Metrics {
     Mirror(spec_draft_, s.spec_draft_tokens());
     Mirror(spec_verified_, s.spec_verified_tokens());
     Mirror(spec_accepted_, s.spec_accepted_tokens());
+    Mirror(spec_draft_evictions_, s.spec_draft_evictions());
   }
 
   const WorkerRuntime* const runtime_;
@@ -164,6 +169,7 @@ class WorkerRuntime::Metrics {
   Counter* spec_draft_ = nullptr;
   Counter* spec_verified_ = nullptr;
   Counter* spec_accepted_ = nullptr;
+  Counter* spec_draft_evictions_ = nullptr;
 };
 
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
@@ -176,6 +182,11 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
     return absl::InvalidArgumentError(
         "--draft_model: required with --speculative=draft_model (the draft checkpoint's "
         "directory)");
+  }
+  if (spec.draft_num_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--draft_kv_blocks: expected >= 0 (0: as many as --kv_blocks), got ",
+        spec.draft_num_blocks));
   }
   if (spec.num_speculative_tokens < 1 || spec.num_speculative_tokens > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -675,10 +686,11 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     const internal::v1::WorkerStats st = Stats();
     spdlog::info(
         "worker {}: engine ran {} steps ({} overlapped); speculative: {} synced, {} without "
-        "drafts, {} probes, {} drafted / {} verified / {} accepted tokens",
+        "drafts, {} probes, {} drafted / {} verified / {} accepted tokens, {} draft-cache "
+        "evictions",
         options_.worker_id, st.engine_steps(), st.overlapped_steps(), st.spec_synced_steps(),
         st.spec_no_draft_steps(), st.spec_probe_steps(), st.spec_draft_tokens(),
-        st.spec_verified_tokens(), st.spec_accepted_tokens());
+        st.spec_verified_tokens(), st.spec_accepted_tokens(), st.spec_draft_evictions());
   }
   if (agent_ != nullptr) agent_->Stop();
   {
@@ -727,6 +739,7 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_spec_synced_steps(static_cast<uint64_t>(e.spec_synced_steps));
     s.set_spec_no_draft_steps(static_cast<uint64_t>(e.spec_no_draft_steps));
     s.set_spec_probe_steps(static_cast<uint64_t>(e.spec_probe_steps));
+    s.set_spec_draft_evictions(static_cast<uint64_t>(e.spec_draft_evictions));
   }
   {
     absl::MutexLock lock(&mu_);

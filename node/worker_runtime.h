@@ -21,7 +21,8 @@
 //    deepinfer_requests_total{outcome=ok|error|cancelled} (the role service's RPCs), and with
 //    speculative decoding deepinfer_spec_draft_tokens_total (drafted),
 //    deepinfer_spec_verified_tokens_total (of those, verified by the model) and
-//    deepinfer_spec_accepted_tokens_total (of those, accepted);
+//    deepinfer_spec_accepted_tokens_total (of those, accepted) and
+//    deepinfer_spec_draft_evictions_total (draft-model KV evicted for room);
 //  * the port file: once the server is bound and answering RPCs (health may still say
 //    NOT_SERVING until the first Register succeeds), the bound port is written to --port_file
 //    (write + rename), which is how the launcher and tests learn ports when listening on port 0.
@@ -88,7 +89,7 @@ struct WorkerOptions {
   // Decode nodes that may also prefill locally (colocated mode).
   bool can_prefill = false;
   // Speculative decoding (--speculative, --num_speculative_tokens, --ngram_min, --ngram_max,
-  // --spec_adaptive). Registered with the router on every role (the router refuses a worker
+  // --draft_model, --draft_kv_blocks, --spec_adaptive). Registered with the router on every role (the router refuses a worker
   // whose config differs from its model's other workers), but only a decode node's engine
   // speculates: a prefill node computes prompts and one token. `cost_table` must stay null
   // (adaptive: the decode engine profiles the model in Create).
@@ -105,8 +106,8 @@ struct WorkerOptions {
 
 // kInvalidArgument naming the flag for SpecOptions a worker cannot run: drafter other than
 // "ngram" or "draft_model", "draft_model" without --draft_model, --num_speculative_tokens outside
-// [1, 64], --ngram_min < 1, --ngram_max outside [--ngram_min, 64]. OK when speculation is off
-// (the other fields are then ignored).
+// [1, 64], --draft_kv_blocks < 0, --ngram_min < 1, --ngram_max outside [--ngram_min, 64]. OK
+// when speculation is off (the other fields are then ignored).
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec);
 
 // What a worker registers (WorkerInfo.speculative) for `spec`: method "off" and nothing else
