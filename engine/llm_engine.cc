@@ -1658,7 +1658,10 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   stats_.spec_draft_predicted_seconds += draft_predicted;
   if (no_draft) ++stats_.spec_no_draft_steps;
   stats_.spec_draft_cost_scale = draft_scale_;
-  if (model_drafter_ != nullptr) stats_.spec_draft_evictions = model_drafter_->evictions();
+  if (model_drafter_ != nullptr) {
+    stats_.spec_draft_evictions = model_drafter_->evictions();
+    stats_.spec_draft_reused_tokens = model_drafter_->reused_tokens();
+  }
   if (probe) ++stats_.spec_probe_steps;
 }
 

@@ -307,6 +307,8 @@ struct EngineStats {
   int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
   // Draft model: sequences whose draft KV was evicted to make room (SpecOptions::draft_num_blocks)
   int64_t spec_draft_evictions = 0;
+  // Draft model: context tokens whose draft KV a new request adopted from a finished one's
+  int64_t spec_draft_reused_tokens = 0;
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight

@@ -518,6 +518,8 @@ TEST(SpecEngineDraftModelTest, DraftCacheDefaultsToTheTargetsCapacity) {
     EXPECT_GT(got.stats.spec_verified_tokens, 0);
     if (blocks == 0) {
       EXPECT_EQ(got.stats.spec_draft_evictions, 0);
+      // No request's context extends a finished one's here.
+      EXPECT_EQ(got.stats.spec_draft_reused_tokens, 0);
     } else {
       // 8 blocks of 4 tokens hold about one sequence: the six evict one another.
       EXPECT_GT(got.stats.spec_draft_evictions, 0);

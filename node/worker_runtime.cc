@@ -687,10 +687,11 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     spdlog::info(
         "worker {}: engine ran {} steps ({} overlapped); speculative: {} synced, {} without "
         "drafts, {} probes, {} drafted / {} verified / {} accepted tokens, {} draft-cache "
-        "evictions",
+        "evictions, {} draft tokens reused",
         options_.worker_id, st.engine_steps(), st.overlapped_steps(), st.spec_synced_steps(),
         st.spec_no_draft_steps(), st.spec_probe_steps(), st.spec_draft_tokens(),
-        st.spec_verified_tokens(), st.spec_accepted_tokens(), st.spec_draft_evictions());
+        st.spec_verified_tokens(), st.spec_accepted_tokens(), st.spec_draft_evictions(),
+        st.spec_draft_reused_tokens());
   }
   if (agent_ != nullptr) agent_->Stop();
   {
@@ -740,6 +741,7 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_spec_no_draft_steps(static_cast<uint64_t>(e.spec_no_draft_steps));
     s.set_spec_probe_steps(static_cast<uint64_t>(e.spec_probe_steps));
     s.set_spec_draft_evictions(static_cast<uint64_t>(e.spec_draft_evictions));
+    s.set_spec_draft_reused_tokens(static_cast<uint64_t>(e.spec_draft_reused_tokens));
   }
   {
     absl::MutexLock lock(&mu_);

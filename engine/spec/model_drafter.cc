@@ -98,6 +98,33 @@ int64_t ModelDrafter::cached_length(int64_t seq_id) const {
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
 }
 
+int ModelDrafter::reusable_blocks() const {
+  int n = 0;
+  for (const SeqCache& r : retired_) n += static_cast<int>(r.blocks.size());
+  return n;
+}
+
+void ModelDrafter::Adopt(absl::Span<const int32_t> context, SeqCache* seq) {
+  Truncate(seq, 0);
+  const int64_t len = static_cast<int64_t>(context.size());
+  auto best = retired_.end();
+  int64_t best_common = options_.block_size - 1;  // less than a block is not worth an entry
+  for (auto it = retired_.begin(); it != retired_.end(); ++it) {
+    const int64_t cached = static_cast<int64_t>(it->tokens.size());
+    int64_t common = 0;
+    while (common < cached && common < len && it->tokens[common] == context[common]) ++common;
+    if (common > best_common) {
+      best = it;
+      best_common = common;
+    }
+  }
+  if (best == retired_.end()) return;
+  seq->tokens = std::move(best->tokens);
+  seq->blocks = std::move(best->blocks);
+  retired_.erase(best);
+  reused_tokens_ += std::min(best_common, len - 1);  // the last context token is fed again
+}
+
 void ModelDrafter::Truncate(SeqCache* seq, int64_t length) {
   if (static_cast<int64_t>(seq->tokens.size()) > length) seq->tokens.resize(length);
   const int64_t bs = options_.block_size;
@@ -115,6 +142,12 @@ bool ModelDrafter::Reserve(int64_t seq_id, SeqCache* seq, int64_t positions,
   if (need <= 0) return true;
   if (need > options_.num_blocks) return false;
   while (static_cast<int64_t>(free_.size()) < need) {
+    if (!retired_.empty()) {
+      // Retired entries go first, oldest first.
+      free_.insert(free_.end(), retired_.front().blocks.begin(), retired_.front().blocks.end());
+      retired_.pop_front();
+      continue;
+    }
     // Evict the least recently used sequence that is not part of the current proposal.
     auto victim = seqs_.end();
     for (auto it = seqs_.begin(); it != seqs_.end(); ++it) {
@@ -236,6 +269,7 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
   for (Work& w : work) {
     SeqCache& seq = seqs_[w.seq_id];
     seq.last_used = clock_;
+    if (seq.tokens.empty() && !retired_.empty()) Adopt(w.context, &seq);
     const int64_t len = static_cast<int64_t>(w.context.size());
     const int64_t cached = static_cast<int64_t>(seq.tokens.size());
     int64_t common = 0;
@@ -323,9 +357,10 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
 
 absl::StatusOr<CostTable> ModelDrafter::ProfileRoundCost(absl::Span<const int> batch_sizes,
                                                           int runs) {
-  if (!seqs_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "draft model profile: expected an empty cache, got ", seqs_.size(), " sequences"));
+  if (!seqs_.empty() || !retired_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("draft model profile: expected an empty cache, got ", seqs_.size(),
+                     " sequences and ", retired_.size(), " retired entries"));
   }
   constexpr int64_t kContext = 32;
   const int64_t per_blocks = (kContext + 1 + options_.block_size - 1) / options_.block_size;
@@ -370,7 +405,20 @@ absl::StatusOr<CostTable> ModelDrafter::ProfileRoundCost(absl::Span<const int> b
 void ModelDrafter::Release(int64_t seq_id) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
-  free_.insert(free_.end(), it->second.blocks.begin(), it->second.blocks.end());
+  SeqCache& seq = it->second;
+  // Only whole blocks of valid tokens are worth keeping (reserved draft slots past them are not).
+  const int64_t bs = options_.block_size;
+  const int64_t keep = static_cast<int64_t>(seq.tokens.size()) / bs * bs;
+  if (keep > 0) {
+    Truncate(&seq, keep);
+    retired_.push_back(std::move(seq));
+    if (retired_.size() > kMaxRetired) {
+      free_.insert(free_.end(), retired_.front().blocks.begin(), retired_.front().blocks.end());
+      retired_.pop_front();
+    }
+  } else {
+    free_.insert(free_.end(), seq.blocks.begin(), seq.blocks.end());
+  }
   seqs_.erase(it);
 }
 

@@ -9,10 +9,17 @@
 // holds the context plus d_1..d_{k-1} (d_k is never fed), so a fully accepted draft costs only
 // d_k plus the target's bonus token on the next call.
 //
+// Reuse across requests. Release(seq) keeps a finished sequence's KV as a retired entry (when it
+// covers at least one block) instead of freeing it; a sequence the drafter has not seen adopts
+// the retired entry whose tokens share the longest prefix with its context (at least one block),
+// so the next turn of a conversation, whose prompt extends the previous turn's prompt and answer,
+// feeds the draft model only what is new, as the target's prefix cache does. An entry is adopted
+// by one sequence (its blocks change owner; nothing is shared).
+//
 // Memory is bounded by `num_blocks` x `block_size` token slots. When a proposal needs more
-// blocks than are free, the least recently used other sequences are evicted (their KV is
-// recomputed from the context on their next proposal); a sequence that cannot fit even then gets
-// an empty proposal (no draft, OK status).
+// blocks than are free, retired entries are dropped first (oldest first), then the least recently
+// used other sequences are evicted (their KV is recomputed from the context on their next
+// proposal); a sequence that cannot fit even then gets an empty proposal (no draft, OK status).
 //
 // Drafts. With temperature 0 a draft token is the arg-max of the draft logits (lowest id on
 // ties) and `probs` stays empty: the verifier treats it as a point mass, which keeps rejection
@@ -41,6 +48,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,8 +100,8 @@ class ModelDrafter : public Drafter {
   // PlanDraftLength): one forward pass of n sequences x 1 token (after a context of 32 tokens,
   // logits for the new token) for each n in `batch_sizes` (each >= 1), `runs` (>= 5) times; the
   // table's StepSeconds(n, n) is the median, made monotone. Writes scratch KV into the drafter's
-  // blocks, so it needs an empty cache: kFailedPrecondition when a sequence is cached (call it
-  // before the first proposal). Forward errors are returned as they are.
+  // blocks, so it needs an empty cache: kFailedPrecondition when a sequence (or a retired entry)
+  // is cached (call it before the first proposal). Forward errors are returned as they are.
   absl::StatusOr<CostTable> ProfileRoundCost(absl::Span<const int> batch_sizes, int runs = 5);
 
   // For tests and metrics.
@@ -102,7 +110,11 @@ class ModelDrafter : public Drafter {
   int num_blocks() const { return options_.num_blocks; }
   // Tokens of `seq_id` whose KV the drafter holds (0 for an unknown sequence).
   int64_t cached_length(int64_t seq_id) const;
-  int64_t evictions() const { return evictions_; }
+  int64_t evictions() const { return evictions_; }  // live sequences evicted for room
+  // Blocks held by retired entries (reusable; dropped before anything is evicted).
+  int reusable_blocks() const;
+  // Context tokens whose KV a new sequence adopted from a retired entry instead of computing.
+  int64_t reused_tokens() const { return reused_tokens_; }
   int64_t computed_tokens() const { return computed_tokens_; }  // tokens fed to the draft model
   const Model& model() const { return *model_; }
 
@@ -112,11 +124,16 @@ class ModelDrafter : public Drafter {
     std::vector<int32_t> blocks;  // drafter block ids covering `tokens`
     uint64_t last_used = 0;
   };
+  // Retired entries kept at most (each new sequence scans them once for its prefix).
+  static constexpr size_t kMaxRetired = 1024;
   // One request's working state during ProposeBatch.
   struct Work;
 
   ModelDrafter(Model* model, std::unique_ptr<Model> owned, std::unique_ptr<KvCache> cache,
                const ModelDrafterOptions& options);
+  // Gives `seq` (no cached tokens) the retired entry sharing the longest prefix (>= one block)
+  // with `context`, if any.
+  void Adopt(absl::Span<const int32_t> context, SeqCache* seq);
   // Shrinks `seq` to its first `length` tokens, returning blocks no longer needed.
   void Truncate(SeqCache* seq, int64_t length);
   // Grows `seq`'s blocks to cover `positions` tokens, evicting LRU sequences not in `pinned`
@@ -135,10 +152,12 @@ class ModelDrafter : public Drafter {
   const int vocab_;
   std::vector<int32_t> free_;
   absl::node_hash_map<int64_t, SeqCache> seqs_;  // node map: pointers stay valid
+  std::list<SeqCache> retired_;                  // released sequences' KV, oldest first
   uint64_t clock_ = 0;
   SpecRng rng_;
   int64_t evictions_ = 0;
   int64_t computed_tokens_ = 0;
+  int64_t reused_tokens_ = 0;
   std::vector<float> logits_;    // workspace
   std::vector<double> weights_;  // workspace
 };

@@ -265,11 +265,64 @@ TEST(ModelDrafterTest, EvictsLeastRecentlyUsedAndNeverLeaks) {
   EXPECT_EQ(Propose(d.get(), 1, a, 4), Reference(a, 4));
   // A proposal that can never fit gets no draft, and nothing breaks.
   EXPECT_TRUE(Propose(d.get(), 4, Context(40, 11), 4).empty());
-  // Aborts at any point give every block back.
+  // Aborts at any point give every block back (free, or held by a retired entry that any
+  // proposal may drop).
   for (int64_t s = 1; s <= 4; ++s) d->Release(s);
   d->Release(99);
-  EXPECT_EQ(d->free_blocks(), d->num_blocks());
+  EXPECT_EQ(d->free_blocks() + d->reusable_blocks(), d->num_blocks());
   EXPECT_EQ(d->num_sequences(), 0);
+  const int64_t before = d->evictions();
+  EXPECT_EQ(Propose(d.get(), 5, Context(25, 12), 4), Reference(Context(25, 12), 4));
+  EXPECT_EQ(d->evictions(), before);  // retired entries made room, nothing live was evicted
+}
+
+// A finished sequence's KV stays as a retired entry; a new sequence whose context extends it
+// (the next turn of a conversation) adopts it and feeds only the new tokens. Less than a block in
+// common adopts nothing; an entry is adopted once; retired entries are dropped before any live
+// sequence is evicted.
+TEST(ModelDrafterTest, NewSequencesReuseARetiredPrefix) {
+  auto d = Make(/*num_blocks=*/16, /*block_size=*/4);
+  std::vector<int32_t> turn1 = Context(14, 20);
+  Propose(d.get(), 1, turn1, 3);  // caches 14 + 2 tokens
+  d->Release(1);                  // keeps 16 tokens = 4 whole blocks
+  EXPECT_EQ(d->num_sequences(), 0);
+  EXPECT_EQ(d->reusable_blocks(), 4);
+  // Turn 2: turn 1's context, an answer and a new message.
+  std::vector<int32_t> turn2 = turn1;
+  for (int32_t t : Context(7, 21)) turn2.push_back(t);
+  int64_t before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 2, turn2, 3), Reference(turn2, 3));
+  // The 14 shared tokens are reused (the cached drafts past them differ from the answer).
+  EXPECT_EQ(d->reused_tokens(), 14);
+  EXPECT_EQ(d->computed_tokens() - before, 7 + 2);
+  EXPECT_EQ(d->reusable_blocks(), 0);
+
+  // Another sequence with the same first 3 tokens (less than a block): computed from scratch.
+  d->Release(2);
+  std::vector<int32_t> other = Context(9, 22);
+  std::copy(turn1.begin(), turn1.begin() + 3, other.begin());
+  before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 3, other, 2), Reference(other, 2));
+  EXPECT_EQ(d->computed_tokens() - before, 9 + 1);
+  EXPECT_EQ(d->reused_tokens(), 14);
+  // The retired entry is still there for the conversation's next turn.
+  std::vector<int32_t> turn3 = turn2;
+  turn3.push_back(11);
+  before = d->computed_tokens();
+  EXPECT_EQ(Propose(d.get(), 4, turn3, 2), Reference(turn3, 2));
+  // Turn 2 cached 21 + 2 tokens; its entry keeps the 20 of whole blocks.
+  EXPECT_EQ(d->reused_tokens(), 14 + 20);
+  EXPECT_EQ(d->computed_tokens() - before, 2 + 1);
+  // Same for the same context twice: only one sequence gets the entry.
+  d->Release(4);
+  Propose(d.get(), 5, turn3, 2);
+  before = d->computed_tokens();
+  Propose(d.get(), 6, turn3, 2);
+  EXPECT_EQ(d->computed_tokens() - before, static_cast<int64_t>(turn3.size()) + 1);
+  // Nothing leaks.
+  for (int64_t s = 1; s <= 6; ++s) d->Release(s);
+  EXPECT_EQ(d->free_blocks() + d->reusable_blocks(), d->num_blocks());
+  EXPECT_EQ(d->evictions(), 0);
 }
 
 TEST(ModelDrafterTest, RejectsBadArguments) {

@@ -7,6 +7,7 @@
 #
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=24 SWEEP_METHODS="off ngram draft_model" ...
+#   (a concurrency above SWEEP_SESSIONS runs that many sessions instead)
 #   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 96).
 #   SWEEP_TRACE=1: the decode node logs at debug level, one "step-trace" line per engine step
 #   (shape, drafts verified and accepted, period, forward and drafting time) for offline fits.
@@ -41,7 +42,9 @@ run_config() {  # name, flags (comma-separated)
   [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; kill -INT $pid; wait $pid || true; return 1; }
   local router; router=$(cat "$ready")
   for c in $CONCURRENCY; do
-    "$BIN/tools/bench/bench" --target "$router" --workload coding --sessions "$SESSIONS" \
+    # At least as many sessions as the concurrency: each session's turns run one after another,
+    # so fewer sessions than c would never put c requests in flight.
+    "$BIN/tools/bench/bench" --target "$router" --workload coding --sessions "$((c > SESSIONS ? c : SESSIONS))" \
       --coding_turns 3 --coding_context_words 250 --coding_answer_tokens "${SWEEP_ANSWER_TOKENS:-96}" --mode closed \
       --concurrency "$c" --warmup_sessions 1 --seed 7 --json >"$WORK/$name.c$c.json" 2>/dev/null
     python3 - "$name" "$c" "$WORK/$name.c$c.json" "$REPEAT" >>"$RESULTS" <<'PY'
