@@ -124,6 +124,10 @@ struct LlmEngine::Step {
   // Ran on the executor while the next step was scheduled: then spec_start is where its period
   // began (the previous step's processing end) and its overhead feeds the overlap estimate.
   bool spec_overlapped = false;
+  // For the measured check (spec::DraftingRateCheck): decoding sequences when planned, and
+  // whether the plan drafted (1), did not (0) or the step is not compared (-1: a probe).
+  int spec_decoding = 0;
+  int spec_drafting = -1;
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -973,6 +977,13 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
         std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
+  if (drafts && !rate_check_.DraftingPays(static_cast<int>(n))) {
+    // Measured: at this many decoding sequences, the steps the plan drafted in emitted fewer
+    // tokens per second than those it did not (spec::DraftingRateCheck).
+    drafts = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.spec_rate_vetoed_steps;
+  }
   if (drafts) planned_draft_since_probe_ = true;
   if (!drafts) {
     gate.may_draft = false;
@@ -1080,6 +1091,10 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
     }
     bool all_known = true;
     for (const Sequence* seq : decodes) all_known = all_known && seq->pending_samples == 0;
+    if (!decodes.empty() && (!gate.may_draft || all_known)) {
+      step->spec_decoding = static_cast<int>(decodes.size());
+      step->spec_drafting = gate.probe ? -1 : (gate.may_draft ? 1 : 0);
+    }
     if (gate.may_draft && all_known && !decodes.empty()) {
       // Drafts take what one token per decode and the running prefills leave of the budget.
       const int64_t n = static_cast<int64_t>(decodes.size());
@@ -1250,6 +1265,7 @@ void LlmEngine::ExecutorLoop() {
 void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
   int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0;
+  int64_t emitted_tokens = 0;
   for (Planned& p : step.items) {
     Sequence* seq = p.seq;
     --seq->in_flight;
@@ -1267,6 +1283,7 @@ void LlmEngine::Process(Step& step) {
       continue;
     }
     // The tokens this step emits for the sequence, and how far its KV is valid.
+    ++emitted_tokens;
     std::vector<SampleResult> emitted;
     int64_t kv_end = p.start + p.count;
     if (p.draft.empty()) {
@@ -1436,6 +1453,10 @@ void LlmEngine::Process(Step& step) {
     const double sample = measured - step.forward_seconds - step.spec_draft_model_seconds;
     ema = have ? ema + kOverheadWeight * (sample - ema) : sample;
     have = true;
+    if (step.spec_drafting >= 0) {
+      rate_check_.Observe(step.spec_decoding, step.spec_drafting == 1,
+                          static_cast<double>(emitted_tokens + spec_accepted), measured);
+    }
     ++stats_.spec_timed_steps;
     stats_.spec_predicted_step_seconds += predicted;
     stats_.spec_measured_step_seconds += measured;

@@ -142,7 +142,10 @@ struct SpecOptions {
   // verifies one token), so that positions the plan stopped verifying keep being observed and
   // estimates can recover; 0 turns probing off. While no plan between two probes drafts, the gap
   // doubles (up to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
-  // Still lossless: the draft length, the budget and probes depend only on earlier steps (and the
+  // A measured check overrules the plan's "draft": where the steps it drafted in (probes aside)
+  // emitted fewer tokens per second than those it did not, at the same number of decoding
+  // sequences (bucketed by powers of two), the step does not draft, until that measurement fades
+  // (spec::DraftingRateCheck). Still lossless: the draft length, the budget and probes depend only on earlier steps (and the
   // step count). With a flat or missing cost table every draft is verified (and a warning is logged
   // once).
   bool adaptive = false;
@@ -310,6 +313,9 @@ struct EngineStats {
   // Draft model: context tokens whose draft KV a new request adopted from a finished one's
   int64_t spec_draft_reused_tokens = 0;
   int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
+  // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
+  // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
+  int64_t spec_rate_vetoed_steps = 0;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.
@@ -500,6 +506,9 @@ class LlmEngine {
   // Measured forward time against the cost table's prediction and the request count: the
   // planner's StepShape::cost_scale and an offset added to its extra_seconds.
   spec::ForwardCostFit forward_fit_;
+  // Adaptive: measured tokens/s of drafting and non-drafting steps by batch size; vetoes the
+  // plan's drafting where it measured slower (PlanDrafting).
+  spec::DraftingRateCheck rate_check_;
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;
   // When the last step's outputs were processed (scheduler thread); the period of an overlapped

@@ -524,4 +524,55 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
   return plan;
 }
 
+DraftingRateCheck::DraftingRateCheck(const Options& options) : options_(options) {}
+
+int DraftingRateCheck::Bucket(int decoding) {
+  int b = 0;
+  for (int cap = 1; cap < decoding && b < 30; cap *= 2) ++b;
+  return b;
+}
+
+void DraftingRateCheck::Observe(int decoding, bool drafted, double tokens, double seconds) {
+  if (decoding < 1 || !(tokens >= 0.0) || !(seconds > 0.0) || !std::isfinite(tokens) ||
+      !std::isfinite(seconds)) {
+    return;
+  }
+  const size_t b = static_cast<size_t>(Bucket(decoding));
+  if (buckets_.size() <= b) buckets_.resize(b + 1);
+  Bucket_& bucket = buckets_[b];
+  for (Mode& m : bucket.modes) {
+    m.tokens *= options_.decay;
+    m.seconds *= options_.decay;
+    m.weight *= options_.decay;
+  }
+  Mode& m = bucket.modes[drafted ? 1 : 0];
+  m.tokens += tokens;
+  m.seconds += seconds;
+  m.weight += 1.0;
+  const Mode& with = bucket.modes[1];
+  const Mode& without = bucket.modes[0];
+  if (with.weight >= options_.min_weight && without.weight >= options_.min_weight) {
+    bucket.vetoing = with.tokens / with.seconds < without.tokens / without.seconds;
+  } else if (with.weight < options_.min_weight / 4.0) {
+    bucket.vetoing = false;
+  }
+}
+
+double DraftingRateCheck::Rate(int decoding, bool drafted) const {
+  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
+  if (b >= buckets_.size()) return 0.0;
+  const Mode& m = buckets_[b].modes[drafted ? 1 : 0];
+  return m.seconds > 0.0 ? m.tokens / m.seconds : 0.0;
+}
+
+double DraftingRateCheck::Weight(int decoding, bool drafted) const {
+  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
+  return b < buckets_.size() ? buckets_[b].modes[drafted ? 1 : 0].weight : 0.0;
+}
+
+bool DraftingRateCheck::DraftingPays(int decoding) const {
+  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
+  return b >= buckets_.size() || !buckets_[b].vetoing;
+}
+
 }  // namespace deepinfer::engine::spec

@@ -45,6 +45,7 @@
 #ifndef DEEPINFER_ENGINE_SPEC_BUDGET_H_
 #define DEEPINFER_ENGINE_SPEC_BUDGET_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -277,6 +278,53 @@ struct DraftLengthPlan {
 // the drafts are verified or not. Null `cost`: not
 // adaptive, L = the longest row. Errors as PlanVerification, and kInvalidArgument for a negative
 // or non-finite scale or min_gain.
+// A measured check on the planner's decision to draft. The plans above predict a step's time
+// from models (the cost table, its in-service fit, a draft model's round cost); what they leave
+// out (a draft model catching up on the tokens of steps it did not draft, contexts longer than
+// the profiles', the lost overlap of a synchronous step) can make drafting lose where the plan
+// says it wins. This keeps, per bucket of decoding-sequence count (1, 2, 3-4, 5-8, ..., powers
+// of two), the realised tokens per second of steps that drafted (the plan's choice, probes left
+// out) and of steps that did not: tokens emitted over measured periods, each sum decayed by
+// `decay` at every step of the bucket, so a mode not chosen for a while fades. Once both modes
+// have weight >= min_weight in a bucket and drafting's rate is below not drafting's, DraftingPays
+// says no and the engine does not draft (probes excepted) until the drafting data has faded
+// below min_weight / 4 (hysteresis: at 0.99, about 140 steps of the bucket), when the plan
+// decides again and its drafting steps are measured anew. Only measured earlier steps decide:
+// lossless.
+class DraftingRateCheck {
+ public:
+  struct Options {
+    double decay = 0.99;      // in (0, 1]
+    double min_weight = 8.0;  // > 0: steps (decayed) per mode before the check speaks
+  };
+  DraftingRateCheck() : DraftingRateCheck(Options()) {}
+  explicit DraftingRateCheck(const Options& options);
+
+  // One step with `decoding` (>= 1) decoding sequences: whether it drafted, the tokens it
+  // emitted (> = 0) and its measured period in seconds (> 0). Other values are ignored.
+  void Observe(int decoding, bool drafted, double tokens, double seconds);
+  // False while the bucket of `decoding` vetoes drafting (above).
+  bool DraftingPays(int decoding) const;
+  // Realised tokens per second (0 without data) and decayed weight of a mode.
+  double Rate(int decoding, bool drafted) const;
+  double Weight(int decoding, bool drafted) const;
+  // Bucket of a decoding-sequence count: 0 for 1, 1 for 2, 2 for 3-4, 3 for 5-8, ...
+  static int Bucket(int decoding);
+
+ private:
+  struct Mode {
+    double tokens = 0.0;
+    double seconds = 0.0;
+    double weight = 0.0;
+  };
+  struct Bucket_ {
+    std::array<Mode, 2> modes;  // [drafted]
+    bool vetoing = false;
+  };
+  Options options_;
+  std::vector<Bucket_> buckets_;
+};
+
 absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
                                                 const CostTable* cost,

@@ -494,3 +494,59 @@ TEST(SurvivalTest, DraftCalibrationIsMonotoneAndTracksTheTruth) {
 
 }  // namespace
 }  // namespace deepinfer::engine::spec
+
+namespace deepinfer::engine::spec {
+namespace {
+
+TEST(DraftingRateCheckTest, BucketsArePowersOfTwo) {
+  const std::vector<std::pair<int, int>> cases = {{1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3},
+                                                  {8, 3}, {9, 4}, {32, 5}, {33, 6}};
+  for (const auto& [n, b] : cases) EXPECT_EQ(DraftingRateCheck::Bucket(n), b) << n;
+}
+
+// Drafting steps at 15 tokens / 40 ms (375 tokens/s) against plain ones at 10 / 20 ms (500):
+// vetoed for that bucket only, until the drafting data decays below min_weight / 4; faster
+// drafting is never vetoed; without data for both modes nothing is.
+TEST(DraftingRateCheckTest, VetoesMeasuredSlowerDraftingUntilItFades) {
+  DraftingRateCheck check;  // decay 0.99, min_weight 8
+  EXPECT_TRUE(check.DraftingPays(8));
+  for (int i = 0; i < 20; ++i) check.Observe(8, /*drafted=*/true, 15, 0.040);
+  EXPECT_TRUE(check.DraftingPays(8));  // nothing to compare with yet
+  for (int i = 0; i < 20; ++i) {
+    check.Observe(8, false, 10, 0.020);
+    check.Observe(6, true, 15, 0.040);  // same bucket (5-8)
+  }
+  EXPECT_NEAR(check.Rate(8, true), 375.0, 1e-9);
+  EXPECT_NEAR(check.Rate(7, false), 500.0, 1e-9);
+  EXPECT_FALSE(check.DraftingPays(8));
+  EXPECT_FALSE(check.DraftingPays(5));
+  EXPECT_TRUE(check.DraftingPays(4));   // another bucket
+  EXPECT_TRUE(check.DraftingPays(16));  // another bucket
+  // Only plain steps from here: the drafting weight w decays by 0.99 per step; the veto holds
+  // while w >= 2 (min_weight / 4).
+  const double w = check.Weight(8, true);
+  ASSERT_GT(w, 8.0);
+  const int fade = static_cast<int>(std::ceil(std::log(2.0 / w) / std::log(0.99)));
+  for (int i = 1; i < fade; ++i) check.Observe(8, false, 10, 0.020);
+  EXPECT_FALSE(check.DraftingPays(8)) << "w = " << check.Weight(8, true);
+  check.Observe(8, false, 10, 0.020);
+  EXPECT_TRUE(check.DraftingPays(8)) << "w = " << check.Weight(8, true);
+  // Measured anew: drafting at 30 tokens / 40 ms (750 tokens/s) wins; never vetoed.
+  DraftingRateCheck fast;
+  for (int i = 0; i < 50; ++i) {
+    fast.Observe(32, true, 30, 0.040);
+    fast.Observe(32, false, 10, 0.020);
+    EXPECT_TRUE(fast.DraftingPays(32));
+  }
+  // Bad observations change nothing.
+  DraftingRateCheck bad;
+  bad.Observe(0, true, 10, 0.01);
+  bad.Observe(4, true, -1, 0.01);
+  bad.Observe(4, true, 10, 0.0);
+  bad.Observe(4, true, 10, std::nan(""));
+  EXPECT_EQ(bad.Weight(4, true), 0.0);
+  EXPECT_EQ(bad.Rate(4, true), 0.0);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine::spec
