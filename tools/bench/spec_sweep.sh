@@ -1,77 +1,101 @@
 #!/usr/bin/env bash
-# Speculative-decoding sweep (issue 12): for each decode configuration (no speculation, n-gram
-# with fixed k in {1,2,4,8} and adaptive, draft model with fixed k and adaptive) start a local
-# cluster (1 prefill + 1 decode node, every worker with the same speculative flags), run the
-# multi-turn coding workload closed-loop at each concurrency, and print output tokens/s, tokens per
-# decode step and the ratio to no speculation at the same concurrency.
+# Speculative-decoding sweep (issue 12): every decode configuration (no speculation, n-gram with
+# fixed k in {1,2,4,8} and adaptive, draft model with fixed k and adaptive) gets its own local
+# cluster (1 prefill + 1 decode node, every worker with the same speculative flags), all started
+# first, one after another (an adaptive node profiles its cost table at start-up on an otherwise
+# idle machine; idle clusters use no CPU). Then, per repeat and concurrency, the multi-turn coding
+# workload runs closed-loop against each configuration in turn, in an order shuffled per round,
+# so configurations compared with each other run minutes apart, not a whole sweep apart (these
+# machines are shared: the same configuration's speed drifts by tens of percent over minutes).
+# Prints output tokens/s, tokens per decode step, draft acceptance and the ratio to no
+# speculation in the same round.
 #
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
-#   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=24 SWEEP_METHODS="off ngram draft_model" ...
-#   (a concurrency above SWEEP_SESSIONS runs that many sessions instead)
-#   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 96).
-#   SWEEP_TRACE=1: the decode node logs at debug level, one "step-trace" line per engine step
+#   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=6 SWEEP_METHODS="off ngram draft_model" ...
+#   SWEEP_SESSIONS: sessions per run (3 turns each); a concurrency above it runs that many.
+#   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 256).
+#   SWEEP_REPEATS=3: rounds; each round uses new prompts (seed from round and concurrency), the
+#   same for every configuration. The table shows medians over rounds: tokens/s, and "vs off",
+#   the median of the per-round ratios to "off", with their min-max as "range".
+#   SWEEP_TRACE=1: decode nodes log at debug level, one "step-trace" line per engine step
 #   (shape, drafts verified and accepted, period, forward and drafting time) for offline fits.
-#   SWEEP_REPEATS=3: the whole list of configurations runs 3 times in turn (so slow drifts of a
-#   shared machine hit every configuration alike); the table shows the median over repeats, the
-#   ratio of medians to "off", and min-max of the per-repeat ratios.
+#   SWEEP_LOG_LEVEL: the other processes' log level (default info).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-models/demo}
 DRAFT=${2:-models/demo-draft}
 CONCURRENCY=${SWEEP_CONCURRENCY:-"1 8 32"}
-SESSIONS=${SWEEP_SESSIONS:-24}
+SESSIONS=${SWEEP_SESSIONS:-6}
 METHODS=${SWEEP_METHODS:-"off ngram draft_model"}
 KS=${SWEEP_KS:-"1 2 4 8 adaptive"}
 THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
+ANSWER=${SWEEP_ANSWER_TOKENS:-256}
 bazel build --config=opt //deploy/local:launcher //tools/bench 2>&1 | { grep -v linux-sandbox || true; } | tail -1
 BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
 RESULTS=$WORK/results.tsv
 echo -e "repeat\tconfig\tconcurrency\tout_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms" >"$RESULTS"
 
-run_config() {  # name, flags (comma-separated)
-  local name=$1 flags=$2 ready=$WORK/$1.ready pid
-  rm -f "$ready"
+NAMES=()
+declare -A ROUTER PID
+stop_all() {
+  for name in "${NAMES[@]}"; do kill -INT "${PID[$name]}" 2>/dev/null || true; done
+  wait || true
+}
+trap stop_all EXIT
+
+start_config() {  # name, flags (comma-separated)
+  local name=$1 flags=$2 ready=$WORK/$1.ready
   "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
     --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" \
     ${flags:+--prefill_flags="$flags"} --decode_flags="$flags${SWEEP_TRACE:+${flags:+,}--log_level=debug}" \
     >"$WORK/$name.out" 2>&1 &
-  pid=$!
+  PID[$name]=$!
+  NAMES+=("$name")
   for _ in $(seq 1 600); do [ -s "$ready" ] && break; sleep 0.2; done
-  [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; kill -INT $pid; wait $pid || true; return 1; }
-  local router; router=$(cat "$ready")
+  [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; exit 1; }
+  ROUTER[$name]=$(cat "$ready")
+}
+
+for m in $METHODS; do
+  if [ "$m" = off ]; then start_config off ""; continue; fi
+  extra=""
+  [ "$m" = draft_model ] && extra=",--draft_model=$(cd "$DRAFT" && pwd)"
+  for k in $KS; do
+    if [ "$k" = adaptive ]; then
+      start_config "$m-adaptive" "--speculative=$m,--num_speculative_tokens=8,--spec_adaptive$extra"
+    else
+      start_config "$m-k$k" "--speculative=$m,--num_speculative_tokens=$k$extra"
+    fi
+  done
+done
+echo "started ${#NAMES[@]} clusters; logs in $WORK" >&2
+
+for REPEAT in $(seq 1 "$REPEATS"); do
   for c in $CONCURRENCY; do
-    # At least as many sessions as the concurrency: each session's turns run one after another,
-    # so fewer sessions than c would never put c requests in flight.
-    "$BIN/tools/bench/bench" --target "$router" --workload coding --sessions "$((c > SESSIONS ? c : SESSIONS))" \
-      --coding_turns 3 --coding_context_words 250 --coding_answer_tokens "${SWEEP_ANSWER_TOKENS:-96}" --mode closed \
-      --concurrency "$c" --warmup_sessions 1 --seed 7 --json >"$WORK/$name.c$c.json" 2>/dev/null
-    python3 - "$name" "$c" "$WORK/$name.c$c.json" "$REPEAT" >>"$RESULTS" <<'PY'
+    seed=$((1000 * REPEAT + c))
+    order=$(python3 -c "import random,sys; n=sys.argv[2:]; random.Random(int(sys.argv[1])).shuffle(n); print(' '.join(n))" "$seed" "${NAMES[@]}")
+    for name in $order; do
+      # At least as many sessions as the concurrency: each session's turns run one after
+      # another, so fewer sessions than c would never put c requests in flight.
+      "$BIN/tools/bench/bench" --target "${ROUTER[$name]}" --workload coding \
+        --sessions "$((c > SESSIONS ? c : SESSIONS))" --coding_turns 3 --coding_context_words 250 \
+        --coding_answer_tokens "$ANSWER" --mode closed --concurrency "$c" --warmup_sessions 1 \
+        --seed "$seed" --json >"$WORK/$name.r$REPEAT.c$c.json" 2>/dev/null
+      python3 - "$name" "$c" "$WORK/$name.r$REPEAT.c$c.json" "$REPEAT" >>"$RESULTS" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[3]))["A"]
 print("\t".join([sys.argv[4], sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
                  "%.2f" % s["mean_accepted_length"], "%.2f" % s["draft_acceptance_rate"],
                  "%.1f" % s["ttft_ms"]["p90"], "%.2f" % s["itl_ms"]["p90"]]))
 PY
-  done
-  kill -INT $pid; wait $pid || true
-}
-
-for REPEAT in $(seq 1 "$REPEATS"); do
-for m in $METHODS; do
-  if [ "$m" = off ]; then run_config off ""; continue; fi
-  extra=""
-  [ "$m" = draft_model ] && extra=",--draft_model=$(cd "$DRAFT" && pwd)"
-  for k in $KS; do
-    if [ "$k" = adaptive ]; then
-      run_config "$m-adaptive" "--speculative=$m,--num_speculative_tokens=8,--spec_adaptive$extra"
-    else
-      run_config "$m-k$k" "--speculative=$m,--num_speculative_tokens=$k$extra"
-    fi
+    done
+    echo "round $REPEAT concurrency $c done" >&2
   done
 done
-done
+stop_all
+trap - EXIT
 python3 - "$RESULTS" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
@@ -83,6 +107,7 @@ for r in rows:
         keys.append(k)
         by[k] = []
     by[k].append(r)
+keys.sort(key=lambda k: (k[0] != "off", k[0], int(k[1])))
 off = {(r["repeat"], r["concurrency"]): float(r["out_tok_s"]) for r in rows if r["config"] == "off"}
 def med(rs, f):
     return statistics.median(float(r[f]) for r in rs)
@@ -90,14 +115,10 @@ print("%-20s %5s %10s %8s %8s %9s %9s %8s %13s" % ("config", "conc", "out tok/s"
       "accept", "TTFT p90", "ITL p90", "vs off", "range"))
 for k in keys:
     rs = by[k]
-    base = [off[(r["repeat"], k[1])] for r in rs if (r["repeat"], k[1]) in off]
-    ratio = "-"
-    spread = "-"
-    if base:
-        ratio = "%.3f" % (med(rs, "out_tok_s") / statistics.median(base))
-        per = [float(r["out_tok_s"]) / off[(r["repeat"], k[1])] for r in rs
-               if (r["repeat"], k[1]) in off]
-        spread = "%.2f-%.2f" % (min(per), max(per))
+    per = [float(r["out_tok_s"]) / off[(r["repeat"], k[1])] for r in rs
+           if (r["repeat"], k[1]) in off]
+    ratio = "%.3f" % statistics.median(per) if per else "-"
+    spread = "%.2f-%.2f" % (min(per), max(per)) if per else "-"
     print("%-20s %5s %10.1f %8.2f %8.2f %9.1f %9.2f %8s %13s" % (k[0], k[1],
           med(rs, "out_tok_s"), med(rs, "tokens_per_step"), med(rs, "acceptance"),
           med(rs, "ttft_p90_ms"), med(rs, "itl_p90_ms"), ratio, spread))
