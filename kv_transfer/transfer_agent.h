@@ -161,9 +161,14 @@ struct AgentConfig {
   // How long after a post's deadline the agent waits for the backend before tearing down the
   // endpoint to release the buffers.
   absl::Duration abort_grace = absl::Seconds(1);
-  // UCX progress thread: after this long without work it sleeps `ucx_idle_sleep` between polls.
+  // UCX progress thread: after this long without work it sleeps between polls, `ucx_idle_sleep`
+  // first, each further idle sleep twice as long up to `ucx_max_idle_sleep`; from then on it
+  // blocks on the worker's event fd (UCP_FEATURE_WAKEUP: woken by arriving messages), or, where
+  // the UCX transports cannot wake it, keeps polling every `ucx_max_idle_sleep`. Posting or
+  // queueing work wakes it at once. (Polling every 50 us cost an idle node ~5% of a core.)
   absl::Duration ucx_spin_before_sleep = absl::Microseconds(200);
   absl::Duration ucx_idle_sleep = absl::Microseconds(50);
+  absl::Duration ucx_max_idle_sleep = absl::Milliseconds(1);
   // Clock used for deadlines (STYLE.md 9). Must be consistent with absl::Now() pacing since Wait
   // sleeps in real time.
   std::function<absl::Time()> clock;

@@ -2,6 +2,11 @@
 
 #include <ucp/api/ucp.h>
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +120,7 @@ class UcxTransport final : public internal::Transport {
       stopped_ = true;
       running_.store(false);
     }
+    Wake();
     if (progress_thread_.joinable()) progress_thread_.join();
     // From here on only this thread touches the worker: close every endpoint, which fails the
     // operations still in flight, and drive them to completion.
@@ -162,9 +168,12 @@ class UcxTransport final : public internal::Transport {
   }
 
   void DeregisterMemory(void* memory) override {
-    absl::MutexLock lock(&queue_mu_);
-    to_unmap_.push_back(static_cast<UcxMemory*>(memory));
-    queued_.store(true, std::memory_order_release);
+    {
+      absl::MutexLock lock(&queue_mu_);
+      to_unmap_.push_back(static_cast<UcxMemory*>(memory));
+      queued_.store(true, std::memory_order_release);
+    }
+    Wake();
   }
 
   absl::StatusOr<void*> Connect(absl::string_view address, uint64_t cookie) override {
@@ -208,15 +217,21 @@ class UcxTransport final : public internal::Transport {
   }
 
   void Disconnect(void* link) override {
-    absl::MutexLock lock(&queue_mu_);
-    to_disconnect_.push_back(static_cast<UcxLink*>(link));
-    queued_.store(true, std::memory_order_release);
+    {
+      absl::MutexLock lock(&queue_mu_);
+      to_disconnect_.push_back(static_cast<UcxLink*>(link));
+      queued_.store(true, std::memory_order_release);
+    }
+    Wake();
   }
 
   void AbortLink(void* link) override {
-    absl::MutexLock lock(&queue_mu_);
-    to_abort_.push_back(static_cast<UcxLink*>(link));
-    queued_.store(true, std::memory_order_release);
+    {
+      absl::MutexLock lock(&queue_mu_);
+      to_abort_.push_back(static_cast<UcxLink*>(link));
+      queued_.store(true, std::memory_order_release);
+    }
+    Wake();
   }
 
   absl::Status PostBatch(void* link_ptr, TransferOp op, absl::Span<const Segment> segments,
@@ -228,6 +243,7 @@ class UcxTransport final : public internal::Transport {
     }
     auto* post = new PostState{this, link, post_context, notification, absl::OkStatus()};
     in_flight_.fetch_add(1);
+    Wake();
     // Every UCX call below takes the worker lock; the progress loop stands back meanwhile.
     IssuingScope issuing(&issuing_);
     ucp_request_param_t param{};
@@ -268,7 +284,9 @@ class UcxTransport final : public internal::Transport {
 
  private:
   explicit UcxTransport(const AgentConfig& config)
-      : spin_before_sleep_(config.ucx_spin_before_sleep), idle_sleep_(config.ucx_idle_sleep) {}
+      : spin_before_sleep_(config.ucx_spin_before_sleep),
+        idle_sleep_(config.ucx_idle_sleep),
+        max_idle_sleep_(std::max(config.ucx_max_idle_sleep, config.ucx_idle_sleep)) {}
 
   absl::Status Init() {
     ucp_config_t* ucx_config = nullptr;
@@ -293,11 +311,21 @@ class UcxTransport final : public internal::Transport {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    // Wakeup lets an idle progress thread block on the worker's event fd; a UCX whose transports
+    // cannot do it still works, polling (see ProgressLoop).
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;
     ucs_status_t s = ucp_init(&params, ucx_config, &context_);
+    if (s != UCS_OK) {
+      params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+      s = ucp_init(&params, ucx_config, &context_);
+    }
     ucp_config_release(ucx_config);
     if (s != UCS_OK) return UcxError("ucp_init (check UCX_TLS)", s);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) {
+      return absl::InternalError(absl::StrCat("UCX backend: eventfd failed, errno ", errno));
+    }
 
     ucp_context_attr_t cattr{};
     cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
@@ -318,6 +346,10 @@ class UcxTransport final : public internal::Transport {
       return absl::FailedPreconditionError(
           "UCX backend: expected a worker in UCS_THREAD_MODE_MULTI, found a UCX build without "
           "multi-thread support (configure UCX with --enable-mt)");
+    }
+    if ((params.features & UCP_FEATURE_WAKEUP) == 0 ||
+        ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) {
+      event_fd_ = -1;
     }
     ucp_address_t* address = nullptr;
     size_t length = 0;
@@ -354,8 +386,9 @@ class UcxTransport final : public internal::Transport {
       delete memory;
     }
     memories_.clear();
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);  // owns event_fd_
     if (context_ != nullptr) ucp_cleanup(context_);
+    if (wake_fd_ >= 0) close(wake_fd_);
   }
 
   static ucs_memory_type_t UcxMemoryType(MemoryKind kind) {
@@ -478,6 +511,7 @@ class UcxTransport final : public internal::Transport {
 
   void ProgressLoop() {
     absl::Time idle_since = absl::Now();
+    absl::Duration sleep = idle_sleep_;
     while (running_.load(std::memory_order_acquire)) {
       if (const int issuing = issuing_.load(std::memory_order_acquire); issuing > 0) {
         // A caller is issuing operations (PostBatch). They take the worker's spin lock, as does
@@ -493,12 +527,46 @@ class UcxTransport final : public internal::Transport {
       if (!closing_.empty()) ReapClosed();
       if (work || in_flight_.load(std::memory_order_relaxed) > 0) {
         idle_since = absl::Time();
+        sleep = idle_sleep_;
         continue;
       }
       const absl::Time now = absl::Now();
       if (idle_since == absl::Time()) idle_since = now;
-      if (now - idle_since > spin_before_sleep_) absl::SleepFor(idle_sleep_);
+      if (now - idle_since <= spin_before_sleep_) continue;
+      // Idle: sleep between polls, longer each time; once the sleeps have reached their longest,
+      // block on the worker's event fd (after ucp_worker_arm: UCS_ERR_BUSY means events are
+      // pending, so poll again). A caller that posts or queues work writes wake_fd_.
+      bool block = false;
+      if (event_fd_ >= 0 && sleep >= max_idle_sleep_) {
+        const ucs_status_t armed = ucp_worker_arm(worker_);
+        if (armed == UCS_ERR_BUSY) continue;
+        block = armed == UCS_OK;
+      }
+      if (WaitForWake(block ? kBlockedIdleTimeout : sleep, block)) {
+        idle_since = absl::Time();  // a caller has work: spin again
+        sleep = idle_sleep_;
+      } else if (!block) {
+        sleep = std::min(sleep * 2, max_idle_sleep_);
+      }
     }
+  }
+
+  // Ends the progress thread's idle wait (callers that posted or queued work, Stop).
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+
+  // Waits up to `timeout` for Wake (and with `worker_events` for the armed worker's event fd).
+  // True when woken by Wake (the count is consumed).
+  bool WaitForWake(absl::Duration timeout, bool worker_events) {
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {event_fd_, POLLIN, 0}};
+    const timespec ts = absl::ToTimespec(timeout);
+    if (ppoll(fds, worker_events ? 2 : 1, &ts, nullptr) <= 0) return false;
+    if ((fds[0].revents & POLLIN) == 0) return false;
+    uint64_t count = 0;
+    (void)!read(wake_fd_, &count, sizeof(count));
+    return true;
   }
 
   void AfterFlush(PostState* post, ucs_status_t status, bool in_callback) {
@@ -615,6 +683,11 @@ class UcxTransport final : public internal::Transport {
 
   const absl::Duration spin_before_sleep_;
   const absl::Duration idle_sleep_;
+  const absl::Duration max_idle_sleep_;
+  // Longest block on the worker's event fd (a safety net: events and Wake end it sooner).
+  static constexpr absl::Duration kBlockedIdleTimeout = absl::Milliseconds(100);
+  int wake_fd_ = -1;   // eventfd written by Wake
+  int event_fd_ = -1;  // the worker's (UCP_FEATURE_WAKEUP), or -1: poll only
   TransportCallbacks* callbacks_ = nullptr;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

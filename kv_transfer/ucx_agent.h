@@ -21,9 +21,12 @@
 // * Remote keys (ucp_rkey_pack) travel in the metadata blob. Writes are ucp_put_nbx, reads
 //   ucp_get_nbx; each post ends with ucp_ep_flush_nbx, so completion means the data is visible at
 //   the target, and only then is the notification sent as an active message.
-// * The progress thread polls the worker while posts are in flight (sleeping `ucx_idle_sleep`
-//   after `ucx_spin_before_sleep` without work) and blocks while a caller is inside Post issuing
-//   operations, since both would otherwise fight over the worker's spin lock.
+// * The progress thread polls the worker while posts are in flight; after `ucx_spin_before_sleep`
+//   without work it sleeps between polls, from `ucx_idle_sleep` doubling up to
+//   `ucx_max_idle_sleep`, then blocks on the worker's event fd (ucp_worker_arm; the context asks
+//   for UCP_FEATURE_WAKEUP and falls back to polling every `ucx_max_idle_sleep` without it).
+//   Callers that post or queue work wake it through an eventfd. It also blocks while a caller is
+//   inside Post issuing operations, since both would otherwise fight over the worker's spin lock.
 // * Device memory: supported only if this UCX build reports CUDA memory support; otherwise
 //   SupportsMemoryKind(kCudaDevice) gives kUnimplemented.
 #ifndef DEEPINFER_KV_TRANSFER_UCX_AGENT_H_

@@ -156,6 +156,32 @@ TEST_P(UcxInProcessTest, RandomWritesLandBeforeTheirNotification) {
   EXPECT_EQ(a_->counters().notifications_sent, 250u);
 }
 
+// Both progress threads idle long enough to block (on the worker's event fd where UCX offers
+// one, otherwise polling every ucx_max_idle_sleep): a write and its notification still complete
+// promptly, far sooner than the 100 ms safety timeout of a blocked wait, every time.
+TEST_P(UcxInProcessTest, IdleAgentsWakeForPostsAndArrivingNotifications) {
+  for (uint64_t post = 1; post <= 5; ++post) {
+    absl::SleepFor(absl::Milliseconds(30));  // idle: past the spin and the growing sleeps
+    FillPattern(post, 0, a_ptr_, kBlock);
+    PatternPayload payload;
+    payload.seed = post;
+    payload.blocks.push_back({0, 3});
+    Notification note{post, 0, 1, payload.Encode()};
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(a_->Post(handle_, TransferOp::kWrite, {0}, {3}, &note,
+                         absl::Now() + absl::Seconds(10))
+                    .ok());
+    ASSERT_TRUE(b_->WaitForNotifications(absl::Now() + absl::Seconds(10)));
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_LT(took, absl::Milliseconds(50)) << "post " << post;
+    ASSERT_EQ(b_->DrainNotifications().size(), 1u);
+    ASSERT_TRUE(CheckPattern(post, 0, b_ptr_ + 3 * kBlock, kBlock));
+    auto st = a_->Wait(handle_, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(st.ok());
+    ASSERT_EQ(st->state, TransferState::kDone) << st->status;
+  }
+}
+
 TEST_P(UcxInProcessTest, ReadsFetchPeerBlocks) {
   for (uint32_t i = 0; i < kBlocks; ++i) FillPattern(99, i, b_ptr_ + i * kBlock, kBlock);
   std::vector<uint32_t> li, ri;
