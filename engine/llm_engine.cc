@@ -128,6 +128,8 @@ struct LlmEngine::Step {
   // whether the plan drafted (1), did not (0) or the step is not compared (-1: a probe).
   int spec_decoding = 0;
   int spec_drafting = -1;
+  // Draft model, adaptive, not a probe: the plan's draft length was 1 (0) or >= 2 (1); else -1.
+  int spec_long_draft = -1;
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -1453,9 +1455,12 @@ void LlmEngine::Process(Step& step) {
     const double sample = measured - step.forward_seconds - step.spec_draft_model_seconds;
     ema = have ? ema + kOverheadWeight * (sample - ema) : sample;
     have = true;
+    const double emitted = static_cast<double>(emitted_tokens + spec_accepted);
     if (step.spec_drafting >= 0) {
-      rate_check_.Observe(step.spec_decoding, step.spec_drafting == 1,
-                          static_cast<double>(emitted_tokens + spec_accepted), measured);
+      rate_check_.Observe(step.spec_decoding, step.spec_drafting == 1, emitted, measured);
+    }
+    if (step.spec_drafting == 1 && step.spec_long_draft >= 0) {
+      length_check_.Observe(step.spec_decoding, step.spec_long_draft == 1, emitted, measured);
     }
     ++stats_.spec_timed_steps;
     stats_.spec_predicted_step_seconds += predicted;
@@ -1510,7 +1515,15 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     absl::StatusOr<spec::DraftLengthPlan> length =
         spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_,
                               kDraftLengthMinGain);
-    const int l = length.ok() ? length->length : k;
+    int l = length.ok() ? length->length : k;
+    if (l >= 2 && !probe && !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
+      // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
+      // fewer tokens per second than steps that drafted 1 (spec::DraftingRateCheck).
+      l = 1;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.spec_length_vetoed_steps;
+    }
+    if (!probe && l >= 1) step->spec_long_draft = l >= 2 ? 1 : 0;
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
     // A probe drafts one token more for one sequence: the one whose draft cache lags least (a
     // sequence not drafted for a while first feeds everything since into the draft model, which

@@ -145,7 +145,8 @@ struct SpecOptions {
   // A measured check overrules the plan's "draft": where the steps it drafted in (probes aside)
   // emitted fewer tokens per second than those it did not, at the same number of decoding
   // sequences (bucketed by powers of two), the step does not draft, until that measurement fades
-  // (spec::DraftingRateCheck). Still lossless: the draft length, the budget and probes depend only on earlier steps (and the
+  // (spec::DraftingRateCheck); likewise a draft model's planned length L >= 2 becomes 1 where
+  // steps drafting 2 or more tokens measured slower than steps drafting 1. Still lossless: the draft length, the budget and probes depend only on earlier steps (and the
   // step count). With a flat or missing cost table every draft is verified (and a warning is logged
   // once).
   bool adaptive = false;
@@ -316,6 +317,9 @@ struct EngineStats {
   // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
   // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
   int64_t spec_rate_vetoed_steps = 0;
+  // Draft model, adaptive: steps whose planned draft length >= 2 was cut to 1 because such steps
+  // measured fewer tokens/s than steps drafting 1 token (DraftingRateCheck).
+  int64_t spec_length_vetoed_steps = 0;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.
@@ -509,6 +513,8 @@ class LlmEngine {
   // Adaptive: measured tokens/s of drafting and non-drafting steps by batch size; vetoes the
   // plan's drafting where it measured slower (PlanDrafting).
   spec::DraftingRateCheck rate_check_;
+  // Draft model: the same check for drafts of 2 or more tokens against drafts of 1 (Draft).
+  spec::DraftingRateCheck length_check_;
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;
   // When the last step's outputs were processed (scheduler thread); the period of an overlapped

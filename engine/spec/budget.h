@@ -290,7 +290,8 @@ struct DraftLengthPlan {
 // says no and the engine does not draft (probes excepted) until the drafting data has faded
 // below min_weight / 4 (hysteresis: at 0.99, about 140 steps of the bucket), when the plan
 // decides again and its drafting steps are measured anew. Only measured earlier steps decide:
-// lossless.
+// lossless. The engine uses a second instance the same way for a draft model's length: steps
+// that drafted 2 or more tokens per sequence ("drafted") against steps that drafted 1.
 class DraftingRateCheck {
  public:
   struct Options {
