@@ -979,20 +979,16 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
         std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
-  if (drafts && !rate_check_.DraftingPays(static_cast<int>(n))) {
-    // Measured: at this many decoding sequences, the steps the plan drafted in emitted fewer
-    // tokens per second than those it did not (spec::DraftingRateCheck).
-    drafts = false;
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.spec_rate_vetoed_steps;
-  }
+  // Measured: at this many decoding sequences, the steps the plan drafted in emitted fewer
+  // tokens per second than those it did not (spec::DraftingRateCheck).
+  const bool vetoed = drafts && !rate_check_.DraftingPays(static_cast<int>(n));
+  if (vetoed) drafts = false;
   if (drafts) planned_draft_since_probe_ = true;
   if (!drafts) {
     gate.may_draft = false;
-    if (calibration_ != nullptr) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.spec_no_draft_steps;
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (vetoed) ++stats_.spec_rate_vetoed_steps;
+    if (calibration_ != nullptr) ++stats_.spec_no_draft_steps;
   }
   return gate;
 }
@@ -1504,6 +1500,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     std::fill(caps.begin(), caps.end(), 0);
   }
   bool no_draft = false;
+  bool length_vetoed = false;
   double keep_threshold = -1.0;  // >= 0: draft-model drafts stop by confidence (below)
   if (adaptive && calibration_ != nullptr && spare > 0) {
     // A draft model pays for every token it drafts, verified or not: one draft length for the
@@ -1520,8 +1517,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
       // fewer tokens per second than steps that drafted 1 (spec::DraftingRateCheck).
       l = 1;
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.spec_length_vetoed_steps;
+      length_vetoed = true;
     }
     if (!probe && l >= 1) step->spec_long_draft = l >= 2 ? 1 : 0;
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
@@ -1691,6 +1687,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   stats_.spec_draft_seconds += draft_seconds;
   stats_.spec_draft_predicted_seconds += draft_predicted;
   if (no_draft) ++stats_.spec_no_draft_steps;
+  if (length_vetoed) ++stats_.spec_length_vetoed_steps;
   stats_.spec_draft_cost_scale = draft_scale_;
   if (model_drafter_ != nullptr) {
     stats_.spec_draft_evictions = model_drafter_->evictions();

@@ -28,6 +28,15 @@ struct ModelDrafter::Work {
 
 namespace {
 
+// Length of the longest common prefix of `cached` and `context`.
+int64_t CommonPrefix(const std::vector<int32_t>& cached, absl::Span<const int32_t> context) {
+  const int64_t n = std::min(static_cast<int64_t>(cached.size()),
+                             static_cast<int64_t>(context.size()));
+  int64_t common = 0;
+  while (common < n && cached[common] == context[common]) ++common;
+  return common;
+}
+
 absl::Status CheckVocab(int draft_vocab, int target_vocab) {
   if (draft_vocab != target_vocab) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -110,9 +119,7 @@ void ModelDrafter::Adopt(absl::Span<const int32_t> context, SeqCache* seq) {
   auto best = retired_.end();
   int64_t best_common = options_.block_size - 1;  // less than a block is not worth an entry
   for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-    const int64_t cached = static_cast<int64_t>(it->tokens.size());
-    int64_t common = 0;
-    while (common < cached && common < len && it->tokens[common] == context[common]) ++common;
+    const int64_t common = CommonPrefix(it->tokens, context);
     if (common > best_common) {
       best = it;
       best_common = common;
@@ -123,6 +130,11 @@ void ModelDrafter::Adopt(absl::Span<const int32_t> context, SeqCache* seq) {
   seq->blocks = std::move(best->blocks);
   retired_.erase(best);
   reused_tokens_ += std::min(best_common, len - 1);  // the last context token is fed again
+}
+
+void ModelDrafter::DropOldestRetired() {
+  free_.insert(free_.end(), retired_.front().blocks.begin(), retired_.front().blocks.end());
+  retired_.pop_front();
 }
 
 void ModelDrafter::Truncate(SeqCache* seq, int64_t length) {
@@ -143,9 +155,7 @@ bool ModelDrafter::Reserve(int64_t seq_id, SeqCache* seq, int64_t positions,
   if (need > options_.num_blocks) return false;
   while (static_cast<int64_t>(free_.size()) < need) {
     if (!retired_.empty()) {
-      // Retired entries go first, oldest first.
-      free_.insert(free_.end(), retired_.front().blocks.begin(), retired_.front().blocks.end());
-      retired_.pop_front();
+      DropOldestRetired();  // retired entries go first, oldest first
       continue;
     }
     // Evict the least recently used sequence that is not part of the current proposal.
@@ -271,10 +281,7 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     seq.last_used = clock_;
     if (seq.tokens.empty() && !retired_.empty()) Adopt(w.context, &seq);
     const int64_t len = static_cast<int64_t>(w.context.size());
-    const int64_t cached = static_cast<int64_t>(seq.tokens.size());
-    int64_t common = 0;
-    while (common < cached && common < len && seq.tokens[common] == w.context[common]) ++common;
-    w.start = std::min(common, len - 1);
+    w.start = std::min(CommonPrefix(seq.tokens, w.context), len - 1);
     Truncate(&seq, w.start);
     w.feed_end = len;
     if (options_.max_catch_up > 0 && len - w.start > options_.max_catch_up) {
@@ -412,10 +419,7 @@ void ModelDrafter::Release(int64_t seq_id) {
   if (keep > 0) {
     Truncate(&seq, keep);
     retired_.push_back(std::move(seq));
-    if (retired_.size() > kMaxRetired) {
-      free_.insert(free_.end(), retired_.front().blocks.begin(), retired_.front().blocks.end());
-      retired_.pop_front();
-    }
+    if (retired_.size() > kMaxRetired) DropOldestRetired();
   } else {
     free_.insert(free_.end(), seq.blocks.begin(), seq.blocks.end());
   }

@@ -134,6 +134,8 @@ class ModelDrafter : public Drafter {
   // Gives `seq` (no cached tokens) the retired entry sharing the longest prefix (>= one block)
   // with `context`, if any.
   void Adopt(absl::Span<const int32_t> context, SeqCache* seq);
+  // Frees the blocks of the oldest retired entry (there must be one) and forgets it.
+  void DropOldestRetired();
   // Shrinks `seq` to its first `length` tokens, returning blocks no longer needed.
   void Truncate(SeqCache* seq, int64_t length);
   // Grows `seq`'s blocks to cover `positions` tokens, evicting LRU sequences not in `pinned`
