@@ -542,7 +542,16 @@ class UcxTransport final : public internal::Transport {
         if (armed == UCS_ERR_BUSY) continue;
         block = armed == UCS_OK;
       }
-      if (WaitForWake(block ? kBlockedIdleTimeout : sleep, block)) {
+      // Wake writes wake_fd_ only while waiting_ is set. Each side stores, fences, then loads
+      // what the other stored: either the caller sees waiting_, or this thread sees its work.
+      waiting_.store(true, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      const bool pending = !running_.load(std::memory_order_relaxed) ||
+                           in_flight_.load(std::memory_order_relaxed) > 0 ||
+                           queued_.load(std::memory_order_relaxed);
+      const bool woken = pending || WaitForWake(block ? kBlockedIdleTimeout : sleep, block);
+      waiting_.store(false, std::memory_order_relaxed);
+      if (woken) {
         idle_since = absl::Time();  // a caller has work: spin again
         sleep = idle_sleep_;
       } else if (!block) {
@@ -551,8 +560,11 @@ class UcxTransport final : public internal::Transport {
     }
   }
 
-  // Ends the progress thread's idle wait (callers that posted or queued work, Stop).
+  // Ends the progress thread's idle wait (callers that posted or queued work, Stop; call after
+  // storing the work). A system call only while the thread waits: posts stay cheap.
   void Wake() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!waiting_.load(std::memory_order_relaxed)) return;
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
   }
@@ -688,6 +700,7 @@ class UcxTransport final : public internal::Transport {
   static constexpr absl::Duration kBlockedIdleTimeout = absl::Milliseconds(100);
   int wake_fd_ = -1;   // eventfd written by Wake
   int event_fd_ = -1;  // the worker's (UCP_FEATURE_WAKEUP), or -1: poll only
+  std::atomic<bool> waiting_{false};  // the progress thread is in (or about to enter) a wait
   TransportCallbacks* callbacks_ = nullptr;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
