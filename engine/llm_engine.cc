@@ -66,10 +66,10 @@ struct LlmEngine::Sequence {
   State state = State::kWaiting;
 
   bool has_blocks = false;
-  int64_t computed = 0;       // tokens whose KV is in the cache
-  int64_t scheduled_end = 0;  // tokens whose KV will be there after planned steps
-  int pending_samples = 0;    // in-flight or planned steps that sample for it
-  int in_flight = 0;          // submitted steps that reference its blocks
+  int64_t computed = 0;                // tokens whose KV is in the cache
+  int64_t scheduled_end = 0;           // tokens whose KV will be there after planned steps
+  int pending_samples = 0;             // in-flight or planned steps that sample for it
+  int in_flight = 0;                   // submitted steps that reference its blocks
   std::vector<uint64_t> block_hashes;  // chain over its committed full blocks
   bool preempt_requested = false;
   uint64_t epoch = 0;  // bumped by each preemption: plans made before it are void
@@ -96,8 +96,8 @@ struct LlmEngine::Planned {
   int64_t start = 0;
   int64_t count = 0;
   bool sample = false;
-  std::vector<int32_t> draft;  // speculative tokens after the one known input token
-  int draft_match = 0;         // the n-gram drafter's match length for them
+  std::vector<int32_t> draft;           // speculative tokens after the one known input token
+  int draft_match = 0;                  // the n-gram drafter's match length for them
   std::vector<float> draft_probs;       // as Sequence::draft_probs, for these drafts
   std::vector<float> draft_confidence;  // as Sequence::draft_confidence
   std::vector<int32_t> table;
@@ -130,6 +130,11 @@ struct LlmEngine::Step {
   int spec_drafting = -1;
   // Draft model, adaptive, not a probe: the plan's draft length was 1 (0) or >= 2 (1); else -1.
   int spec_long_draft = -1;
+  // The mode selector's mode for the step (-1: none), whether it is measured, and the decoding
+  // sequences when it was planned.
+  int spec_mode = -1;
+  bool spec_mode_measured = false;
+  int spec_mode_decoding = 0;
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -255,8 +260,21 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
                        engine->draft_cost_->DebugString());
         }
       }
+      const bool active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
+      if (active && so.select_mode) {
+        // The plan first, then fixed lengths 1, 2, 4, ... k, then none (the order in which a
+        // new bucket tries them).
+        std::vector<int> modes = {spec::DraftModeSelector::kPlan};
+        for (int l = 1; l < so.num_speculative_tokens; l *= 2) modes.push_back(l);
+        modes.push_back(so.num_speculative_tokens);
+        modes.push_back(0);
+        absl::StatusOr<spec::DraftModeSelector> selector =
+            spec::DraftModeSelector::Create(std::move(modes), so.select_options);
+        if (!selector.ok()) return selector.status();
+        engine->selector_.emplace(*std::move(selector));
+      }
       std::lock_guard<std::mutex> lock(engine->mu_);
-      engine->stats_.spec_adaptive_active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
+      engine->stats_.spec_adaptive_active = active;
     }
   }
   return engine;
@@ -358,9 +376,9 @@ absl::Status LlmEngine::ValidateImages(const std::vector<int32_t>& prompt,
   const ModelConfig& c = model_->config();
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (!images.empty() && c.image_token_id < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "images: this model takes no images (", c.architecture, " has no image_token_id), got ",
-        images.size()));
+    return absl::InvalidArgumentError(absl::StrCat("images: this model takes no images (",
+                                                   c.architecture, " has no image_token_id), got ",
+                                                   images.size()));
   }
   int64_t covered_end = 0;
   for (size_t i = 0; i < images.size(); ++i) {
@@ -377,14 +395,12 @@ absl::Status LlmEngine::ValidateImages(const std::vector<int32_t>& prompt,
     }
     if (image.position < covered_end || image.position > n - image.num_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ".position: expected a run of ", image.num_tokens, " tokens within [",
-          covered_end, ", ", n, ") (runs are sorted, disjoint and inside the prompt), got ",
-          image.position));
+          field, ".position: expected a run of ", image.num_tokens, " tokens within [", covered_end,
+          ", ", n, ") (runs are sorted, disjoint and inside the prompt), got ", image.position));
     }
     covered_end = image.position + image.num_tokens;
     const int64_t want = image.num_tokens * c.hidden_size;
-    if (image.data == nullptr ? data_required
-                              : static_cast<int64_t>(image.data->size()) != want) {
+    if (image.data == nullptr ? data_required : static_cast<int64_t>(image.data->size()) != want) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".data: expected num_tokens x hidden_size = ", image.num_tokens, " x ",
           c.hidden_size, " = ", want, " floats, got ",
@@ -404,9 +420,9 @@ absl::Status LlmEngine::ValidateImages(const std::vector<int32_t>& prompt,
     }
     for (int64_t t = image.position; t < image.position + image.num_tokens; ++t) {
       if (prompt[t] != c.image_token_id) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "prompt_token_ids[", t, "]: expected the image placeholder token ", c.image_token_id,
-            " (covered by ", field, "), got ", prompt[t]));
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt_token_ids[", t, "]: expected the image placeholder token ",
+                         c.image_token_id, " (covered by ", field, "), got ", prompt[t]));
       }
     }
     covered_end = image.position + image.num_tokens;
@@ -449,7 +465,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
     }
     absl::StatusOr<std::vector<int32_t>> ids =
         options_.tokenizer->Encode(*text, /*add_special_tokens=*/false);
-    if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", ids.status().message()));
+    if (!ids.ok())
+      return absl::InvalidArgumentError(absl::StrCat("messages: ", ids.status().message()));
     request.prompt = std::move(*ids);
   }
   if (!request.sampling.stop.empty() && options_.tokenizer == nullptr) {
@@ -462,18 +479,18 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
   for (size_t i = 0; i < request.prompt.size(); ++i) {
     if (request.prompt[i] < 0 || request.prompt[i] >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i,
-                                                     "]: expected a token id in [0, ",
-                                                     c.vocab_size, "), got ", request.prompt[i]));
+                                                     "]: expected a token id in [0, ", c.vocab_size,
+                                                     "), got ", request.prompt[i]));
     }
   }
   DI_RETURN_IF_ERROR(ValidateImages(request.prompt, request.images, image_data_required));
   DI_RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, c.vocab_size));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
   if (total > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sampling.max_tokens: prompt (", request.prompt.size(), " tokens) + max_tokens (",
-        request.sampling.max_tokens, ") exceeds the model's context of ",
-        c.max_position_embeddings, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.max_tokens: prompt (", request.prompt.size(),
+                     " tokens) + max_tokens (", request.sampling.max_tokens,
+                     ") exceeds the model's context of ", c.max_position_embeddings, " tokens"));
   }
   if ((total + options_.block_size - 1) / options_.block_size > options_.num_blocks) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -535,8 +552,8 @@ absl::Status LlmEngine::Enqueue(std::unique_ptr<Sequence> seq) {
           absl::StrCat("request_id: \"", seq->request_id, "\" is already running"));
     }
     if (queued_ >= options_.max_waiting) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "queue full: ", options_.max_waiting, " requests waiting; retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("queue full: ", options_.max_waiting, " requests waiting; retry later"));
     }
     live_[seq->request_id] = seq.get();
     ++queued_;
@@ -567,7 +584,7 @@ LlmEngine::Sequence* LlmEngine::FindIn(std::list<std::unique_ptr<Sequence>>& lis
 }
 
 absl::StatusOr<KvReservation> LlmEngine::ReserveForRemotePrefill(EngineRequest request,
-                                                                  OutputCallback on_output) {
+                                                                 OutputCallback on_output) {
   DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> owned,
                       MakeSequence(std::move(request), std::move(on_output),
                                    /*image_data_required=*/false));
@@ -585,9 +602,9 @@ absl::StatusOr<KvReservation> LlmEngine::ReserveForRemotePrefill(EngineRequest r
     seq->arrival = arrival_counter_++;
     std::vector<uint64_t> hashes;
     if (options_.enable_prefix_cache) hashes = FullBlockHashes(*seq);
-    DI_ASSIGN_OR_RETURN(int64_t cached, blocks_.AllocateSequence(
-                                            seq->id, static_cast<int64_t>(seq->tokens.size()),
-                                            hashes));
+    DI_ASSIGN_OR_RETURN(
+        int64_t cached,
+        blocks_.AllocateSequence(seq->id, static_cast<int64_t>(seq->tokens.size()), hashes));
     seq->has_blocks = true;
     seq->usage.cached_prompt_tokens = cached;
     seq->counted_cache = true;
@@ -598,8 +615,7 @@ absl::StatusOr<KvReservation> LlmEngine::ReserveForRemotePrefill(EngineRequest r
       seq->block_hashes = hashes;
     }
     const std::vector<int32_t>& table = *blocks_.Table(seq->id);
-    const int64_t prompt_blocks =
-        (seq->prompt_len + options_.block_size - 1) / options_.block_size;
+    const int64_t prompt_blocks = (seq->prompt_len + options_.block_size - 1) / options_.block_size;
     reservation.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
     reservation.cached_tokens = cached;
     reservation.block_size = options_.block_size;
@@ -619,13 +635,12 @@ absl::Status LlmEngine::CompleteRemotePrefill(const std::string& request_id,
   return RunOnScheduler([&]() -> absl::Status {
     Sequence* seq = FindIn(awaiting_kv_, request_id);
     if (seq == nullptr) {
-      return absl::NotFoundError(absl::StrCat("request_id: \"", request_id,
-                                              "\" is not awaiting a remote prefill"));
+      return absl::NotFoundError(
+          absl::StrCat("request_id: \"", request_id, "\" is not awaiting a remote prefill"));
     }
     if (first.token < 0 || first.token >= model_->config().vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("first_token_id: expected [0, ",
-                                                     model_->config().vocab_size, "), got ",
-                                                     first.token));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "first_token_id: expected [0, ", model_->config().vocab_size, "), got ", first.token));
     }
     // The KV is there either way; an abort that arrived meanwhile ends the request now.
     seq->computed = seq->scheduled_end = seq->prompt_len;
@@ -664,8 +679,8 @@ absl::Status LlmEngine::FailRemotePrefill(const std::string& request_id, absl::S
   return RunOnScheduler([&]() -> absl::Status {
     Sequence* seq = FindIn(awaiting_kv_, request_id);
     if (seq == nullptr) {
-      return absl::NotFoundError(absl::StrCat("request_id: \"", request_id,
-                                              "\" is not awaiting a remote prefill"));
+      return absl::NotFoundError(
+          absl::StrCat("request_id: \"", request_id, "\" is not awaiting a remote prefill"));
     }
     Finish(seq, FinishReason::kAborted,
            seq->abort_pending ? absl::CancelledError("aborted") : status);
@@ -742,7 +757,8 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   }
   EngineOutput out;
   out.request_id = seq->request_id;
-  if (seq->text != nullptr && reason != FinishReason::kAborted) out.text_delta = seq->text->Finish();
+  if (seq->text != nullptr && reason != FinishReason::kAborted)
+    out.text_delta = seq->text->Finish();
   out.finished = true;
   out.finish_reason = reason;
   out.status = std::move(status);
@@ -775,7 +791,8 @@ void LlmEngine::HandleAborts() {
     for (auto& s : running_) {
       if (s->request_id == id) seq = s.get();
     }
-    if (Sequence* pinned = FindIn(awaiting_kv_, id); pinned != nullptr) pinned->abort_pending = true;
+    if (Sequence* pinned = FindIn(awaiting_kv_, id); pinned != nullptr)
+      pinned->abort_pending = true;
     if (Sequence* pinned = FindIn(held_, id); pinned != nullptr) pinned->abort_pending = true;
     if (seq != nullptr) {
       seq->aborted = true;
@@ -910,8 +927,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   for (size_t i = 0; i < decodes.size(); ++i) {
     // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
     const Sequence* seq = decodes[i];
-    const int64_t room =
-        seq->sampling.max_tokens - seq->generated() - seq->pending_samples - 1;
+    const int64_t room = seq->sampling.max_tokens - seq->generated() - seq->pending_samples - 1;
     caps[i] = spare > 0 ? static_cast<int>(std::clamp<int64_t>(room, 0, k)) : 0;
     longest = std::max(longest, caps[i]);
   }
@@ -920,6 +936,18 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   // saying "no draft" between probes, and returns to probe_interval once it drafts again: a probe
   // costs a synchronous step (and a draft model's catch-up), which an unprofitable drafter should
   // pay ever more rarely.
+  if (adaptive && selector_.has_value()) {
+    // Measured modes (spec::DraftModeSelector): no drafting, a fixed length, or the plan below.
+    const spec::DraftModeSelector::Choice choice = selector_->Choose(static_cast<int>(n));
+    gate.mode = choice.mode;
+    gate.mode_measured = choice.measured;
+    const int length = selector_->length(choice.mode);
+    if (length != spec::DraftModeSelector::kPlan) {
+      gate.fixed_length = length;
+      gate.may_draft = length > 0 && longest > 0;
+      return gate;
+    }
+  }
   if (probe_gap_ <= 0) probe_gap_ = so.probe_interval;
   if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= probe_gap_ && longest > 0) {
     gate.probe = true;
@@ -943,9 +971,8 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   if (calibration_ != nullptr) {
     std::vector<std::vector<double>> priors(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) calibration_->PositionPrior(caps[i], &priors[i]);
-    absl::StatusOr<spec::DraftLengthPlan> length =
-        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_,
-                              kDraftLengthMinGain);
+    absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
+        shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     if (length.ok() && length->adaptive) {
       drafts = length->length > 0;
       draft_rate = length->tokens_per_second;
@@ -973,9 +1000,9 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   }
   if (drafts && have_overlap_overhead_) {
     const double plain =
-        forward_fit_.Predict(cost_->StepSeconds(static_cast<double>(shape.step_tokens),
-                                                shape.step_requests),
-                             shape.step_requests) +
+        forward_fit_.Predict(
+            cost_->StepSeconds(static_cast<double>(shape.step_tokens), shape.step_requests),
+            shape.step_requests) +
         std::max(0.0, overlap_overhead_ema_);
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
@@ -1072,8 +1099,8 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
       if (seq->preempt_requested) continue;
-      const int64_t avail = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples -
-                            seq->scheduled_end;
+      const int64_t avail =
+          static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples - seq->scheduled_end;
       if (avail == 1 && seq->verifier != nullptr) {
         decodes.push_back(seq);
       } else if (avail > 0) {
@@ -1089,16 +1116,22 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
     }
     bool all_known = true;
     for (const Sequence* seq : decodes) all_known = all_known && seq->pending_samples == 0;
-    if (!decodes.empty() && (!gate.may_draft || all_known)) {
+    if (!decodes.empty() && (!gate.may_draft || all_known) && gate.fixed_length < 0) {
+      // The plan's steps only (no fixed-length or no-drafting mode of the selector).
       step->spec_decoding = static_cast<int>(decodes.size());
       step->spec_drafting = gate.probe ? -1 : (gate.may_draft ? 1 : 0);
+    }
+    if (!decodes.empty() && gate.mode >= 0) {
+      step->spec_mode = gate.mode;
+      step->spec_mode_measured = gate.mode_measured;
+      step->spec_mode_decoding = static_cast<int>(decodes.size());
     }
     if (gate.may_draft && all_known && !decodes.empty()) {
       // Drafts take what one token per decode and the running prefills leave of the budget.
       const int64_t n = static_cast<int64_t>(decodes.size());
       const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
       Draft(decodes, spare, static_cast<int>(std::min(n + prefill_tokens, budget)),
-            static_cast<int>(n) + prefills, gate.probe, step.get());
+            static_cast<int>(n) + prefills, gate.probe, gate.fixed_length, step.get());
     }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.
@@ -1106,8 +1139,8 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
     for (auto& owned : running_) {
       Sequence* seq = owned.get();
       if (seq->preempt_requested) continue;
-      const int64_t avail = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples -
-                            seq->scheduled_end;
+      const int64_t avail =
+          static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples - seq->scheduled_end;
       if ((pass == 0) != (avail == 1)) continue;
       plan(seq);
     }
@@ -1159,8 +1192,8 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step, Clock::time_point*
     p.input.insert(p.input.end(), p.draft.begin(), p.draft.end());
     if (p.start < static_cast<int64_t>(seq->embedding_rows.size())) {
       // Image rows by absolute position: a chunk may start or end inside a run.
-      const int64_t end = std::min(p.start + p.count,
-                                   static_cast<int64_t>(seq->embedding_rows.size()));
+      const int64_t end =
+          std::min(p.start + p.count, static_cast<int64_t>(seq->embedding_rows.size()));
       p.embedding_rows.assign(seq->embedding_rows.begin() + p.start,
                               seq->embedding_rows.begin() + end);
       p.embedding_rows.resize(p.count, nullptr);
@@ -1378,8 +1411,8 @@ void LlmEngine::Process(Step& step) {
       }
     }
     // KV is valid for the accepted run only, and never beyond the tokens actually kept.
-    seq->computed = std::max(seq->computed,
-                             std::min(kv_end, static_cast<int64_t>(seq->tokens.size())));
+    seq->computed =
+        std::max(seq->computed, std::min(kv_end, static_cast<int64_t>(seq->tokens.size())));
     CommitBlocks(seq);
     ReleaseOutOfWindow(seq);
     if (!p.draft.empty() && !stopped) {
@@ -1409,9 +1442,8 @@ void LlmEngine::Process(Step& step) {
         "draft_scale={:.3f}",
         step.spec_overlapped ? 1 : 0, step.items.size(), samples, tokens, spec_verified,
         spec_accepted,
-        have_last_processed_
-            ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
-            : 0,
+        have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
+                             : 0,
         static_cast<int64_t>(step.forward_seconds * 1e6),
         static_cast<int64_t>(step.spec_draft_seconds * 1e6), forward_fit_.Scale(),
         forward_fit_.offset() * 1e6, forward_fit_.per_request() * 1e6, overhead_ema_ * 1e6,
@@ -1458,6 +1490,21 @@ void LlmEngine::Process(Step& step) {
     if (step.spec_drafting == 1 && step.spec_long_draft >= 0) {
       length_check_.Observe(step.spec_decoding, step.spec_long_draft == 1, emitted, measured);
     }
+    if (selector_.has_value() && step.spec_mode >= 0) {
+      selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.spec_mode_measured, emitted,
+                         measured);
+      const int length = selector_->length(step.spec_mode);
+      if (length == spec::DraftModeSelector::kPlan) {
+        ++stats_.spec_select_plan_steps;
+      } else if (length > 0) {
+        ++stats_.spec_select_fixed_steps;
+      } else {
+        ++stats_.spec_select_off_steps;
+      }
+      stats_.spec_select_epochs = selector_->epochs();
+      stats_.spec_select_explorations = selector_->explorations();
+      stats_.spec_select_mode = selector_->length(selector_->current());
+    }
     ++stats_.spec_timed_steps;
     stats_.spec_predicted_step_seconds += predicted;
     stats_.spec_measured_step_seconds += measured;
@@ -1478,10 +1525,12 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
 }
 
 void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-                      int step_requests, bool probe, Step* step) {
+                      int step_requests, bool probe, int fixed_length, Step* step) {
   const SpecOptions& so = options_.speculative;
-  const int k = so.num_speculative_tokens;
-  const bool adaptive = so.adaptive && cost_ != nullptr;
+  // A fixed-length mode of the selector drafts and verifies like the non-adaptive engine.
+  const int k = fixed_length > 0 ? std::min(fixed_length, so.num_speculative_tokens)
+                                 : so.num_speculative_tokens;
+  const bool adaptive = so.adaptive && cost_ != nullptr && fixed_length < 0;
   // Every decision below (draft length, budget, probe: PlanDrafting) uses only estimates and
   // times from earlier steps and the step count, never the drafts themselves: lossless
   // (budget.h).
@@ -1509,9 +1558,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     for (size_t i = 0; i < decodes.size(); ++i) {
       calibration_->PositionPrior(caps[i], &priors[i]);
     }
-    absl::StatusOr<spec::DraftLengthPlan> length =
-        spec::PlanDraftLength(shape, priors, cost_.get(), draft_cost_.get(), draft_scale_,
-                              kDraftLengthMinGain);
+    absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
+        shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     int l = length.ok() ? length->length : k;
     if (l >= 2 && !probe && !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
       // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
@@ -1586,7 +1634,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // round that computes it is paid once drafting is on), later ones while a_j is worth it.
       const spec::DraftCalibration* calibration = calibration_.get();
       r.keep_drafting = [calibration, keep_threshold, survival = 1.0](int position,
-                                                                       float confidence) mutable {
+                                                                      float confidence) mutable {
         survival *= calibration->Conditional(confidence);
         return position == 0 || survival >= keep_threshold;
       };
@@ -1611,8 +1659,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     int64_t steady_tokens = 0;
     for (const spec::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
     const bool caught_up =
-        model_drafter_ != nullptr &&
-        model_drafter_->computed_tokens() - fed_before > steady_tokens;
+        model_drafter_ != nullptr && model_drafter_->computed_tokens() - fed_before > steady_tokens;
     if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
       // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds
       // each sequence took part in (its tokens, plus the round whose token it declined).
@@ -1666,8 +1713,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       }
     }
     shape.extra_seconds += draft_predicted;
-    absl::StatusOr<spec::VerifyPlan> plan =
-        spec::PlanVerification(shape, candidates, cost_.get());
+    absl::StatusOr<spec::VerifyPlan> plan = spec::PlanVerification(shape, candidates, cost_.get());
     if (plan.ok()) {
       // A probe verifies one draft more than the plan per sequence: whether d_j is verified
       // still depends only on a_1..a_{j-1} of its own row.
@@ -1709,9 +1755,8 @@ void LlmEngine::SchedulerLoop() {
         incoming_.pop_front();
         seq->id = next_seq_id_++;
         seq->arrival = arrival_counter_++;
-        auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& w) {
-          return w->priority < seq->priority;
-        });
+        auto pos = std::find_if(waiting_.begin(), waiting_.end(),
+                                [&](const auto& w) { return w->priority < seq->priority; });
         waiting_.insert(pos, std::move(seq));
       }
       stopping = stopping_;
@@ -1729,7 +1774,8 @@ void LlmEngine::SchedulerLoop() {
       for (auto& s : running_) all.push_back(s.get());
       for (auto& s : awaiting_kv_) all.push_back(s.get());
       for (auto& s : held_) all.push_back(s.get());
-      for (Sequence* s : all) Finish(s, FinishReason::kAborted, absl::CancelledError("engine stopped"));
+      for (Sequence* s : all)
+        Finish(s, FinishReason::kAborted, absl::CancelledError("engine stopped"));
     }
 
     // Waits for the step in flight and processes its outputs.

@@ -57,6 +57,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -70,6 +71,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/spec/budget.h"
+#include "engine/spec/mode_selector.h"
 #include "engine/text_stream.h"
 #include "nlohmann/json.hpp"
 
@@ -94,8 +96,8 @@ struct SpecOptions {
   // `draft_model_path`; its drafts are sampled at each request's temperature (arg-max at 0) and
   // carry their distribution, so rejection sampling stays lossless.
   std::string drafter = "ngram";
-  int min_n = 1;                  // n-gram drafter: shortest suffix matched, >= 1
-  int max_n = 4;                  // longest suffix matched, in [min_n, 64]
+  int min_n = 1;                   // n-gram drafter: shortest suffix matched, >= 1
+  int max_n = 4;                   // longest suffix matched, in [min_n, 64]
   int num_speculative_tokens = 4;  // k: drafts proposed per sequence and step, in [1, 64]
   // Draft model: Hugging Face checkpoint directory (required with drafter "draft_model"), the
   // blocks of its own KV cache (EngineOptions::block_size tokens each; 0: as many as the target's
@@ -146,11 +148,17 @@ struct SpecOptions {
   // emitted fewer tokens per second than those it did not, at the same number of decoding
   // sequences (bucketed by powers of two), the step does not draft, until that measurement fades
   // (spec::DraftingRateCheck); likewise a draft model's planned length L >= 2 becomes 1 where
-  // steps drafting 2 or more tokens measured slower than steps drafting 1. Still lossless: the draft length, the budget and probes depend only on earlier steps (and the
-  // step count). With a flat or missing cost table every draft is verified (and a warning is logged
-  // once).
+  // steps drafting 2 or more tokens measured slower than steps drafting 1. Still lossless: the
+  // draft length, the budget and probes depend only on earlier steps (and the step count). With a
+  // flat or missing cost table every draft is verified (and a warning is logged once).
   bool adaptive = false;
-  int profile_runs = 5;  // adaptive: forward passes per profiled shape (median), >= 5
+  // Adaptive: measure the plan above against fixed draft lengths (1, 2, 4, ... up to k) and no
+  // drafting, and run whichever realises the most tokens per second at the current number of
+  // decoding sequences (spec::DraftModeSelector: epochs of >= 16 steps and 0.25 s, each losing
+  // mode revisited at a cost of about 0.5% of the run). Off: the plan decides every step.
+  bool select_mode = true;
+  spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
+  int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
   // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
@@ -165,9 +173,9 @@ struct SpecOptions {
 struct EngineOptions {
   int num_blocks = 1024;
   int block_size = 16;
-  int max_batch_tokens = 512;   // token budget per step
-  int max_running = 64;         // sequences in the running batch
-  int max_waiting = 4096;       // queue bound; beyond it Submit returns kResourceExhausted
+  int max_batch_tokens = 512;  // token budget per step
+  int max_running = 64;        // sequences in the running batch
+  int max_waiting = 4096;      // queue bound; beyond it Submit returns kResourceExhausted
   bool enable_prefix_cache = true;
   bool chunked_prefill = true;
   bool overlap = true;
@@ -273,23 +281,23 @@ struct EngineStats {
   int64_t pending_prefill_tokens = 0;
   BlockManagerStats blocks;
   int64_t steps = 0;
-  int64_t step_tokens = 0;          // tokens computed over all steps
-  int64_t step_sequences = 0;       // sequences over all steps (mean batch = this / steps)
+  int64_t step_tokens = 0;     // tokens computed over all steps
+  int64_t step_sequences = 0;  // sequences over all steps (mean batch = this / steps)
   int64_t last_step_tokens = 0;
   int64_t last_step_sequences = 0;
-  double forward_seconds = 0.0;     // executor time in forward + sampling
-  double schedule_seconds = 0.0;    // scheduler time preparing steps
+  double forward_seconds = 0.0;           // executor time in forward + sampling
+  double schedule_seconds = 0.0;          // scheduler time preparing steps
   double exposed_schedule_seconds = 0.0;  // of which not hidden behind a running step
   int64_t preemptions = 0;
   int64_t finished = 0;
   int64_t window_released_blocks = 0;  // blocks given back early by sliding-window models
   int64_t kv_events_dropped = 0;
   // Speculative decoding (0 when off).
-  int64_t spec_steps = 0;              // steps that verified at least one draft token
-  int64_t spec_drafted_tokens = 0;     // tokens the drafter proposed (capped by k and max_tokens)
-  int64_t spec_verified_tokens = 0;    // of those, fed to the model for verification
-  int64_t spec_accepted_tokens = 0;    // of those, accepted
-  bool spec_adaptive_active = false;   // adaptive budget in use (a usable cost table exists)
+  int64_t spec_steps = 0;             // steps that verified at least one draft token
+  int64_t spec_drafted_tokens = 0;    // tokens the drafter proposed (capped by k and max_tokens)
+  int64_t spec_verified_tokens = 0;   // of those, fed to the model for verification
+  int64_t spec_accepted_tokens = 0;   // of those, accepted
+  bool spec_adaptive_active = false;  // adaptive budget in use (a usable cost table exists)
   // Adaptive steps with decoding sequences: their predicted time (forward scale x cost table +
   // overhead + predicted drafting, with the estimates before the step), their measured time
   // (period through output processing; SpecOptions::adaptive), and the current per-step overhead
@@ -313,13 +321,22 @@ struct EngineStats {
   int64_t spec_draft_evictions = 0;
   // Draft model: context tokens whose draft KV a new request adopted from a finished one's
   int64_t spec_draft_reused_tokens = 0;
-  int64_t spec_probe_steps = 0;     // adaptive steps that probed (probe_interval)
+  int64_t spec_probe_steps = 0;  // adaptive steps that probed (probe_interval)
   // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
   // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
   int64_t spec_rate_vetoed_steps = 0;
   // Draft model, adaptive: steps whose planned draft length >= 2 was cut to 1 because such steps
   // measured fewer tokens/s than steps drafting 1 token (DraftingRateCheck).
   int64_t spec_length_vetoed_steps = 0;
+  // Adaptive with select_mode (spec::DraftModeSelector): steps run by the plan, at a fixed draft
+  // length and without drafting; epochs; epochs given to a mode that was not the best measured;
+  // the current epoch's mode (-1: the plan, else its fixed draft length, 0: none).
+  int64_t spec_select_plan_steps = 0;
+  int64_t spec_select_fixed_steps = 0;
+  int64_t spec_select_off_steps = 0;
+  int64_t spec_select_epochs = 0;
+  int64_t spec_select_explorations = 0;
+  int64_t spec_select_mode = -1;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.
@@ -406,6 +423,11 @@ class LlmEngine {
   struct DraftGate {
     bool may_draft = false;
     bool probe = false;
+    // The mode selector's choice (selector_): its mode index (-1 without one), whether the step
+    // is measured, and for a fixed-length mode that length (-1: the plan decides).
+    int mode = -1;
+    bool mode_measured = false;
+    int fixed_length = -1;
   };
 
   void SchedulerLoop();
@@ -425,12 +447,11 @@ class LlmEngine {
                          std::chrono::steady_clock::time_point* executed_at);
   // `image_data_required`: false only for ReserveForRemotePrefill (hashes suffice there).
   absl::StatusOr<std::unique_ptr<Sequence>> MakeSequence(EngineRequest request,
-                                                          OutputCallback on_output,
-                                                          bool image_data_required = true);
+                                                         OutputCallback on_output,
+                                                         bool image_data_required = true);
   // kInvalidArgument naming the field when `images` do not fit `prompt` (see EngineRequest).
   absl::Status ValidateImages(const std::vector<int32_t>& prompt,
-                              const std::vector<ImageEmbeddings>& images,
-                              bool data_required) const;
+                              const std::vector<ImageEmbeddings>& images, bool data_required) const;
   // Every full block's hash of the sequence's tokens (PromptBlockHashes with its images).
   std::vector<uint64_t> FullBlockHashes(const Sequence& seq) const;
   // Admission bookkeeping shared by Submit and SubmitPrefill: the live-id check, the queue bound,
@@ -451,8 +472,10 @@ class LlmEngine {
   // (adaptive or all), within `spare` extra tokens of the step's budget. `step_tokens` and
   // `step_requests` estimate the step's shape before drafts, for the cost table.
   // Records the step's predicted drafting time in `step`.
+  // `fixed_length` >= 1: draft that many tokens per sequence (capped by max_tokens and the
+  // budget) and verify all, as without adaptive verification; -1: the adaptive plan.
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-             int step_requests, bool probe, Step* step);
+             int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
   void RecordOutputToken(Sequence* seq, int32_t token);
   // Profiles the model's step cost for the adaptive budget (called by Create).
@@ -501,7 +524,7 @@ class LlmEngine {
   spec::ModelDrafter* model_drafter_ = nullptr;  // drafter_ when it is a draft model
   std::unique_ptr<spec::NgramSurvivalStats> survival_;
   std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
-  std::unique_ptr<spec::CostTable> cost_;  // null: verify every draft
+  std::unique_ptr<spec::CostTable> cost_;                // null: verify every draft
   std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
   // The step period outside the target's forward pass and the draft model's drafting, averaged
   // (synchronous steps).
@@ -515,6 +538,9 @@ class LlmEngine {
   spec::DraftingRateCheck rate_check_;
   // Draft model: the same check for drafts of 2 or more tokens against drafts of 1 (Draft).
   spec::DraftingRateCheck length_check_;
+  // Adaptive with SpecOptions::select_mode: chooses between the plan, fixed lengths and no
+  // drafting by measured tokens per second (scheduler thread only).
+  std::optional<spec::DraftModeSelector> selector_;
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;
   // When the last step's outputs were processed (scheduler thread); the period of an overlapped

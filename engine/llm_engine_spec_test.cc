@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/llm_engine.h"
 #include "engine/kv_copy_test_util.h"
+#include "engine/llm_engine.h"
 #include "engine/output_collector.h"
 #include "engine/spec/budget.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -108,6 +108,21 @@ EngineOptions WithSpec(EngineOptions o, int k, bool adaptive) {
   o.speculative.min_n = 1;
   o.speculative.max_n = 3;
   o.speculative.adaptive = adaptive;
+  // The plan alone (the tests below check what it decides); WithSelector adds the measured
+  // selector above it.
+  o.speculative.select_mode = false;
+  return o;
+}
+
+// Adaptive with the measured mode selector, epochs short enough that a test's few dozen steps
+// run every mode (the plan, fixed lengths 1, 2, 4, ... k, none) more than once.
+EngineOptions WithSelector(EngineOptions o) {
+  o.speculative.select_mode = true;
+  o.speculative.select_options.epoch_steps = 2;
+  o.speculative.select_options.epoch_seconds = 0.0;
+  o.speculative.select_options.warmup_steps = 1;
+  o.speculative.select_options.min_gap_epochs = 1;
+  o.speculative.select_options.max_gap_epochs = 2;
   return o;
 }
 
@@ -127,9 +142,12 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   int64_t accepted = 0;
   for (int k : {1, 2, 4, 8}) {
-    for (bool adaptive : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << GetParam() << " k " << k << " adaptive " << adaptive);
-      const RunResult got = RunAll(model.get(), WithSpec(BaseOptions(), k, adaptive), reqs);
+    for (int mode : {0, 1, 2}) {  // fixed k, the adaptive plan, the plan under the selector
+      const bool adaptive = mode >= 1;
+      SCOPED_TRACE(::testing::Message() << GetParam() << " k " << k << " mode " << mode);
+      EngineOptions o = WithSpec(BaseOptions(), k, adaptive);
+      if (mode == 2) o = WithSelector(o);
+      const RunResult got = RunAll(model.get(), o, reqs);
       int64_t usage_drafts = 0, usage_accepted = 0;
       for (const EngineRequest& r : reqs) {
         const auto& g = got.results.at(r.request_id);
@@ -152,7 +170,14 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
       EXPECT_EQ(usage_drafts, got.stats.spec_verified_tokens);
       EXPECT_EQ(usage_accepted, got.stats.spec_accepted_tokens);
       EXPECT_LE(got.stats.spec_verified_tokens, got.stats.spec_drafted_tokens);
-      if (adaptive) {
+      if (mode == 2) {
+        // Every mode ran: the plan, fixed lengths (which ask the drafter every step) and none.
+        EXPECT_GT(got.stats.spec_select_plan_steps, 0);
+        EXPECT_GT(got.stats.spec_select_fixed_steps, 0);
+        EXPECT_GT(got.stats.spec_select_off_steps, 0);
+        EXPECT_GE(got.stats.spec_select_epochs, k == 1 ? 3 : 4);
+        EXPECT_GT(got.stats.spec_drafted_tokens, 0);
+      } else if (adaptive) {
         // Only steps the plan may verify drafts in (and probes) ask the drafter; on a model
         // whose outputs rarely repeat none of them may find an n-gram match.
         EXPECT_GT(got.stats.spec_probe_steps, 0);
@@ -337,43 +362,59 @@ TEST(SpecEngineLlamaTest, SeededSamplingIsReproducible) {
 
 TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
-  EngineOptions o = WithSpec(BaseOptions(), 4, false);
-  o.num_blocks = 64;
-  o.max_running = 16;
-  auto engine = LlmEngine::Create(model.get(), o).value();
-  ASSERT_TRUE(engine->Start().ok());
-  Collector c;
-  std::mt19937 rng(99);
-  const auto prompts = RepetitivePrompts(model->config().vocab_size, 20, 7);
-  const int n = 150;
-  for (int i = 0; i < n; ++i) {
-    EngineRequest req;
-    req.request_id = "q" + std::to_string(i);
-    req.prompt = prompts[rng() % prompts.size()];
-    req.sampling = Greedy(1 + rng() % 16);
-    req.priority = rng() % 3;
-    ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
-    if (rng() % 4 == 0) {
-      if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
-      engine->Abort("q" + std::to_string(rng() % (i + 1)));
+  std::vector<spec::CostTable::Sample> samples;
+  for (int requests : {1, 8}) {
+    for (int tokens : {1, 64}) {
+      for (int run = 0; run < 5; ++run) samples.push_back({tokens, requests, 1e-3 + 1e-5 * tokens});
     }
   }
-  ASSERT_TRUE(c.WaitFor(n, std::chrono::seconds(240)));
-  int aborted = 0;
-  for (const auto& [id, r] : c.results()) {
-    EXPECT_EQ(r.final_outputs, 1) << id;
-    if (r.finish == FinishReason::kAborted) ++aborted;
+  const spec::CostTable cheap = spec::CostTable::FromSamples(samples).value();
+  for (bool select : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "selector " << select);
+    // Fixed k, or the selector switching modes (drafting or not) every two steps.
+    EngineOptions o = WithSpec(BaseOptions(), 4, select);
+    if (select) {
+      o.speculative.cost_table = &cheap;
+      o = WithSelector(o);
+    }
+    o.num_blocks = 64;
+    o.max_running = 16;
+    auto engine = LlmEngine::Create(model.get(), o).value();
+    ASSERT_TRUE(engine->Start().ok());
+    Collector c;
+    std::mt19937 rng(99);
+    const auto prompts = RepetitivePrompts(model->config().vocab_size, 20, 7);
+    const int n = 150;
+    for (int i = 0; i < n; ++i) {
+      EngineRequest req;
+      req.request_id = "q" + std::to_string(i);
+      req.prompt = prompts[rng() % prompts.size()];
+      req.sampling = Greedy(1 + rng() % 16);
+      req.priority = rng() % 3;
+      ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
+      if (rng() % 4 == 0) {
+        if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+        engine->Abort("q" + std::to_string(rng() % (i + 1)));
+      }
+    }
+    ASSERT_TRUE(c.WaitFor(n, std::chrono::seconds(240)));
+    int aborted = 0;
+    for (const auto& [id, r] : c.results()) {
+      EXPECT_EQ(r.final_outputs, 1) << id;
+      if (r.finish == FinishReason::kAborted) ++aborted;
+    }
+    EngineStats s;
+    for (int i = 0; i < 200; ++i) {
+      s = engine->GetStats();
+      if (s.blocks.used_blocks == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(s.blocks.used_blocks, 0);
+    EXPECT_EQ(s.blocks.free_blocks + s.blocks.cached_blocks, 64);
+    EXPECT_GT(aborted, 0);
+    EXPECT_GT(s.spec_verified_tokens, 0);
+    if (select) EXPECT_GT(s.spec_select_epochs, 4);
   }
-  EngineStats s;
-  for (int i = 0; i < 200; ++i) {
-    s = engine->GetStats();
-    if (s.blocks.used_blocks == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(s.blocks.used_blocks, 0);
-  EXPECT_EQ(s.blocks.free_blocks + s.blocks.cached_blocks, 64);
-  EXPECT_GT(aborted, 0);
-  EXPECT_GT(s.spec_verified_tokens, 0);
 }
 
 // A prompt equal to an earlier request's prompt + output is served from the blocks that request
@@ -399,8 +440,7 @@ TEST(SpecEngineLlamaTest, PrefixCacheHoldsOnlyAcceptedTokens) {
     second.push_back(next);
   }
   for (const EngineRequest& r : second) ASSERT_TRUE(engine->Submit(r, c.Callback()).ok());
-  ASSERT_TRUE(c.WaitFor(static_cast<int>(first.size() + second.size()),
-                        std::chrono::seconds(120)));
+  ASSERT_TRUE(c.WaitFor(static_cast<int>(first.size() + second.size()), std::chrono::seconds(120)));
   results = c.results();
   const EngineStats stats = engine->GetStats();
   EXPECT_GT(stats.spec_accepted_tokens, 0);
@@ -412,9 +452,9 @@ TEST(SpecEngineLlamaTest, PrefixCacheHoldsOnlyAcceptedTokens) {
   for (const EngineRequest& r : second) {
     const auto& g = results[r.request_id];
     // Everything up to the last full block before the final output token was published.
-    EXPECT_GE(g.usage.cached_prompt_tokens,
-              (static_cast<int64_t>(r.prompt.size()) - 1) / o.block_size * o.block_size -
-                  o.block_size)
+    EXPECT_GE(
+        g.usage.cached_prompt_tokens,
+        (static_cast<int64_t>(r.prompt.size()) - 1) / o.block_size * o.block_size - o.block_size)
         << r.request_id;
     EXPECT_EQ(g.tokens, ref.results.at(r.request_id).tokens) << r.request_id;
   }
@@ -436,9 +476,10 @@ TEST(SpecEngineLlamaTest, DecodeAfterRemotePrefillSpeculatesAndMatchesTheReferen
   int64_t drafts = 0;
   for (const EngineRequest& req : reqs) {
     std::promise<absl::StatusOr<PrefillResult>> done;
-    ASSERT_TRUE(prefill->SubmitPrefill(req, [&](absl::StatusOr<PrefillResult> r) {
-      done.set_value(std::move(r));
-    }).ok());
+    ASSERT_TRUE(prefill
+                    ->SubmitPrefill(
+                        req, [&](absl::StatusOr<PrefillResult> r) { done.set_value(std::move(r)); })
+                    .ok());
     absl::StatusOr<PrefillResult> pre = done.get_future().get();
     ASSERT_TRUE(pre.ok()) << pre.status();
     Collector c;
@@ -471,8 +512,7 @@ TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
             std::string::npos);
   o = WithSpec(BaseOptions(), 4, false);
   o.speculative.min_n = 0;
-  EXPECT_EQ(LlmEngine::Create(model.get(), o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LlmEngine::Create(model.get(), o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 EngineOptions WithDraftModel(EngineOptions o, const std::string& dir, int k, bool adaptive) {
@@ -538,7 +578,8 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 59);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  for (bool adaptive : {false, true}) {
+  for (int mode : {0, 1, 2}) {  // fixed k, the adaptive plan, the plan under the selector
+    const bool adaptive = mode >= 1;
     // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
     std::vector<spec::CostTable::Sample> samples;
     for (int requests : {1, 8}) {
@@ -551,10 +592,17 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     EngineOptions o =
         WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
     o.speculative.cost_table = &cheap;
+    if (mode == 2) o = WithSelector(o);
     const RunResult got = RunAll(model.get(), o, reqs);
     for (const EngineRequest& r : reqs) {
       EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
-          << r.request_id << " adaptive " << adaptive;
+          << r.request_id << " mode " << mode;
+    }
+    if (mode == 2) {
+      // The draft model's cache survives modes that skip it (no drafting) and catches up.
+      EXPECT_GT(got.stats.spec_select_plan_steps, 0);
+      EXPECT_GT(got.stats.spec_select_fixed_steps, 0);
+      EXPECT_GT(got.stats.spec_select_off_steps, 0);
     }
     EXPECT_GT(got.stats.spec_verified_tokens, 0);
     EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
@@ -588,8 +636,8 @@ TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
     int probe_interval;
   };
   for (const Case& c : {Case{&expensive, 0}, Case{&expensive, 4}, Case{&cheap, 4}}) {
-    SCOPED_TRACE(::testing::Message() << (c.draft == &cheap ? "cheap" : "expensive") << " probe "
-                                      << c.probe_interval);
+    SCOPED_TRACE(::testing::Message()
+                 << (c.draft == &cheap ? "cheap" : "expensive") << " probe " << c.probe_interval);
     // The target's own weights as the draft: every draft is accepted.
     EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);
     o.speculative.cost_table = &target;

@@ -65,6 +65,11 @@ ABSL_FLAG(int, draft_kv_blocks, 0,
 ABSL_FLAG(bool, spec_adaptive, false,
           "With --speculative: verify per step the number of drafts that maximises expected "
           "tokens per second, from a cost table profiled on the model at start-up.");
+ABSL_FLAG(bool, spec_select, true,
+          "With --spec_adaptive: measure that per-step plan against fixed draft lengths (1, 2, "
+          "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
+          "tokens per second at the current number of decoding requests (each losing mode is "
+          "revisited at about 0.5% of the run's cost). --nospec_select: the plan alone.");
 
 namespace deepinfer::node {
 namespace {
@@ -150,6 +155,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.min_n = absl::GetFlag(FLAGS_ngram_min);
   o.speculative.max_n = absl::GetFlag(FLAGS_ngram_max);
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   o.speculative.draft_threads = o.threads;
   o.speculative.draft_num_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);

@@ -108,6 +108,15 @@ class WorkerRuntime::Metrics {
         m->spec_draft_evictions_,
         r.AddCounter("deepinfer_spec_draft_evictions_total",
                      "Sequences whose draft-model KV was evicted for room (--draft_kv_blocks)."));
+    DI_ASSIGN_OR_RETURN(
+        auto* modes,
+        r.AddCounterFamily("deepinfer_spec_mode_steps_total",
+                           "Adaptive decode steps by the drafting mode the measured selector ran "
+                           "(--spec_select): the per-step plan, a fixed draft length, none.",
+                           {"mode"}));
+    DI_ASSIGN_OR_RETURN(m->spec_mode_plan_, modes->WithLabels({"plan"}));
+    DI_ASSIGN_OR_RETURN(m->spec_mode_fixed_, modes->WithLabels({"fixed"}));
+    DI_ASSIGN_OR_RETURN(m->spec_mode_off_, modes->WithLabels({"off"}));
     MetricsHttpServerOptions options;
     options.listen_address = listen_address;
     Metrics* self = m.get();
@@ -149,6 +158,9 @@ class WorkerRuntime::Metrics {
     Mirror(spec_verified_, s.spec_verified_tokens());
     Mirror(spec_accepted_, s.spec_accepted_tokens());
     Mirror(spec_draft_evictions_, s.spec_draft_evictions());
+    Mirror(spec_mode_plan_, s.spec_select_plan_steps());
+    Mirror(spec_mode_fixed_, s.spec_select_fixed_steps());
+    Mirror(spec_mode_off_, s.spec_select_off_steps());
   }
 
   const WorkerRuntime* const runtime_;
@@ -170,6 +182,9 @@ class WorkerRuntime::Metrics {
   Counter* spec_verified_ = nullptr;
   Counter* spec_accepted_ = nullptr;
   Counter* spec_draft_evictions_ = nullptr;
+  Counter* spec_mode_plan_ = nullptr;
+  Counter* spec_mode_fixed_ = nullptr;
+  Counter* spec_mode_off_ = nullptr;
 };
 
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
@@ -184,9 +199,9 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
         "directory)");
   }
   if (spec.draft_num_blocks < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--draft_kv_blocks: expected >= 0 (0: as many as --kv_blocks), got ",
-        spec.draft_num_blocks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--draft_kv_blocks: expected >= 0 (0: as many as --kv_blocks), got ",
+                     spec.draft_num_blocks));
   }
   if (spec.num_speculative_tokens < 1 || spec.num_speculative_tokens > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -231,8 +246,9 @@ WorkerRuntime::~WorkerRuntime() { Drain(absl::ZeroDuration()); }
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options) {
   if (options.role != internal::v1::WORKER_ROLE_PREFILL &&
       options.role != internal::v1::WORKER_ROLE_DECODE) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "role: expected WORKER_ROLE_PREFILL or WORKER_ROLE_DECODE, got ", WorkerRoleName(options.role)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("role: expected WORKER_ROLE_PREFILL or WORKER_ROLE_DECODE, got ",
+                     WorkerRoleName(options.role)));
   }
   if (options.model_path.empty()) {
     return absl::InvalidArgumentError("--model: required (a Hugging Face model directory)");
@@ -332,8 +348,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   spdlog::info(
       "worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
       "incarnation {}, kv backend {}",
-      o.worker_id, std::string(WorkerRoleName(o.role)), o.model_id, rt->pool_layout_.num_layers(), o.kv_blocks,
-      o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
+      o.worker_id, std::string(WorkerRoleName(o.role)), o.model_id, rt->pool_layout_.num_layers(),
+      o.kv_blocks, o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
       std::string(kv_transfer::BackendName(o.kv_backend)));
   return rt;
 }
@@ -687,11 +703,13 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     spdlog::info(
         "worker {}: engine ran {} steps ({} overlapped); speculative: {} synced, {} without "
         "drafts, {} probes, {} drafted / {} verified / {} accepted tokens, {} draft-cache "
-        "evictions, {} draft tokens reused",
+        "evictions, {} draft tokens reused; modes: {} plan / {} fixed-length / {} no-draft "
+        "steps, {} exploring epochs",
         options_.worker_id, st.engine_steps(), st.overlapped_steps(), st.spec_synced_steps(),
         st.spec_no_draft_steps(), st.spec_probe_steps(), st.spec_draft_tokens(),
         st.spec_verified_tokens(), st.spec_accepted_tokens(), st.spec_draft_evictions(),
-        st.spec_draft_reused_tokens());
+        st.spec_draft_reused_tokens(), st.spec_select_plan_steps(), st.spec_select_fixed_steps(),
+        st.spec_select_off_steps(), st.spec_select_explorations());
   }
   if (agent_ != nullptr) agent_->Stop();
   {
@@ -742,6 +760,10 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_spec_probe_steps(static_cast<uint64_t>(e.spec_probe_steps));
     s.set_spec_draft_evictions(static_cast<uint64_t>(e.spec_draft_evictions));
     s.set_spec_draft_reused_tokens(static_cast<uint64_t>(e.spec_draft_reused_tokens));
+    s.set_spec_select_plan_steps(static_cast<uint64_t>(e.spec_select_plan_steps));
+    s.set_spec_select_fixed_steps(static_cast<uint64_t>(e.spec_select_fixed_steps));
+    s.set_spec_select_off_steps(static_cast<uint64_t>(e.spec_select_off_steps));
+    s.set_spec_select_explorations(static_cast<uint64_t>(e.spec_select_explorations));
   }
   {
     absl::MutexLock lock(&mu_);

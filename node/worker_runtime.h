@@ -22,7 +22,8 @@
 //    speculative decoding deepinfer_spec_draft_tokens_total (drafted),
 //    deepinfer_spec_verified_tokens_total (of those, verified by the model) and
 //    deepinfer_spec_accepted_tokens_total (of those, accepted) and
-//    deepinfer_spec_draft_evictions_total (draft-model KV evicted for room);
+//    deepinfer_spec_draft_evictions_total (draft-model KV evicted for room) and, adaptive,
+//    deepinfer_spec_mode_steps_total{mode=plan|fixed|off} (the measured selector's modes);
 //  * the port file: once the server is bound and answering RPCs (health may still say
 //    NOT_SERVING until the first Register succeeds), the bound port is written to --port_file
 //    (write + rename), which is how the launcher and tests learn ports when listening on port 0.
