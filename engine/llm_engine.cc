@@ -30,6 +30,8 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 
 // Adaptive speculative decoding: weight of each step's overhead sample in the running average.
 constexpr double kOverheadWeight = 0.1;
+// Every this many epochs of the mode selector, its measured rates go to the log.
+constexpr int64_t kSelectorLogEpochs = 64;
 // A draft model drafts a longer draft (or any) only when the plan expects it to beat the best
 // shorter one by this much: a near tie is decided by estimation noise, and drafts are paid for.
 constexpr double kDraftLengthMinGain = 0.03;
@@ -262,12 +264,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       }
       const bool active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
       if (active && so.select_mode) {
-        // The plan first, then fixed lengths 1, 2, 4, ... k, then none (the order in which a
+        // The plan first, then none, then fixed lengths 1, 2, 4, ... k (the order in which a
         // new bucket tries them).
-        std::vector<int> modes = {spec::DraftModeSelector::kPlan};
+        std::vector<int> modes = {spec::DraftModeSelector::kPlan, 0};
         for (int l = 1; l < so.num_speculative_tokens; l *= 2) modes.push_back(l);
         modes.push_back(so.num_speculative_tokens);
-        modes.push_back(0);
         absl::StatusOr<spec::DraftModeSelector> selector =
             spec::DraftModeSelector::Create(std::move(modes), so.select_options);
         if (!selector.ok()) return selector.status();
@@ -1501,6 +1502,17 @@ void LlmEngine::Process(Step& step) {
       } else {
         ++stats_.spec_select_off_steps;
       }
+      if (selector_->epochs() != stats_.spec_select_epochs) {
+        const int last = selector_->last_epoch_mode();
+        spdlog::debug("speculative: epoch {} runs mode {} (-1: the plan); the last compared ran {} "
+                      "at {:.0f} tokens/s", selector_->epochs(),
+                      selector_->length(selector_->current()),
+                      last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
+        if (selector_->epochs() % kSelectorLogEpochs == 0) {
+          spdlog::info("speculative: measured modes (tokens/s by decoding sequences) {}",
+                       selector_->DebugString());
+        }
+      }
       stats_.spec_select_epochs = selector_->epochs();
       stats_.spec_select_explorations = selector_->explorations();
       stats_.spec_select_mode = selector_->length(selector_->current());
@@ -1671,6 +1683,11 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       draft_profiled = spec::DraftSeconds(*draft_cost_, rounds, k);
       draft_predicted = draft_scale_ * draft_profiled;
       step->spec_draft_predicted = draft_predicted;
+    }
+    if (caught_up && selector_.has_value() && step->spec_mode >= 0 && !step->spec_mode_measured) {
+      // Right after a change of mode: the draft model is still catching up on the steps it
+      // skipped, which belongs to the change, not to the new mode's steady rate.
+      selector_->StillWarming();
     }
     if (adaptive && !probe && !caught_up && draft_profiled > 0.0 && draft_seconds > 0.0) {
       // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes

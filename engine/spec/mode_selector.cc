@@ -14,8 +14,9 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
   if (modes.empty()) return absl::InvalidArgumentError("mode selector: modes: expected >= 1");
   for (size_t i = 0; i < modes.size(); ++i) {
     if (modes[i] < kPlan) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mode selector: modes[", i, "]: expected a length >= 0 or kPlan, got ", modes[i]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode selector: modes[", i, "]: expected a length >= 0 or kPlan, got ",
+                       modes[i]));
     }
     for (size_t j = 0; j < i; ++j) {
       if (modes[j] == modes[i]) {
@@ -25,11 +26,16 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
     }
   }
   if (options.epoch_steps < 1 || !(options.epoch_seconds >= 0.0) || options.warmup_steps < 0 ||
-      !(options.memory_seconds > 0.0) || !(options.explore_cost > 0.0) ||
-      options.min_gap_epochs < 1 || options.max_gap_epochs < options.min_gap_epochs) {
+      options.max_warmup_steps < options.warmup_steps || !(options.cost_decay >= 0.0) ||
+      !(options.cost_decay < 1.0) || !(options.content_decay >= 0.0) ||
+      !(options.content_decay < 1.0) || !(options.switch_margin >= 0.0) ||
+      !(options.explore_cost > 0.0) || options.min_gap_epochs < 1 ||
+      options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1) {
     return absl::InvalidArgumentError(
-        "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, warmup_steps >= "
-        "0, memory_seconds > 0, explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs");
+        "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, 0 <= "
+        "warmup_steps <= max_warmup_steps, 0 <= cost_decay, content_decay < 1, switch_margin "
+        ">= 0, "
+        "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -43,95 +49,216 @@ int DraftModeSelector::Bucket(int decoding) {
   return b;
 }
 
-DraftModeSelector::BucketStats& DraftModeSelector::BucketOf(int decoding) {
-  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
-  if (buckets_.size() <= b) buckets_.resize(b + 1);
+DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
+  if (buckets_.size() <= static_cast<size_t>(b)) buckets_.resize(b + 1);
   BucketStats& bucket = buckets_[b];
   if (bucket.modes.empty()) bucket.modes.resize(lengths_.size());
   return bucket;
 }
 
-int DraftModeSelector::Decide(BucketStats& bucket) {
-  const int64_t epoch = bucket.epochs++;
-  const int n = num_modes();
-  for (int m = 0; m < n; ++m) {
-    if (bucket.modes[m].seconds <= 0.0) return m;  // never measured here: run it first
-  }
-  int best = 0;
-  double best_rate = -1.0;
-  for (int m = 0; m < n; ++m) {
-    const double rate = bucket.modes[m].tokens / bucket.modes[m].seconds;
-    if (rate > best_rate) {
+double DraftModeSelector::Score(const BucketStats& bucket, int mode) const {
+  if (mode == bucket.incumbent) return 0.0;
+  const ModeStats& s = bucket.modes[mode];
+  const ModeStats& inc = bucket.modes[bucket.incumbent];
+  const double tps = std::max(s.steps > 0.0 ? s.tokens / s.steps : 0.0, 1e-9);
+  const double inc_tps = std::max(inc.steps > 0.0 ? inc.tokens / inc.steps : 0.0, 1e-9);
+  return std::log(tps / inc_tps) - s.cost;
+}
+
+void DraftModeSelector::Compare(BucketStats& bucket, int mode, double observed_cost) {
+  ModeStats& s = bucket.modes[mode];
+  const double old = s.weight * options_.cost_decay;
+  s.cost = (s.cost * old + observed_cost) / (old + 1.0);
+  s.weight = old + 1.0;
+  ++s.comparisons;
+}
+
+void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
+  int best = bucket.incumbent;
+  double best_score = options_.switch_margin;
+  for (int m = 0; m < num_modes(); ++m) {
+    if (m == bucket.incumbent || bucket.modes[m].weight <= 0.0) continue;
+    const double score = Score(bucket, m);
+    if (score > best_score) {
       best = m;
-      best_rate = rate;
+      best_score = score;
     }
   }
-  int pick = best;
-  double most_overdue = -1.0;
-  for (int m = 0; m < n; ++m) {
-    if (m == best) continue;
-    const ModeStats& s = bucket.modes[m];
-    const double rate = s.tokens / s.seconds;
-    const double deficit = best_rate > 0.0 ? std::max(0.0, 1.0 - rate / best_rate) : 0.0;
-    const double gap =
-        std::clamp(deficit / options_.explore_cost, static_cast<double>(options_.min_gap_epochs),
-                   static_cast<double>(options_.max_gap_epochs));
-    const double overdue = static_cast<double>(epoch - s.last_epoch) - gap;
-    if (overdue >= 0.0 && overdue > most_overdue) {
-      pick = m;
-      most_overdue = overdue;
+  if (best == bucket.incumbent) return;
+  // The mode is estimated faster than the incumbent: it becomes the incumbent, and every cost is
+  // rebased on it (the old incumbent's on this mode's comparisons).
+  ModeStats& s = bucket.modes[best];
+  const double shift = s.cost;
+  for (ModeStats& m : bucket.modes) m.cost -= shift;
+  ModeStats& old = bucket.modes[bucket.incumbent];
+  old.weight = s.weight;
+  old.comparisons = s.comparisons;
+  bucket.incumbent = best;
+  s.cost = 0.0;
+  ++switches_;
+}
+
+void DraftModeSelector::FinishEpoch() {
+  const int need = std::max(1, (epoch_steps_ + 1) / 2);  // half the epoch in its bucket
+  if (epoch_rate_steps_ < need || epoch_rate_seconds_ <= 0.0) {
+    last_ = LastEpoch();  // too little of the bucket to compare: the chain breaks here
+    return;
+  }
+  const double steps = static_cast<double>(epoch_rate_steps_);
+  const double seconds_per_step = epoch_rate_seconds_ / steps;
+  BucketStats& bucket = BucketAt(epoch_bucket_);
+  ModeStats& mine = bucket.modes[current_];
+  mine.tokens = mine.tokens * options_.content_decay + epoch_rate_tokens_;
+  mine.steps = mine.steps * options_.content_decay + steps;
+  if (last_.epoch == epochs_ - 1 && last_.bucket == epoch_bucket_ && last_.mode != current_) {
+    // Back-to-back epochs of one bucket: c_current - c_last = log(t_current / t_last).
+    const double x = std::clamp(std::log(seconds_per_step / last_.seconds_per_step), -5.0, 5.0);
+    const int inc = bucket.incumbent;
+    if (last_.mode == inc) {
+      Compare(bucket, current_, x);
+    } else if (current_ == inc) {
+      Compare(bucket, last_.mode, -x);
+    } else if (bucket.modes[last_.mode].weight > 0.0) {
+      Compare(bucket, current_, bucket.modes[last_.mode].cost + x);
     }
   }
-  if (pick != best) ++explorations_;
+  MaybeSwitch(bucket);
+  last_.epoch = epochs_;
+  last_.bucket = epoch_bucket_;
+  last_.mode = current_;
+  last_.rate = epoch_rate_tokens_ / epoch_rate_seconds_;
+  last_.seconds_per_step = seconds_per_step;
+}
+
+int DraftModeSelector::Decide(int b) {
+  BucketStats& bucket = BucketAt(b);
+  const int64_t epoch = bucket.epochs++;
+  if (bucket.incumbent < 0) bucket.incumbent = 0;
+  const int inc = bucket.incumbent;
+  // Another mode runs only right after an epoch of this bucket, so it is compared at once.
+  const bool fresh = last_.epoch == epochs_ && last_.bucket == b;
+  int pick = inc;
+  if (fresh) {
+    // First tour: modes never compared, in order, each against the epoch before it.
+    for (int m = 0; m < num_modes() && pick == inc; ++m) {
+      if (m != inc && bucket.modes[m].weight <= 0.0) pick = m;
+    }
+    if (pick == inc && last_.mode == inc) {
+      // Revisits (after an epoch of the incumbent, which then also follows them).
+      double most_overdue = -1.0;
+      for (int m = 0; m < num_modes(); ++m) {
+        if (m == inc) continue;
+        const ModeStats& s = bucket.modes[m];
+        const double deficit = std::max(0.0, 1.0 - std::exp(Score(bucket, m)));
+        const double gap =
+            s.comparisons < options_.min_comparisons
+                ? static_cast<double>(options_.min_gap_epochs)
+                : std::clamp(deficit / options_.explore_cost,
+                             static_cast<double>(options_.min_gap_epochs),
+                             static_cast<double>(options_.max_gap_epochs));
+        const double overdue = static_cast<double>(epoch - s.last_epoch) - gap;
+        if (overdue >= 0.0 && overdue > most_overdue) {
+          pick = m;
+          most_overdue = overdue;
+        }
+      }
+    }
+  }
+  bucket.modes[pick].last_epoch = epoch;
+  if (pick != inc) ++explorations_;
   return pick;
 }
 
 DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
-  const bool epoch_over =
-      epoch_steps_ >= options_.epoch_steps && epoch_seconds_ >= options_.epoch_seconds;
-  if (!started_ || epoch_over) {
-    BucketStats& bucket = BucketOf(decoding);
-    const int64_t epoch = bucket.epochs;
-    const int mode = Decide(bucket);
-    bucket.modes[mode].last_epoch = epoch;
-    if (!started_ || mode != current_) warmup_left_ = options_.warmup_steps;
-    started_ = true;
+  const bool epoch_over = epoch_steps_ >= options_.epoch_steps &&
+                          epoch_seconds_ >= options_.epoch_seconds;
+  if (epoch_bucket_ < 0 || epoch_over) {
+    if (epoch_bucket_ >= 0) FinishEpoch();
+    const int b = Bucket(std::max(decoding, 1));
+    const int mode = Decide(b);
+    if (epoch_bucket_ < 0 || mode != current_) {
+      warmup_left_ = options_.warmup_steps;
+      warmup_taken_ = 0;
+    }
     current_ = mode;
+    epoch_bucket_ = b;
     epoch_steps_ = 0;
     epoch_seconds_ = 0.0;
+    epoch_rate_tokens_ = 0.0;
+    epoch_rate_seconds_ = 0.0;
+    epoch_rate_steps_ = 0;
     ++epochs_;
   }
   Choice choice;
   choice.mode = current_;
   choice.measured = warmup_left_ <= 0;
-  if (warmup_left_ > 0) --warmup_left_;
+  if (warmup_left_ > 0) {
+    --warmup_left_;
+    ++warmup_taken_;
+  }
+  last_unmeasured_ = !choice.measured;
   return choice;
+}
+
+void DraftModeSelector::StillWarming() {
+  if (last_unmeasured_ && warmup_taken_ + warmup_left_ < options_.max_warmup_steps) {
+    warmup_left_ = std::max(warmup_left_, 1);
+  }
 }
 
 void DraftModeSelector::Observe(int decoding, int mode, bool measured, double tokens,
                                 double seconds) {
-  if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) || !(seconds > 0.0) ||
-      !std::isfinite(tokens) || !std::isfinite(seconds)) {
+  if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) ||
+      !(seconds > 0.0) || !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
   }
-  if (mode == current_) {
-    ++epoch_steps_;
-    epoch_seconds_ += seconds;
+  if (!measured || mode != current_) return;
+  ++epoch_steps_;
+  epoch_seconds_ += seconds;
+  if (Bucket(decoding) == epoch_bucket_) {
+    epoch_rate_tokens_ += tokens;
+    epoch_rate_seconds_ += seconds;
+    ++epoch_rate_steps_;
   }
-  if (!measured) return;
-  ModeStats& s = BucketOf(decoding).modes[mode];
-  const double keep = std::exp(-seconds / options_.memory_seconds);
-  s.tokens = s.tokens * keep + tokens;
-  s.seconds = s.seconds * keep + seconds;
 }
 
-double DraftModeSelector::Rate(int decoding, int mode) const {
+int DraftModeSelector::Incumbent(int decoding) const {
   const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
-  if (b >= buckets_.size() || mode < 0 || mode >= num_modes() || buckets_[b].modes.empty() ||
-      buckets_[b].modes[mode].seconds <= 0.0) {
+  return b < buckets_.size() ? buckets_[b].incumbent : -1;
+}
+
+double DraftModeSelector::Relative(int decoding, int mode) const {
+  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
+  if (b >= buckets_.size() || mode < 0 || mode >= num_modes() || buckets_[b].incumbent < 0) {
     return 0.0;
   }
-  return buckets_[b].modes[mode].tokens / buckets_[b].modes[mode].seconds;
+  if (mode == buckets_[b].incumbent) return 1.0;
+  return buckets_[b].modes[mode].weight > 0.0 ? std::exp(Score(buckets_[b], mode)) : 0.0;
+}
+
+std::string DraftModeSelector::DebugString() const {
+  std::string out;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const BucketStats& bucket = buckets_[b];
+    if (bucket.incumbent < 0) continue;
+    const int hi = 1 << b;
+    const int lo = b == 0 ? 1 : (1 << (b - 1)) + 1;
+    absl::StrAppend(&out, out.empty() ? "" : "; ",
+                    lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi), ":");
+    for (int m = 0; m < num_modes(); ++m) {
+      const int l = lengths_[m];
+      absl::StrAppend(&out, " ", l == kPlan ? "plan" : (l == 0 ? "off" : absl::StrCat("k", l)),
+                      " ");
+      if (m == bucket.incumbent) {
+        absl::StrAppend(&out, "100*");
+      } else if (bucket.modes[m].weight > 0.0) {
+        absl::StrAppend(&out, std::lround(100.0 * std::exp(Score(bucket, m))));
+      } else {
+        absl::StrAppend(&out, "-");
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace deepinfer::engine::spec

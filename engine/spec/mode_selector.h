@@ -2,6 +2,7 @@
 #define DEEPINFER_ENGINE_SPEC_MODE_SELECTOR_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,23 +14,38 @@ namespace deepinfer::engine::spec {
 //
 // The plan predicts each step's time from models, and some costs stay outside any per-step
 // model: a draft model that skipped steps first catches up on every token it missed, drafting
-// steps run synchronously instead of overlapped, the machine's speed drifts. Steady fixed-length
-// drafting (k = 1, say) can then realise more tokens per second than the plan's intermittent
-// drafting, or none than either. So the engine runs in *modes* (0: no drafting; a fixed length
-// L: draft L tokens per sequence, verify all; the plan) for *epochs* of at least `epoch_steps`
-// steps and `epoch_seconds` of measured time, and measures each mode's realised tokens per second
-// (tokens emitted over measured step periods) per bucket of decoding-sequence count (1, 2, 3-4,
-// 5-8, ..., powers of two). The first `warmup_steps` steps after a change of mode are run but
-// not measured (a draft model's catch-up, the switch between overlapped and synchronous steps
-// belong to the change, not to the mode's steady rate). A mode's sums decay with its own measured
-// time (factor exp(-seconds / memory_seconds)), so its rate follows the last seconds it ran.
+// steps run synchronously instead of overlapped, contexts outgrow the profiles. Steady
+// fixed-length drafting (k = 1, say) can then realise more tokens per second than the plan's
+// choices. So the engine runs in *modes* (0: no drafting; a fixed length L: draft L tokens per
+// sequence, verify all; the plan) for *epochs* of at least `epoch_steps` measured steps and
+// `epoch_seconds` of measured time, and compares the modes by realised tokens per second (tokens
+// emitted over measured step periods), per bucket of decoding-sequence count (1, 2, 3-4, 5-8,
+// ..., powers of two; an epoch belongs to the bucket of the step that started it and counts only
+// that bucket's steps). The first `warmup_steps` steps after a change of mode are run but not
+// measured, more while the engine reports the change still being paid for (StillWarming).
 //
-// At each epoch's start (for the bucket of the step that starts it): a mode never measured in
-// the bucket runs first (in the order given); otherwise the best measured mode runs, except
-// that a losing mode with deficit d = 1 - rate / best_rate is revisited for one epoch once
-// clamp(d / explore_cost, min_gap_epochs, max_gap_epochs) epochs of the bucket have passed since
-// it last ran (most overdue first): each loser then costs about explore_cost of the run, modes
-// close to the best are revisited often (they may have overtaken it), bad ones rarely.
+// A mode's rate is (tokens per step) / (seconds per step), and the two factors are estimated
+// apart, because they vary for different reasons. Tokens per step depend on the text (how much
+// of it the drafter guesses: easily +-30% between quarter-seconds) but not on the machine: each
+// mode's are averaged over its recent epochs (weight `content_decay` per epoch on older ones).
+// Seconds per step hardly depend on the text but drift with the machine (other processes, the
+// prefill node sharing the cores, load) by tens of percent over minutes: they are compared only
+// between adjacent epochs. Each bucket has an *incumbent* mode; every other mode has a cost
+// c = log(its seconds per step / the incumbent's), averaged over comparisons (weight `cost_decay`
+// on older ones): two epochs of the bucket back to back, modes a then b, observe c_b - c_a =
+// log(t_b / t_a), an observation of c_b if a is the incumbent, of c_a if b is, otherwise (a new
+// bucket's first tour) of c_b = c_a + log(t_b / t_a). A mode's score is s = log(its tokens per
+// step / the incumbent's) - c, its estimated rate relative to the incumbent's in log; one whose
+// score exceeds `switch_margin` becomes the incumbent (the costs are rebased on it).
+//
+// At each epoch's start, for its bucket: the incumbent runs, except that (only right after an
+// epoch of the same bucket, so that the comparison is fresh) a mode never compared runs next (in
+// the order given), and a loser with deficit d = 1 - exp(s) is revisited once clamp(d /
+// explore_cost, min_gap_epochs, max_gap_epochs) epochs of the bucket have passed since it last
+// ran (most overdue first): each loser then costs about explore_cost of the run, modes close to
+// the incumbent are re-compared often (they may have overtaken it), bad ones rarely (but none
+// before it was compared min_comparisons times). A new bucket starts with the first mode given
+// as incumbent.
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
@@ -42,10 +58,16 @@ class DraftModeSelector {
     int epoch_steps = 16;         // >= 1
     double epoch_seconds = 0.25;  // >= 0
     int warmup_steps = 2;         // >= 0
-    double memory_seconds = 1.0;  // > 0
+    int max_warmup_steps = 16;    // >= warmup_steps: with StillWarming
+    double cost_decay = 0.7;      // in [0, 1)
+    double content_decay = 0.95;  // in [0, 1)
+    double switch_margin = 0.01;  // >= 0
     double explore_cost = 0.005;  // > 0
     int min_gap_epochs = 4;       // >= 1
-    int max_gap_epochs = 256;     // >= min_gap_epochs
+    int max_gap_epochs = 128;     // >= min_gap_epochs
+    // A loser compared fewer times than this is revisited after min_gap_epochs whatever its
+    // deficit: one pair of epochs is too noisy to set a long gap on.
+    int min_comparisons = 3;      // >= 1
   };
 
   struct Choice {
@@ -54,51 +76,90 @@ class DraftModeSelector {
   };
 
   // `modes`: the modes' draft lengths (kPlan, 0 or a fixed length), distinct, non-empty.
-  static absl::StatusOr<DraftModeSelector> Create(std::vector<int> modes, const Options& options);
+  static absl::StatusOr<DraftModeSelector> Create(std::vector<int> modes,
+                                                  const Options& options);
 
-  // The mode of the next step, which has `decoding` (>= 1) decoding sequences. Starts a new
-  // epoch (for that count's bucket) when the current one has run its steps and seconds.
+  // The mode of the next step, which has `decoding` (>= 1) decoding sequences. Ends the current
+  // epoch and starts one (for that count's bucket) once the current one has run its measured
+  // steps and seconds.
   Choice Choose(int decoding);
   // A step that ran in mode `mode` (as Choose returned it) with `decoding` decoding sequences:
   // its emitted tokens (>= 0) and measured period (> 0 seconds); `measured` as Choose said.
-  // Counts toward the epoch either way; only measured steps feed the rates. Invalid values and
-  // unknown modes are ignored.
+  // Only measured steps count toward the epoch; only those of the epoch's mode and bucket feed
+  // its rate. Invalid values and unknown modes are ignored.
   void Observe(int decoding, int mode, bool measured, double tokens, double seconds);
+  // The step Choose last returned as unmeasured (a warm-up step) was still paying for the change
+  // of mode (a draft model catching up on the tokens of steps it skipped, more than a steady
+  // round feeds): the next step is left out too, up to max_warmup_steps after the change.
+  void StillWarming();
 
   int num_modes() const { return static_cast<int>(lengths_.size()); }
   int length(int mode) const { return lengths_[mode]; }
-  // Measured rate of a mode in the bucket of `decoding` (0 without data).
-  double Rate(int decoding, int mode) const;
+  // In the bucket of `decoding`: the incumbent (-1 before any epoch there), and a mode's
+  // estimated rate relative to it, exp(score) (1 for the incumbent, 0 if never compared).
+  int Incumbent(int decoding) const;
+  double Relative(int decoding, int mode) const;
   // The current epoch's mode.
   int current() const { return current_; }
   int64_t epochs() const { return epochs_; }
-  int64_t explorations() const { return explorations_; }  // epochs run by a losing mode
+  int64_t explorations() const { return explorations_; }  // epochs run by a non-incumbent
+  int64_t switches() const { return switches_; }          // changes of incumbent
+  // The rate (tokens/s) of the last finished epoch that could be compared, and its mode (-1:
+  // none). For logs.
+  double last_epoch_rate() const { return last_.rate; }
+  int last_epoch_mode() const { return last_.mode; }
   static int Bucket(int decoding);
+  // Per bucket with data: each mode's rate relative to the incumbent in percent, the incumbent
+  // marked with '*', e.g. "1: plan 91 k1 100* k2 97 off 70; 5-8: ...". For logs.
+  std::string DebugString() const;
 
  private:
   struct ModeStats {
-    double tokens = 0.0;
-    double seconds = 0.0;
-    int64_t last_epoch = -1;  // the bucket's epoch count when the mode last started an epoch
+    double cost = 0.0;        // log(seconds per step / the incumbent's), averaged
+    double weight = 0.0;      // decayed number of comparisons (0: never compared)
+    int comparisons = 0;      // undecayed
+    double tokens = 0.0;      // emitted tokens and steps of its epochs (content_decay)
+    double steps = 0.0;
+    int64_t last_epoch = -1;  // the bucket's epoch count when the mode last ran an epoch
   };
   struct BucketStats {
     std::vector<ModeStats> modes;
-    int64_t epochs = 0;
+    int incumbent = -1;
+    int64_t epochs = 0;  // epochs of this bucket
+  };
+  // The last finished epoch whose rate could be compared (global epoch index).
+  struct LastEpoch {
+    int64_t epoch = -1;
+    int bucket = -1;
+    int mode = -1;
+    double rate = 0.0;              // tokens per second
+    double seconds_per_step = 0.0;
   };
   DraftModeSelector(std::vector<int> lengths, const Options& options);
-  BucketStats& BucketOf(int decoding);
-  int Decide(BucketStats& bucket);
+  BucketStats& BucketAt(int b);
+  int Decide(int b);
+  void FinishEpoch();
+  void Compare(BucketStats& bucket, int mode, double observed_cost);
+  void MaybeSwitch(BucketStats& bucket);
+  double Score(const BucketStats& bucket, int mode) const;
 
   std::vector<int> lengths_;
   Options options_;
   std::vector<BucketStats> buckets_;
   int current_ = 0;
-  bool started_ = false;
-  int epoch_steps_ = 0;         // steps observed in the current epoch
-  double epoch_seconds_ = 0.0;  // their measured time
-  int warmup_left_ = 0;         // Choose calls left unmeasured after a change
+  int epoch_bucket_ = -1;       // -1 before the first epoch
+  int epoch_steps_ = 0;         // measured steps in the current epoch
+  double epoch_seconds_ = 0.0;  // their time
+  double epoch_rate_tokens_ = 0.0;   // tokens and seconds of its mode's steps in its bucket
+  double epoch_rate_seconds_ = 0.0;
+  int epoch_rate_steps_ = 0;
+  int warmup_left_ = 0;           // Choose calls left unmeasured after a change
+  int warmup_taken_ = 0;          // of them, returned since the change
+  bool last_unmeasured_ = false;  // the latest Choose returned measured = false
+  LastEpoch last_;
   int64_t epochs_ = 0;
   int64_t explorations_ = 0;
+  int64_t switches_ = 0;
 };
 
 }  // namespace deepinfer::engine::spec
