@@ -1504,10 +1504,11 @@ void LlmEngine::Process(Step& step) {
       }
       if (selector_->epochs() != stats_.spec_select_epochs) {
         const int last = selector_->last_epoch_mode();
-        spdlog::debug("speculative: epoch {} runs mode {} (-1: the plan); the last compared ran {} "
-                      "at {:.0f} tokens/s", selector_->epochs(),
-                      selector_->length(selector_->current()),
-                      last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
+        spdlog::debug(
+            "speculative: epoch {} runs mode {} (-1: the plan); the last compared ran {} "
+            "at {:.0f} tokens/s",
+            selector_->epochs(), selector_->length(selector_->current()),
+            last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
         if (selector_->epochs() % kSelectorLogEpochs == 0) {
           spdlog::info("speculative: measured modes (tokens/s by decoding sequences) {}",
                        selector_->DebugString());

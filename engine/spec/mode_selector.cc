@@ -14,9 +14,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
   if (modes.empty()) return absl::InvalidArgumentError("mode selector: modes: expected >= 1");
   for (size_t i = 0; i < modes.size(); ++i) {
     if (modes[i] < kPlan) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mode selector: modes[", i, "]: expected a length >= 0 or kPlan, got ",
-                       modes[i]));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mode selector: modes[", i, "]: expected a length >= 0 or kPlan, got ", modes[i]));
     }
     for (size_t j = 0; j < i; ++j) {
       if (modes[j] == modes[i]) {
@@ -51,18 +50,51 @@ int DraftModeSelector::Bucket(int decoding) {
 
 DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
   if (buckets_.size() <= static_cast<size_t>(b)) buckets_.resize(b + 1);
-  BucketStats& bucket = buckets_[b];
-  if (bucket.modes.empty()) bucket.modes.resize(lengths_.size());
-  return bucket;
+  if (buckets_[b].modes.empty()) {
+    // A new bucket starts from the nearest bucket with data (relative costs and tokens per step,
+    // its incumbent), so it does not tour every mode again; its own measurements replace what it
+    // inherited.
+    const BucketStats* near = nullptr;
+    for (int d = 1; d < static_cast<int>(buckets_.size()) && near == nullptr; ++d) {
+      for (int nb : {b - d, b + d}) {
+        if (nb >= 0 && nb < static_cast<int>(buckets_.size()) && buckets_[nb].incumbent >= 0) {
+          near = &buckets_[nb];
+          break;
+        }
+      }
+    }
+    BucketStats fresh;
+    fresh.modes.resize(lengths_.size());
+    if (near != nullptr) {
+      fresh.incumbent = near->incumbent;
+      for (size_t m = 0; m < fresh.modes.size(); ++m) {
+        ModeStats& to = fresh.modes[m];
+        const ModeStats& from = near->modes[m];
+        to.cost = from.cost;
+        to.weight = std::min(from.weight, 1.0);
+        // Each loser is compared here once more before a long gap is set on inherited data.
+        to.comparisons = std::min(from.comparisons, options_.min_comparisons - 1);
+        to.has_prior = from.seq_steps > 0.0 || from.has_prior;
+        to.prior_log_tps = Score(*near, static_cast<int>(m)) + from.cost;
+      }
+    }
+    buckets_[b] = std::move(fresh);
+  }
+  return buckets_[b];
 }
 
 double DraftModeSelector::Score(const BucketStats& bucket, int mode) const {
   if (mode == bucket.incumbent) return 0.0;
   const ModeStats& s = bucket.modes[mode];
   const ModeStats& inc = bucket.modes[bucket.incumbent];
-  const double tps = std::max(s.steps > 0.0 ? s.tokens / s.steps : 0.0, 1e-9);
-  const double inc_tps = std::max(inc.steps > 0.0 ? inc.tokens / inc.steps : 0.0, 1e-9);
-  return std::log(tps / inc_tps) - s.cost;
+  double log_tps = 0.0;  // log(tokens per sequence-step / the incumbent's)
+  if (s.seq_steps > 0.0 && inc.seq_steps > 0.0) {
+    log_tps = std::log(std::max(s.tokens / s.seq_steps, 1e-9) /
+                       std::max(inc.tokens / inc.seq_steps, 1e-9));
+  } else if (s.has_prior && inc.has_prior) {
+    log_tps = s.prior_log_tps - inc.prior_log_tps;  // both inherited: relative to one mode
+  }
+  return log_tps - s.cost;
 }
 
 void DraftModeSelector::Compare(BucketStats& bucket, int mode, double observed_cost) {
@@ -109,7 +141,7 @@ void DraftModeSelector::FinishEpoch() {
   BucketStats& bucket = BucketAt(epoch_bucket_);
   ModeStats& mine = bucket.modes[current_];
   mine.tokens = mine.tokens * options_.content_decay + epoch_rate_tokens_;
-  mine.steps = mine.steps * options_.content_decay + steps;
+  mine.seq_steps = mine.seq_steps * options_.content_decay + epoch_rate_seq_steps_;
   if (last_.epoch == epochs_ - 1 && last_.bucket == epoch_bucket_ && last_.mode != current_) {
     // Back-to-back epochs of one bucket: c_current - c_last = log(t_current / t_last).
     const double x = std::clamp(std::log(seconds_per_step / last_.seconds_per_step), -5.0, 5.0);
@@ -150,12 +182,11 @@ int DraftModeSelector::Decide(int b) {
         if (m == inc) continue;
         const ModeStats& s = bucket.modes[m];
         const double deficit = std::max(0.0, 1.0 - std::exp(Score(bucket, m)));
-        const double gap =
-            s.comparisons < options_.min_comparisons
-                ? static_cast<double>(options_.min_gap_epochs)
-                : std::clamp(deficit / options_.explore_cost,
-                             static_cast<double>(options_.min_gap_epochs),
-                             static_cast<double>(options_.max_gap_epochs));
+        const double gap = s.comparisons < options_.min_comparisons
+                               ? static_cast<double>(options_.min_gap_epochs)
+                               : std::clamp(deficit / options_.explore_cost,
+                                            static_cast<double>(options_.min_gap_epochs),
+                                            static_cast<double>(options_.max_gap_epochs));
         const double overdue = static_cast<double>(epoch - s.last_epoch) - gap;
         if (overdue >= 0.0 && overdue > most_overdue) {
           pick = m;
@@ -170,8 +201,8 @@ int DraftModeSelector::Decide(int b) {
 }
 
 DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
-  const bool epoch_over = epoch_steps_ >= options_.epoch_steps &&
-                          epoch_seconds_ >= options_.epoch_seconds;
+  const bool epoch_over =
+      epoch_steps_ >= options_.epoch_steps && epoch_seconds_ >= options_.epoch_seconds;
   if (epoch_bucket_ < 0 || epoch_over) {
     if (epoch_bucket_ >= 0) FinishEpoch();
     const int b = Bucket(std::max(decoding, 1));
@@ -187,6 +218,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     epoch_rate_tokens_ = 0.0;
     epoch_rate_seconds_ = 0.0;
     epoch_rate_steps_ = 0;
+    epoch_rate_seq_steps_ = 0.0;
     ++epochs_;
   }
   Choice choice;
@@ -208,8 +240,8 @@ void DraftModeSelector::StillWarming() {
 
 void DraftModeSelector::Observe(int decoding, int mode, bool measured, double tokens,
                                 double seconds) {
-  if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) ||
-      !(seconds > 0.0) || !std::isfinite(tokens) || !std::isfinite(seconds)) {
+  if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) || !(seconds > 0.0) ||
+      !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
   }
   if (!measured || mode != current_) return;
@@ -219,6 +251,7 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
     epoch_rate_tokens_ += tokens;
     epoch_rate_seconds_ += seconds;
     ++epoch_rate_steps_;
+    epoch_rate_seq_steps_ += decoding;
   }
 }
 

@@ -25,9 +25,10 @@ namespace deepinfer::engine::spec {
 // measured, more while the engine reports the change still being paid for (StillWarming).
 //
 // A mode's rate is (tokens per step) / (seconds per step), and the two factors are estimated
-// apart, because they vary for different reasons. Tokens per step depend on the text (how much
-// of it the drafter guesses: easily +-30% between quarter-seconds) but not on the machine: each
-// mode's are averaged over its recent epochs (weight `content_decay` per epoch on older ones).
+// apart, because they vary for different reasons. Tokens per step (per decoding sequence) depend
+// on the text (how much of it the drafter guesses: easily +-30% between quarter-seconds) but not
+// on the machine: each mode's are averaged over its recent epochs (weight `content_decay` per
+// epoch on older ones).
 // Seconds per step hardly depend on the text but drift with the machine (other processes, the
 // prefill node sharing the cores, load) by tens of percent over minutes: they are compared only
 // between adjacent epochs. Each bucket has an *incumbent* mode; every other mode has a cost
@@ -44,8 +45,10 @@ namespace deepinfer::engine::spec {
 // explore_cost, min_gap_epochs, max_gap_epochs) epochs of the bucket have passed since it last
 // ran (most overdue first): each loser then costs about explore_cost of the run, modes close to
 // the incumbent are re-compared often (they may have overtaken it), bad ones rarely (but none
-// before it was compared min_comparisons times). A new bucket starts with the first mode given
-// as incumbent.
+// before it was compared min_comparisons times). The first bucket starts with the first mode
+// given as incumbent; a later one inherits the nearest bucket's incumbent and estimates (costs,
+// and tokens per step per decoding sequence until it measures its own, each mode needing one
+// comparison of its own before a long gap), touring only the modes that bucket never compared.
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
@@ -67,7 +70,7 @@ class DraftModeSelector {
     int max_gap_epochs = 128;     // >= min_gap_epochs
     // A loser compared fewer times than this is revisited after min_gap_epochs whatever its
     // deficit: one pair of epochs is too noisy to set a long gap on.
-    int min_comparisons = 3;      // >= 1
+    int min_comparisons = 3;  // >= 1
   };
 
   struct Choice {
@@ -76,8 +79,7 @@ class DraftModeSelector {
   };
 
   // `modes`: the modes' draft lengths (kPlan, 0 or a fixed length), distinct, non-empty.
-  static absl::StatusOr<DraftModeSelector> Create(std::vector<int> modes,
-                                                  const Options& options);
+  static absl::StatusOr<DraftModeSelector> Create(std::vector<int> modes, const Options& options);
 
   // The mode of the next step, which has `decoding` (>= 1) decoding sequences. Ends the current
   // epoch and starts one (for that count's bucket) once the current one has run its measured
@@ -115,11 +117,15 @@ class DraftModeSelector {
 
  private:
   struct ModeStats {
-    double cost = 0.0;        // log(seconds per step / the incumbent's), averaged
-    double weight = 0.0;      // decayed number of comparisons (0: never compared)
-    int comparisons = 0;      // undecayed
-    double tokens = 0.0;      // emitted tokens and steps of its epochs (content_decay)
-    double steps = 0.0;
+    double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
+    double weight = 0.0;     // decayed number of comparisons (0: never compared)
+    int comparisons = 0;     // undecayed
+    double tokens = 0.0;     // emitted tokens and sequence-steps (steps x decoding sequences)
+    double seq_steps = 0.0;  // of its epochs (content_decay)
+    // Inherited from a neighbouring bucket (until own data): log(tokens per sequence-step)
+    // relative to that bucket's incumbent's.
+    bool has_prior = false;
+    double prior_log_tps = 0.0;
     int64_t last_epoch = -1;  // the bucket's epoch count when the mode last ran an epoch
   };
   struct BucketStats {
@@ -132,7 +138,7 @@ class DraftModeSelector {
     int64_t epoch = -1;
     int bucket = -1;
     int mode = -1;
-    double rate = 0.0;              // tokens per second
+    double rate = 0.0;  // tokens per second
     double seconds_per_step = 0.0;
   };
   DraftModeSelector(std::vector<int> lengths, const Options& options);
@@ -147,12 +153,13 @@ class DraftModeSelector {
   Options options_;
   std::vector<BucketStats> buckets_;
   int current_ = 0;
-  int epoch_bucket_ = -1;       // -1 before the first epoch
-  int epoch_steps_ = 0;         // measured steps in the current epoch
-  double epoch_seconds_ = 0.0;  // their time
-  double epoch_rate_tokens_ = 0.0;   // tokens and seconds of its mode's steps in its bucket
+  int epoch_bucket_ = -1;           // -1 before the first epoch
+  int epoch_steps_ = 0;             // measured steps in the current epoch
+  double epoch_seconds_ = 0.0;      // their time
+  double epoch_rate_tokens_ = 0.0;  // tokens and seconds of its mode's steps in its bucket
   double epoch_rate_seconds_ = 0.0;
   int epoch_rate_steps_ = 0;
+  double epoch_rate_seq_steps_ = 0.0;
   int warmup_left_ = 0;           // Choose calls left unmeasured after a change
   int warmup_taken_ = 0;          // of them, returned since the change
   bool last_unmeasured_ = false;  // the latest Choose returned measured = false
