@@ -132,12 +132,13 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
 
 void DraftModeSelector::FinishEpoch() {
   const int need = std::max(1, (epoch_steps_ + 1) / 2);  // half the epoch in its bucket
-  if (epoch_rate_steps_ < need || epoch_rate_seconds_ <= 0.0) {
+  if (epoch_rate_steps_ < need || epoch_rate_seconds_ <= 0.0 || epoch_rate_seq_steps_ <= 0.0) {
     last_ = LastEpoch();  // too little of the bucket to compare: the chain breaks here
     return;
   }
-  const double steps = static_cast<double>(epoch_rate_steps_);
-  const double seconds_per_step = epoch_rate_seconds_ / steps;
+  // Time per sequence-step, as tokens are counted: rate = (tokens / sequence-step) / (seconds /
+  // sequence-step) exactly, whatever the number of decoding sequences in each epoch.
+  const double seconds_per_step = epoch_rate_seconds_ / epoch_rate_seq_steps_;
   BucketStats& bucket = BucketAt(epoch_bucket_);
   ModeStats& mine = bucket.modes[current_];
   mine.tokens = mine.tokens * options_.content_decay + epoch_rate_tokens_;

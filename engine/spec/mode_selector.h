@@ -29,10 +29,11 @@ namespace deepinfer::engine::spec {
 // on the text (how much of it the drafter guesses: easily +-30% between quarter-seconds) but not
 // on the machine: each mode's are averaged over its recent epochs (weight `content_decay` per
 // epoch on older ones).
-// Seconds per step hardly depend on the text but drift with the machine (other processes, the
-// prefill node sharing the cores, load) by tens of percent over minutes: they are compared only
-// between adjacent epochs. Each bucket has an *incumbent* mode; every other mode has a cost
-// c = log(its seconds per step / the incumbent's), averaged over comparisons (weight `cost_decay`
+// Seconds per step (per decoding sequence, as the tokens: the product is exactly the rate) hardly
+// depend on the text but drift with the machine (other processes, the prefill node sharing the
+// cores, load) by tens of percent over minutes: they are compared only between adjacent epochs.
+// Each bucket has an *incumbent* mode; every other mode has a cost c = log(its seconds per
+// sequence-step / the incumbent's), averaged over comparisons (weight `cost_decay`
 // on older ones): two epochs of the bucket back to back, modes a then b, observe c_b - c_a =
 // log(t_b / t_a), an observation of c_b if a is the incumbent, of c_a if b is, otherwise (a new
 // bucket's first tour) of c_b = c_a + log(t_b / t_a). A mode's score is s = log(its tokens per

@@ -220,6 +220,27 @@ TEST(DraftModeSelectorTest, NewBucketsStartFromTheirNeighbour) {
   EXPECT_NEAR(s->Relative(6, 2), 0.75, 1e-9);
 }
 
+// Within a bucket the number of decoding sequences changes between epochs (5 to 8 here, each
+// step's time and tokens in proportion): comparisons per sequence-step are not misled by it.
+TEST(DraftModeSelectorTest, SequenceCountsWithinABucketDoNotMislead) {
+  Options o;
+  o.epoch_steps = 8;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = 0;
+  auto s = DraftModeSelector::Create({0, 1}, o);
+  ASSERT_TRUE(s.ok());
+  std::mt19937 rng(11);
+  int n = 5;
+  for (int step = 0; step < 8 * 400; ++step) {
+    if (step % 8 == 0) n = 5 + static_cast<int>(rng() % 4);
+    const DraftModeSelector::Choice c = s->Choose(n);
+    // Per sequence: mode 1 emits 1.1 tokens per 10 ms, mode 0 one.
+    s->Observe(n, c.mode, c.measured, n * (c.mode == 1 ? 1.1 : 1.0), n * 0.01);
+  }
+  EXPECT_EQ(s->Incumbent(8), 1);
+  EXPECT_NEAR(s->Relative(8, 0), 1.0 / 1.1, 1e-6);
+}
+
 TEST(DraftModeSelectorTest, BucketsOfDecodingCountsChooseApart) {
   Options o;
   o.epoch_steps = 4;
