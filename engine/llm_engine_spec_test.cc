@@ -102,6 +102,19 @@ EngineOptions BaseOptions() {
   return o;
 }
 
+// A cost table of base + slope x tokens seconds per step, for 1 and 8 requests and 1 and 64
+// tokens (5 runs each).
+spec::CostTable LinearCostTable(double base, double slope) {
+  std::vector<spec::CostTable::Sample> samples;
+  for (int requests : {1, 8}) {
+    for (int tokens : {1, 64}) {
+      for (int run = 0; run < 5; ++run)
+        samples.push_back({tokens, requests, base + slope * tokens});
+    }
+  }
+  return spec::CostTable::FromSamples(samples).value();
+}
+
 EngineOptions WithSpec(EngineOptions o, int k, bool adaptive) {
   o.speculative.enabled = true;
   o.speculative.num_speculative_tokens = k;
@@ -362,13 +375,7 @@ TEST(SpecEngineLlamaTest, SeededSamplingIsReproducible) {
 
 TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
-  std::vector<spec::CostTable::Sample> samples;
-  for (int requests : {1, 8}) {
-    for (int tokens : {1, 64}) {
-      for (int run = 0; run < 5; ++run) samples.push_back({tokens, requests, 1e-3 + 1e-5 * tokens});
-    }
-  }
-  const spec::CostTable cheap = spec::CostTable::FromSamples(samples).value();
+  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
   for (bool select : {false, true}) {
     SCOPED_TRACE(::testing::Message() << "selector " << select);
     // Fixed k, or the selector switching modes (drafting or not) every two steps.
@@ -581,14 +588,7 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   for (int mode : {0, 1, 2}) {  // fixed k, the adaptive plan, the plan under the selector
     const bool adaptive = mode >= 1;
     // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
-    std::vector<spec::CostTable::Sample> samples;
-    for (int requests : {1, 8}) {
-      for (int tokens : {1, 64}) {
-        for (int run = 0; run < 5; ++run)
-          samples.push_back({tokens, requests, 1e-3 + 1e-5 * tokens});
-      }
-    }
-    const spec::CostTable cheap = spec::CostTable::FromSamples(samples).value();
+    const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
     EngineOptions o =
         WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
     o.speculative.cost_table = &cheap;
@@ -618,19 +618,8 @@ TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 67);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  auto table = [](double base, double slope) {
-    std::vector<spec::CostTable::Sample> samples;
-    for (int requests : {1, 8}) {
-      for (int tokens : {1, 64}) {
-        for (int run = 0; run < 5; ++run) {
-          samples.push_back({tokens, requests, base + slope * tokens});
-        }
-      }
-    }
-    return spec::CostTable::FromSamples(samples).value();
-  };
-  const spec::CostTable target = table(1e-3, 1e-5);
-  const spec::CostTable expensive = table(1.0, 0.0), cheap = table(1e-6, 0.0);
+  const spec::CostTable target = LinearCostTable(1e-3, 1e-5);
+  const spec::CostTable expensive = LinearCostTable(1.0, 0.0), cheap = LinearCostTable(1e-6, 0.0);
   struct Case {
     const spec::CostTable* draft;
     int probe_interval;
@@ -683,18 +672,7 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsOverlap) {
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   EXPECT_GT(ref.stats.overlapped_steps, 0);
-  auto table = [](double base, double slope) {
-    std::vector<spec::CostTable::Sample> samples;
-    for (int requests : {1, 8}) {
-      for (int tokens : {1, 64}) {
-        for (int run = 0; run < 5; ++run) {
-          samples.push_back({tokens, requests, base + slope * tokens});
-        }
-      }
-    }
-    return spec::CostTable::FromSamples(samples).value();
-  };
-  const spec::CostTable target = table(1e-3, 1e-5), expensive = table(1.0, 0.0);
+  const spec::CostTable target = LinearCostTable(1e-3, 1e-5), expensive = LinearCostTable(1.0, 0.0);
   for (bool overlap : {true, false}) {
     SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
     EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);
