@@ -7,16 +7,22 @@
 # workload runs closed-loop against each configuration in turn, in an order shuffled per round,
 # so configurations compared with each other run minutes apart, not a whole sweep apart (these
 # machines are shared: the same configuration's speed drifts by tens of percent over minutes).
-# Prints output tokens/s, tokens per decode step, draft acceptance and the ratio to no
-# speculation in the same round.
+# Prints output tokens/s (all requests' tokens over the run's time: the cluster's throughput,
+# which on a machine whose cores the prefill and decode nodes share includes their contention),
+# decode tokens/s (1000 / the mean TPOT, TPOT = (E2E - TTFT) / (completion tokens - 1) per
+# request: how fast an answer streams once it has started, the decode tier's own speed), tokens
+# per decode step, draft acceptance and both speeds' ratios to no speculation in the same round.
 #
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=6 SWEEP_METHODS="off ngram draft_model" ...
 #   SWEEP_SESSIONS: sessions per run (3 turns each); a concurrency above it runs that many.
 #   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 256).
 #   SWEEP_REPEATS=3: rounds; each round uses new prompts (seed from round and concurrency), the
-#   same for every configuration. The table shows medians over rounds: tokens/s, and "vs off",
-#   the median of the per-round ratios to "off", with their min-max as "range".
+#   same for every configuration. The table shows medians over rounds: tokens/s, and "out/off" and
+#   "dec/off", the medians of the per-round ratios to "off", with dec/off's min-max as "range".
+#   SWEEP_WARMUP_ROUNDS=1: rounds run first (every concurrency, prompts of their own) and left out
+#   of the table: a serving node runs for hours, and an adaptive node's first minutes measure its
+#   modes (spec::DraftModeSelector); their figures are printed apart ("cold rounds").
 #   SWEEP_TRACE=1: decode nodes log at debug level, one "step-trace" line per engine step
 #   (shape, drafts verified and accepted, period, forward and drafting time) for offline fits.
 #   SWEEP_LOG_LEVEL: the other processes' log level (default info).
@@ -30,12 +36,16 @@ METHODS=${SWEEP_METHODS:-"off ngram draft_model"}
 KS=${SWEEP_KS:-"1 2 4 8 adaptive"}
 THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
+WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-1}
 ANSWER=${SWEEP_ANSWER_TOKENS:-256}
 bazel build --config=opt //deploy/local:launcher //tools/bench 2>&1 | { grep -v linux-sandbox || true; } | tail -1
 BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
 RESULTS=$WORK/results.tsv
-echo -e "repeat\tconfig\tconcurrency\tout_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms" >"$RESULTS"
+COLD=$WORK/cold.tsv
+HEADER="repeat\tconfig\tconcurrency\tout_tok_s\tdecode_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms"
+echo -e "$HEADER" >"$RESULTS"
+echo -e "$HEADER" >"$COLD"
 
 NAMES=()
 declare -A ROUTER PID
@@ -72,9 +82,12 @@ for m in $METHODS; do
 done
 echo "started ${#NAMES[@]} clusters; logs in $WORK" >&2
 
-for REPEAT in $(seq 1 "$REPEATS"); do
+# Rounds 1-WARMUP_ROUNDS..0 are the cold ones.
+for REPEAT in $(seq $((1 - WARMUP_ROUNDS)) "$REPEATS"); do
+  out=$RESULTS
+  [ "$REPEAT" -le 0 ] && out=$COLD
   for c in $CONCURRENCY; do
-    seed=$((1000 * REPEAT + c))
+    seed=$((1000 * (REPEAT + 100) + c))
     order=$(python3 -c "import random,sys; n=sys.argv[2:]; random.Random(int(sys.argv[1])).shuffle(n); print(' '.join(n))" "$seed" "${NAMES[@]}")
     for name in $order; do
       # At least as many sessions as the concurrency: each session's turns run one after
@@ -83,10 +96,12 @@ for REPEAT in $(seq 1 "$REPEATS"); do
         --sessions "$((c > SESSIONS ? c : SESSIONS))" --coding_turns 3 --coding_context_words 250 \
         --coding_answer_tokens "$ANSWER" --mode closed --concurrency "$c" --warmup_sessions 1 \
         --seed "$seed" --json >"$WORK/$name.r$REPEAT.c$c.json" 2>/dev/null
-      python3 - "$name" "$c" "$WORK/$name.r$REPEAT.c$c.json" "$REPEAT" >>"$RESULTS" <<'PY'
+      python3 - "$name" "$c" "$WORK/$name.r$REPEAT.c$c.json" "$REPEAT" >>"$out" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[3]))["A"]
+tpot = s["tpot_ms"]["mean"]
 print("\t".join([sys.argv[4], sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
+                 "%.1f" % (1000.0 / tpot if tpot > 0 else 0.0),
                  "%.2f" % s["mean_accepted_length"], "%.2f" % s["draft_acceptance_rate"],
                  "%.1f" % s["ttft_ms"]["p90"], "%.2f" % s["itl_ms"]["p90"]]))
 PY
@@ -96,31 +111,43 @@ PY
 done
 stop_all
 trap - EXIT
-python3 - "$RESULTS" <<'PY'
+python3 - "$RESULTS" "$COLD" <<'PY'
 import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
-keys = []
-by = {}
-for r in rows:
-    k = (r["config"], r["concurrency"])
-    if k not in by:
-        keys.append(k)
-        by[k] = []
-    by[k].append(r)
-keys.sort(key=lambda k: (k[0] != "off", k[0], int(k[1])))
-off = {(r["repeat"], r["concurrency"]): float(r["out_tok_s"]) for r in rows if r["config"] == "off"}
-def med(rs, f):
-    return statistics.median(float(r[f]) for r in rs)
-print("%-20s %5s %10s %8s %8s %9s %9s %8s %13s" % ("config", "conc", "out tok/s", "tok/step",
-      "accept", "TTFT p90", "ITL p90", "vs off", "range"))
-for k in keys:
-    rs = by[k]
-    per = [float(r["out_tok_s"]) / off[(r["repeat"], k[1])] for r in rs
-           if (r["repeat"], k[1]) in off]
-    ratio = "%.3f" % statistics.median(per) if per else "-"
-    spread = "%.2f-%.2f" % (min(per), max(per)) if per else "-"
-    print("%-20s %5s %10.1f %8.2f %8.2f %9.1f %9.2f %8s %13s" % (k[0], k[1],
-          med(rs, "out_tok_s"), med(rs, "tokens_per_step"), med(rs, "acceptance"),
-          med(rs, "ttft_p90_ms"), med(rs, "itl_p90_ms"), ratio, spread))
+def table(path, title):
+    rows = list(csv.DictReader(open(path), delimiter="\t"))
+    if not rows:
+        return
+    print(title)
+    keys = []
+    by = {}
+    for r in rows:
+        k = (r["config"], r["concurrency"])
+        if k not in by:
+            keys.append(k)
+            by[k] = []
+        by[k].append(r)
+    keys.sort(key=lambda k: (k[0] != "off", k[0], int(k[1])))
+    def ratios(rs, conc, field):
+        off = {r["repeat"]: float(r[field]) for r in rows
+               if r["config"] == "off" and r["concurrency"] == conc}
+        return [float(r[field]) / off[r["repeat"]] for r in rs
+                if r["repeat"] in off and off[r["repeat"]] > 0]
+    def med(rs, f):
+        return statistics.median(float(r[f]) for r in rs)
+    print("%-20s %5s %9s %9s %8s %8s %8s %8s %9s %10s %10s" % ("config", "conc", "out tok/s",
+          "dec tok/s", "tok/step", "accept", "TTFT p90", "ITL p90", "out/off", "dec/off",
+          "dec range"))
+    for k in keys:
+        rs = by[k]
+        out = ratios(rs, k[1], "out_tok_s")
+        dec = ratios(rs, k[1], "decode_tok_s")
+        print("%-20s %5s %9.1f %9.1f %8.2f %8.2f %8.1f %8.2f %9s %10s %10s" % (k[0], k[1],
+              med(rs, "out_tok_s"), med(rs, "decode_tok_s"), med(rs, "tokens_per_step"),
+              med(rs, "acceptance"), med(rs, "ttft_p90_ms"), med(rs, "itl_p90_ms"),
+              "%.3f" % statistics.median(out) if out else "-",
+              "%.3f" % statistics.median(dec) if dec else "-",
+              "%.2f-%.2f" % (min(dec), max(dec)) if dec else "-"))
+table(sys.argv[2], "cold rounds (left out of the table below):")
+table(sys.argv[1], "measured rounds (medians; x/off: median of the per-round ratios to off):")
 PY
-echo "raw results: $RESULTS"
+echo "raw results: $RESULTS (cold rounds: $COLD)"
