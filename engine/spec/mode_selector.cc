@@ -109,7 +109,13 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
   int best = bucket.incumbent;
   double best_score = options_.switch_margin;
   for (int m = 0; m < num_modes(); ++m) {
-    if (m == bucket.incumbent || bucket.modes[m].weight <= 0.0) continue;
+    // One or two pairs of epochs are too noisy to hand a bucket to (a quarter-second's text
+    // moves tokens per step by +-30%): a challenger takes over once compared min_comparisons
+    // times here (inherited comparisons count, one short of it: BucketAt).
+    if (m == bucket.incumbent || bucket.modes[m].weight <= 0.0 ||
+        bucket.modes[m].comparisons < options_.min_comparisons) {
+      continue;
+    }
     const double score = Score(bucket, m);
     if (score > best_score) {
       best = m;

@@ -38,7 +38,8 @@ namespace deepinfer::engine::spec {
 // log(t_b / t_a), an observation of c_b if a is the incumbent, of c_a if b is, otherwise (a new
 // bucket's first tour) of c_b = c_a + log(t_b / t_a). A mode's score is s = log(its tokens per
 // step / the incumbent's) - c, its estimated rate relative to the incumbent's in log; one whose
-// score exceeds `switch_margin` becomes the incumbent (the costs are rebased on it).
+// score exceeds `switch_margin`, once compared `min_comparisons` times, becomes the incumbent (the
+// costs are rebased on it).
 //
 // At each epoch's start, for its bucket: the incumbent runs, except that (only right after an
 // epoch of the same bucket, so that the comparison is fresh) a mode never compared runs next (in
@@ -70,7 +71,8 @@ class DraftModeSelector {
     int min_gap_epochs = 4;       // >= 1
     int max_gap_epochs = 128;     // >= min_gap_epochs
     // A loser compared fewer times than this is revisited after min_gap_epochs whatever its
-    // deficit: one pair of epochs is too noisy to set a long gap on.
+    // deficit, and a challenger takes over only once compared this many times: one pair of
+    // epochs is too noisy to set a long gap on, or to hand the bucket to.
     int min_comparisons = 3;  // >= 1
   };
 

@@ -190,6 +190,39 @@ TEST(DraftModeSelectorTest, NoisyTextDoesNotMislead) {
   EXPECT_NEAR(s->Relative(2, 0), 0.95, 0.1);
 }
 
+// One lucky epoch (the text gave the slower mode 40% more tokens for a quarter-second) does not
+// hand the bucket over: a challenger needs min_comparisons comparisons, by when ordinary epochs
+// have outweighed the lucky one. With min_comparisons = 1 the same run switches at once.
+TEST(DraftModeSelectorTest, OneLuckyEpochDoesNotTakeOver) {
+  for (int min_comparisons : {3, 1}) {
+    Options o;
+    o.epoch_steps = 4;
+    o.epoch_seconds = 0.0;
+    o.warmup_steps = 0;
+    o.min_gap_epochs = 3;
+    o.min_comparisons = min_comparisons;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    int mode1_epochs = 0;
+    for (int e = 0; e < 40; ++e) {
+      for (int i = 0; i < 4; ++i) {
+        const DraftModeSelector::Choice c = s->Choose(1);
+        if (i == 0 && c.mode == 1) ++mode1_epochs;
+        // Mode 0: 4 tokens per step; mode 1: 3, but 4.2 in its first epoch; same step time.
+        const double tokens = c.mode == 0 ? 4.0 : (mode1_epochs == 1 ? 4.2 : 3.0);
+        s->Observe(1, c.mode, c.measured, tokens, 0.01);
+      }
+    }
+    if (min_comparisons == 3) {
+      EXPECT_EQ(s->switches(), 0);
+      EXPECT_EQ(s->Incumbent(1), 0);
+      EXPECT_NEAR(s->Relative(1, 1), 0.75, 0.1);
+    } else {
+      EXPECT_GE(s->switches(), 1);
+    }
+  }
+}
+
 // A new bucket starts from its nearest neighbour's estimates: its incumbent runs first, and each
 // loser is compared there once (after min_gap_epochs) before a long gap, no full tour.
 TEST(DraftModeSelectorTest, NewBucketsStartFromTheirNeighbour) {
