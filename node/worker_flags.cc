@@ -69,7 +69,7 @@ ABSL_FLAG(bool, spec_select, true,
           "With --spec_adaptive: measure that per-step plan against fixed draft lengths (1, 2, "
           "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
           "tokens per second at the current number of decoding requests (each losing mode is "
-          "revisited at about 0.5% of the run's cost). --nospec_select: the plan alone.");
+          "revisited at about 0.2% of the run's cost). --nospec_select: the plan alone.");
 
 namespace deepinfer::node {
 namespace {

@@ -67,7 +67,7 @@ class DraftModeSelector {
     double cost_decay = 0.7;      // in [0, 1)
     double content_decay = 0.95;  // in [0, 1)
     double switch_margin = 0.01;  // >= 0
-    double explore_cost = 0.005;  // > 0
+    double explore_cost = 0.002;  // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;       // >= 1
     int max_gap_epochs = 128;     // >= min_gap_epochs
     // A loser compared fewer times than this is revisited after min_gap_epochs whatever its

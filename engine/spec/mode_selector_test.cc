@@ -56,6 +56,7 @@ TEST(DraftModeSelectorTest, FirstTourThenTheFastestRuns) {
   o.epoch_seconds = 0.0;
   o.warmup_steps = 2;
   o.min_comparisons = 1;  // (MinComparisons below)
+  o.explore_cost = 0.005;
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {300.0, 250.0, 400.0, 350.0};
@@ -201,6 +202,7 @@ TEST(DraftModeSelectorTest, OneLuckyEpochDoesNotTakeOver) {
     o.warmup_steps = 0;
     o.min_gap_epochs = 3;
     o.min_comparisons = min_comparisons;
+    o.explore_cost = 0.005;
     auto s = DraftModeSelector::Create({0, 1}, o);
     ASSERT_TRUE(s.ok());
     int mode1_epochs = 0;
