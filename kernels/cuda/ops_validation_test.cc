@@ -11,6 +11,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding_cuda.h"
 #include "kernels/cuda/kv_write_cuda.h"
+#include "kernels/cuda/linear_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
 #include "kernels/cuda/swiglu_cuda.h"
 
@@ -208,6 +209,52 @@ TEST(CudaOpsValidationTest, DecodeAttention) {
   bad = p;
   bad.context_lens = nullptr;
   ExpectInvalid(DecodeAttentionCuda(bad, nullptr), "decode_attention: context_lens:");
+}
+
+TEST(CudaOpsValidationTest, Linear) {
+  std::vector<uint16_t> x(3 * 40), w(24 * 32), y(3 * 24);
+  LinearCudaParams p;
+  p.x = x.data();
+  p.weight = w.data();
+  p.y = y.data();
+  p.m = 3;
+  p.n = 24;
+  p.k = 32;
+  p.ldx = 40;
+  p.dtype = DType::kBF16;
+  ExpectUnavailableWithoutDevice([&] { return LinearCuda(p, nullptr); });
+
+  LinearCudaParams bad = p;
+  bad.m = -1;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: m:");
+  bad = p;
+  bad.n = 0;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: n:");
+  bad = p;
+  bad.k = 0;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: k:");
+  bad = p;
+  bad.ldx = 31;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: ldx:");
+  bad = p;
+  bad.ldy = 23;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: ldy:");
+  bad = p;
+  bad.weight = nullptr;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: weight:");
+  bad = p;
+  bad.y = nullptr;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: y:");
+  bad = p;
+  bad.workspace_bytes = 1024;
+  ExpectInvalid(LinearCuda(bad, nullptr), "linear: workspace:");
+  // No rows: nothing to read, so null pointers are fine.
+  LinearCudaParams empty = p;
+  empty.m = 0;
+  empty.x = nullptr;
+  empty.y = nullptr;
+  empty.weight = nullptr;
+  ExpectUnavailableWithoutDevice([&] { return LinearCuda(empty, nullptr); });
 }
 
 }  // namespace

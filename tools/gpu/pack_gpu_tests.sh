@@ -7,21 +7,29 @@ out="${1:?usage: $0 OUT_DIR}"
 # .bazelrc has no --config=cuda: nvcc runs through cuda_library whenever the targets are built.
 targets=$(bazel query 'attr(tags, "\bgpu\b", tests(//kernels/cuda/...))' 2>/dev/null)
 [ -n "$targets" ] || { echo "no gpu-tagged tests found" >&2; exit 1; }
-bazel build $targets
-mkdir -p "$out/bin" "$out/lib"
-for t in $targets; do
+# GPU benchmarks: gpu-tagged binaries that are not tests; run after the tests, into the report.
+benches=$(bazel query 'attr(tags, "\bgpu\b", kind("cc_binary", //kernels/cuda/...))' 2>/dev/null)
+bazel build $targets $benches
+mkdir -p "$out/bin" "$out/bench" "$out/lib"
+for t in $targets $benches; do
   name="${t##*:}"
   pkg="${t#//}"; pkg="${pkg%%:*}"
-  cp -f "bazel-bin/$pkg/$name" "$out/bin/$name"
+  case " $benches " in
+    *" $t "*) cp -f "bazel-bin/$pkg/$name" "$out/bench/$name" ;;
+    *) cp -f "bazel-bin/$pkg/$name" "$out/bin/$name" ;;
+  esac
   # These tests read no data files, so no runfiles tree is needed.
   ldd "bazel-bin/$pkg/$name" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|libstdc++.so*|libgcc_s.so*|ld-linux*) ;;
       libcuda.so*) ;;  # the driver's, never copied
+      # cuBLAS(Lt) is hundreds of MB: taken from the GPU machine's CUDA 13 (the toolkit's lib64
+      # or the nvidia-cublas wheel; run_gpu_checks.sh puts both on LD_LIBRARY_PATH).
+      libcublas.so*|libcublasLt.so*) ;;
       *) cp -fL "$lib" "$out/lib/" ;;
     esac
   done
 done
 cp -f tools/gpu/run_gpu_checks.sh "$out/"
 git rev-parse HEAD > "$out/COMMIT" 2>/dev/null || true
-echo "packed $(ls "$out/bin" | wc -l) test binaries into $out"
+echo "packed $(ls "$out/bin" | wc -l) test and $(ls "$out/bench" | wc -l) benchmark binaries into $out"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Runs every prebuilt gpu-tagged test binary in DIR/bin on a machine with a GPU, a CUDA 13
-# capable driver and no Bazel, and writes DIR/gpu_report.txt (pass/fail/skip per test, seconds,
-# and the failing assertions). Usage: run_gpu_checks.sh DIR [per-test timeout seconds, 300]
-# Exit status: 0 when every test passed, 1 otherwise (a test that skips everything counts as a
-# failure here: on this machine a skip means the GPU was not usable).
+# Runs every prebuilt gpu-tagged test binary in DIR/bin, then every benchmark in DIR/bench, on a
+# machine with a GPU, a CUDA 13 capable driver and no Bazel, and writes DIR/gpu_report.txt
+# (pass/fail/skip per test, seconds, the failing assertions, the benchmarks' output).
+# Usage: run_gpu_checks.sh DIR [per-test timeout seconds, 300]
+# Exit status: 0 when every test passed and every benchmark ran, 1 otherwise (a test that skips
+# everything counts as a failure here: on this machine a skip means the GPU was not usable).
 set -uo pipefail
 dir="${1:?usage: $0 DIR [timeout_s]}"
 limit="${2:-300}"
 report="$dir/gpu_report.txt"
-export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS(Lt) 13 is not packed (pack_gpu_tests.sh): the toolkit's, or the nvidia-cublas wheel's.
+cublas_wheel=$(python3 -c 'import os, nvidia.cublas as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$dir/lib${cublas_wheel:+:$cublas_wheel}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   echo "gpu checks $(date -u +%FT%TZ) commit $(cat "$dir/COMMIT" 2>/dev/null || echo unknown)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4
@@ -38,6 +41,15 @@ for bin in "$dir"/bin/*; do
     "$passed" "$skipped" "$failures" >> "$report"
   if [ "$verdict" != PASS ]; then
     grep -B2 -A6 -E 'Failure|FAILED|error|Skipped' "$log" | head -40 | sed 's/^/    /' >> "$report"
+  fi
+done
+# Benchmarks (DIR/bench/*): their output goes into the report; a failing one fails the run.
+for bin in "$dir"/bench/*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  echo "== $name" >> "$report"
+  if ! timeout "$limit" "$bin" >> "$report" 2>&1; then
+    echo "FAIL ($name exited non-zero)" >> "$report"; failed=1
   fi
 done
 cat "$report"
