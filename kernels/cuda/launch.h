@@ -10,6 +10,7 @@
 #include "kernels/cuda/decode_attention_params.h"
 #include "kernels/cuda/embedding_params.h"
 #include "kernels/cuda/kv_write_params.h"
+#include "kernels/cuda/prefill_attention_params.h"
 #include "kernels/cuda/rope_params.h"
 #include "kernels/cuda/swiglu_params.h"
 #include "kernels/rmsnorm.h"
@@ -42,6 +43,7 @@ int LaunchRope(const RopeParams& p, void* stream);
 int LaunchSwiGlu(const SwiGluParams& p, void* stream);
 int LaunchKvWrite(const KvWriteParams& p, void* stream);
 int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream);
+int LaunchPrefillAttention(const PrefillAttentionParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

@@ -12,6 +12,7 @@
 #include "kernels/cuda/embedding_cuda.h"
 #include "kernels/cuda/kv_write_cuda.h"
 #include "kernels/cuda/linear_cuda.h"
+#include "kernels/cuda/prefill_attention_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
 #include "kernels/cuda/swiglu_cuda.h"
 
@@ -255,6 +256,62 @@ TEST(CudaOpsValidationTest, Linear) {
   empty.y = nullptr;
   empty.weight = nullptr;
   ExpectUnavailableWithoutDevice([&] { return LinearCuda(empty, nullptr); });
+}
+
+TEST(CudaOpsValidationTest, PrefillAttention) {
+  std::vector<float> q(5 * 8 * 64), out(q.size()), kv(4 * 16 * 2 * 64);
+  std::vector<int32_t> tables = {0, 1, 2, 3}, starts = {0, 5}, positions = {20};
+  PrefillAttentionParams p;
+  p.q = q.data();
+  p.out = out.data();
+  p.k_cache = kv.data();
+  p.v_cache = kv.data();
+  p.block_tables = tables.data();
+  p.query_starts = starts.data();
+  p.start_positions = positions.data();
+  p.num_seqs = 1;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.block_size = 16;
+  p.num_blocks = 4;
+  p.max_blocks_per_seq = 4;
+  p.block_stride = 16 * 2 * 64;
+  p.max_query_len = 5;
+  p.scale = 0.125f;
+  p.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return PrefillAttentionCuda(p, nullptr); });
+
+  PrefillAttentionParams bad = p;
+  bad.num_heads = 7;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: num_heads:");
+  bad = p;
+  bad.head_dim = 80;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: head_dim:");
+  bad = p;
+  bad.head_dim = 512;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: head_dim:");
+  bad = p;
+  bad.block_stride = 1;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: block_stride:");
+  bad = p;
+  bad.max_blocks_per_seq = 0;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: max_blocks_per_seq:");
+  bad = p;
+  bad.max_query_len = -1;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: max_query_len:");
+  bad = p;
+  bad.sliding_window = -2;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: sliding_window:");
+  bad = p;
+  bad.query_starts = nullptr;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: query_starts:");
+  bad = p;
+  bad.start_positions = nullptr;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: start_positions:");
+  bad = p;
+  bad.num_seqs = 70000;
+  ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: num_seqs:");
 }
 
 }  // namespace
