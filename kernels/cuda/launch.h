@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/decode_attention_params.h"
 #include "kernels/cuda/embedding_params.h"
+#include "kernels/cuda/greedy_params.h"
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/prefill_attention_params.h"
 #include "kernels/cuda/rope_params.h"
@@ -44,6 +45,7 @@ int LaunchSwiGlu(const SwiGluParams& p, void* stream);
 int LaunchKvWrite(const KvWriteParams& p, void* stream);
 int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream);
 int LaunchPrefillAttention(const PrefillAttentionParams& p, void* stream);
+int LaunchGreedy(const GreedyParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

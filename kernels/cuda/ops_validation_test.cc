@@ -10,6 +10,7 @@
 #include "kernels/cuda/decode_attention_cuda.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding_cuda.h"
+#include "kernels/cuda/greedy_cuda.h"
 #include "kernels/cuda/kv_write_cuda.h"
 #include "kernels/cuda/linear_cuda.h"
 #include "kernels/cuda/prefill_attention_cuda.h"
@@ -312,6 +313,50 @@ TEST(CudaOpsValidationTest, PrefillAttention) {
   bad = p;
   bad.num_seqs = 70000;
   ExpectInvalid(PrefillAttentionCuda(bad, nullptr), "prefill_attention: num_seqs:");
+}
+
+TEST(CudaOpsValidationTest, Greedy) {
+  std::vector<float> logits(2 * 10), lps(2), top_lps(2 * 3);
+  std::vector<int32_t> tokens(2), top_tokens(2 * 3);
+  GreedyParams p;
+  p.logits = logits.data();
+  p.rows = 2;
+  p.vocab = 10;
+  p.tokens = tokens.data();
+  p.logprobs = lps.data();
+  p.top_n = 3;
+  p.top_tokens = top_tokens.data();
+  p.top_logprobs = top_lps.data();
+  ExpectUnavailableWithoutDevice([&] { return GreedyCuda(p, nullptr); });
+
+  GreedyParams bad = p;
+  bad.vocab = 0;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: vocab:");
+  bad = p;
+  bad.rows = -1;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: rows:");
+  bad = p;
+  bad.row_stride = 9;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: row_stride:");
+  bad = p;
+  bad.top_n = 21;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: top_n:");
+  bad = p;
+  bad.tokens = nullptr;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: tokens:");
+  bad = p;
+  bad.top_tokens = nullptr;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: top_tokens:");
+  bad = p;
+  bad.top_logprobs = nullptr;
+  ExpectInvalid(GreedyCuda(bad, nullptr), "greedy: top_logprobs:");
+  // Without top_n the top arrays are not needed, nor logprobs at all.
+  GreedyParams lean = p;
+  lean.top_n = 0;
+  lean.top_tokens = nullptr;
+  lean.top_logprobs = nullptr;
+  lean.logprobs = nullptr;
+  ExpectUnavailableWithoutDevice([&] { return GreedyCuda(lean, nullptr); });
 }
 
 }  // namespace
