@@ -6,6 +6,7 @@
 #define DEEPINFER_KERNELS_CUDA_LAUNCH_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda/decode_attention_params.h"
 #include "kernels/cuda/embedding_params.h"
@@ -13,6 +14,7 @@
 #include "kernels/cuda/kv_write_params.h"
 #include "kernels/cuda/prefill_attention_params.h"
 #include "kernels/cuda/rope_params.h"
+#include "kernels/cuda/sample_params.h"
 #include "kernels/cuda/swiglu_params.h"
 #include "kernels/rmsnorm.h"
 
@@ -46,6 +48,9 @@ int LaunchKvWrite(const KvWriteParams& p, void* stream);
 int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream);
 int LaunchPrefillAttention(const PrefillAttentionParams& p, void* stream);
 int LaunchGreedy(const GreedyParams& p, void* stream);
+// Sampling: the workspace for rows x vocab (queries CUB, so needs a device), then the launch.
+int SampleWorkspaceBytes(int64_t rows, int vocab, size_t* bytes);
+int LaunchSample(const SampleParams& p, void* stream);
 
 }  // namespace deepinfer::kernels::cuda_raw
 

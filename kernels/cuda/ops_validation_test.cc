@@ -15,6 +15,7 @@
 #include "kernels/cuda/linear_cuda.h"
 #include "kernels/cuda/prefill_attention_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
+#include "kernels/cuda/sample_cuda.h"
 #include "kernels/cuda/swiglu_cuda.h"
 
 namespace deepinfer::kernels {
@@ -357,6 +358,52 @@ TEST(CudaOpsValidationTest, Greedy) {
   lean.top_logprobs = nullptr;
   lean.logprobs = nullptr;
   ExpectUnavailableWithoutDevice([&] { return GreedyCuda(lean, nullptr); });
+}
+
+TEST(CudaOpsValidationTest, Sample) {
+  std::vector<float> logits(2 * 10), t(2), top_p(2), min_p(2), lps(2);
+  std::vector<int32_t> top_k(2), tokens(2);
+  std::vector<double> u(2);
+  std::vector<uint8_t> ws(1 << 20);
+  SampleParams p;
+  p.logits = logits.data();
+  p.rows = 2;
+  p.vocab = 10;
+  p.temperature = t.data();
+  p.top_k = top_k.data();
+  p.top_p = top_p.data();
+  p.min_p = min_p.data();
+  p.uniform = u.data();
+  p.tokens = tokens.data();
+  p.logprobs = lps.data();
+  p.workspace = ws.data();
+  p.workspace_bytes = ws.size();
+  ExpectUnavailableWithoutDevice([&] { return SampleCuda(p, nullptr); });
+  if (!CudaAvailable().ok()) {
+    EXPECT_EQ(SampleWorkspaceBytes(2, 10).status().code(), absl::StatusCode::kUnavailable);
+  }
+  ExpectInvalid(SampleWorkspaceBytes(-1, 10).status(), "sample: rows:");
+  ExpectInvalid(SampleWorkspaceBytes(1 << 20, 1 << 12).status(), "sample: rows:");
+  ExpectInvalid(SampleWorkspaceBytes(2, 0).status(), "sample: vocab:");
+
+  SampleParams bad = p;
+  bad.vocab = 0;
+  ExpectInvalid(SampleCuda(bad, nullptr), "sample: vocab:");
+  bad = p;
+  bad.row_stride = 5;
+  ExpectInvalid(SampleCuda(bad, nullptr), "sample: row_stride:");
+  bad = p;
+  bad.temperature = nullptr;
+  ExpectInvalid(SampleCuda(bad, nullptr), "sample: temperature:");
+  bad = p;
+  bad.uniform = nullptr;
+  ExpectInvalid(SampleCuda(bad, nullptr), "sample: uniform:");
+  bad = p;
+  bad.top_k = nullptr;
+  ExpectInvalid(SampleCuda(bad, nullptr), "sample: top_k:");
+  bad = p;
+  bad.workspace = nullptr;
+  ExpectInvalid(SampleCuda(bad, nullptr), "sample: workspace:");
 }
 
 }  // namespace
