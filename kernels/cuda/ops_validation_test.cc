@@ -383,7 +383,8 @@ TEST(CudaOpsValidationTest, Sample) {
     EXPECT_EQ(SampleWorkspaceBytes(2, 10).status().code(), absl::StatusCode::kUnavailable);
   }
   ExpectInvalid(SampleWorkspaceBytes(-1, 10).status(), "sample: rows:");
-  ExpectInvalid(SampleWorkspaceBytes(1 << 20, 1 << 12).status(), "sample: rows:");
+  ExpectInvalid(SampleWorkspaceBytes(65536, 10).status(), "sample: rows:");
+  ExpectInvalid(SampleWorkspaceBytes(60000, 1 << 16).status(), "sample: rows:");
   ExpectInvalid(SampleWorkspaceBytes(2, 0).status(), "sample: vocab:");
 
   SampleParams bad = p;

@@ -13,7 +13,7 @@ auto Bad(absl::string_view field, absl::string_view expected, auto got) {
 }
 
 absl::Status ValidateSizes(int64_t rows, int vocab) {
-  if (rows < 0) return Bad("rows", ">= 0", rows);
+  if (rows < 0 || rows > 65535) return Bad("rows", "in [0, 65535]", rows);  // a grid dimension
   if (vocab <= 0) return Bad("vocab", "> 0", vocab);
   // The segmented sort indexes items with int.
   if (rows * int64_t{vocab} > int64_t{0x7fffffff}) {

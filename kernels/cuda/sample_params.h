@@ -23,7 +23,7 @@ namespace deepinfer::kernels {
 struct SampleParams {
   // All pointers are device memory.
   const float* logits = nullptr;  // [rows, row_stride], first vocab used
-  int64_t rows = 0;               // >= 0; rows * vocab < 2^31
+  int64_t rows = 0;               // in [0, 65535]; rows * vocab < 2^31
   int vocab = 0;                  // > 0
   int64_t row_stride = 0;         // 0 means vocab, otherwise >= vocab
   // Per row, valid as engine/sampler.h's ValidateSamplingParams says (checked on the host before
