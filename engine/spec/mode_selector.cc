@@ -24,14 +24,16 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       }
     }
   }
-  if (options.epoch_steps < 1 || !(options.epoch_seconds >= 0.0) || options.warmup_steps < 0 ||
+  if (options.epoch_steps < 1 || !(options.epoch_seconds >= 0.0) || options.short_epoch_steps < 1 ||
+      !(options.short_epoch_sequence_steps >= 0.0) || options.warmup_steps < 0 ||
       options.max_warmup_steps < options.warmup_steps || !(options.cost_decay >= 0.0) ||
       !(options.cost_decay < 1.0) || !(options.content_decay >= 0.0) ||
       !(options.content_decay < 1.0) || !(options.switch_margin >= 0.0) ||
       !(options.explore_cost > 0.0) || options.min_gap_epochs < 1 ||
       options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1) {
     return absl::InvalidArgumentError(
-        "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, 0 <= "
+        "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
+        "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
         "warmup_steps <= max_warmup_steps, 0 <= cost_decay, content_decay < 1, switch_margin "
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1");
@@ -208,8 +210,11 @@ int DraftModeSelector::Decide(int b) {
 }
 
 DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
-  const bool epoch_over =
-      epoch_steps_ >= options_.epoch_steps && epoch_seconds_ >= options_.epoch_seconds;
+  const bool enough_steps =
+      epoch_steps_ >= options_.epoch_steps ||
+      (epoch_steps_ >= std::min(options_.short_epoch_steps, options_.epoch_steps) &&
+       epoch_seq_steps_ >= options_.short_epoch_sequence_steps);
+  const bool epoch_over = enough_steps && epoch_seconds_ >= options_.epoch_seconds;
   if (epoch_bucket_ < 0 || epoch_over) {
     if (epoch_bucket_ >= 0) FinishEpoch();
     const int b = Bucket(std::max(decoding, 1));
@@ -221,6 +226,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     current_ = mode;
     epoch_bucket_ = b;
     epoch_steps_ = 0;
+    epoch_seq_steps_ = 0.0;
     epoch_seconds_ = 0.0;
     epoch_rate_tokens_ = 0.0;
     epoch_rate_seconds_ = 0.0;
@@ -253,6 +259,7 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
   }
   if (!measured || mode != current_) return;
   ++epoch_steps_;
+  epoch_seq_steps_ += decoding;
   epoch_seconds_ += seconds;
   if (Bucket(decoding) == epoch_bucket_) {
     epoch_rate_tokens_ += tokens;

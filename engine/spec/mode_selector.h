@@ -19,9 +19,9 @@ namespace deepinfer::engine::spec {
 // choices. So the engine runs in *modes* (0: no drafting; a fixed length L: draft L tokens per
 // sequence, verify all; the plan) for *epochs* of at least `epoch_steps` measured steps and
 // `epoch_seconds` of measured time, and compares the modes by realised tokens per second (tokens
-// emitted over measured step periods), per bucket of decoding-sequence count (1, 2, 3-4, 5-8,
-// ..., powers of two; an epoch belongs to the bucket of the step that started it and counts only
-// that bucket's steps). The first `warmup_steps` steps after a change of mode are run but not
+// emitted over measured step periods; busy steps end an epoch sooner, see Options), per bucket of
+// decoding-sequence count (1, 2, 3-4, 5-8, ..., powers of two; an epoch belongs to the bucket of
+// the step that started it and counts only that bucket's steps). The first `warmup_steps` steps after a change of mode are run but not
 // measured, more while the engine reports the change still being paid for (StillWarming).
 //
 // A mode's rate is (tokens per step) / (seconds per step), and the two factors are estimated
@@ -62,14 +62,20 @@ class DraftModeSelector {
   struct Options {
     int epoch_steps = 16;         // >= 1
     double epoch_seconds = 0.25;  // >= 0
-    int warmup_steps = 2;         // >= 0
-    int max_warmup_steps = 16;    // >= warmup_steps: with StillWarming
-    double cost_decay = 0.7;      // in [0, 1)
-    double content_decay = 0.95;  // in [0, 1)
-    double switch_margin = 0.01;  // >= 0
-    double explore_cost = 0.002;  // > 0: five losers cost about 1% of a long run
-    int min_gap_epochs = 4;       // >= 1
-    int max_gap_epochs = 128;     // >= min_gap_epochs
+    // An epoch also ends (its seconds run) after short_epoch_steps measured steps once they cover
+    // short_epoch_sequence_steps sequence-steps (steps x decoding sequences): a step of 32
+    // sequences measures tokens per sequence-step as well as 32 steps of one, and takes 20-30
+    // times as long on a CPU, so 16 of them would make epochs of seconds and learning slow.
+    int short_epoch_steps = 4;                  // >= 1 (above epoch_steps: epoch_steps)
+    double short_epoch_sequence_steps = 128.0;  // >= 0
+    int warmup_steps = 2;                       // >= 0
+    int max_warmup_steps = 16;                  // >= warmup_steps: with StillWarming
+    double cost_decay = 0.7;                    // in [0, 1)
+    double content_decay = 0.95;                // in [0, 1)
+    double switch_margin = 0.01;                // >= 0
+    double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
+    int min_gap_epochs = 4;                     // >= 1
+    int max_gap_epochs = 128;                   // >= min_gap_epochs
     // A loser compared fewer times than this is revisited after min_gap_epochs whatever its
     // deficit, and a challenger takes over only once compared this many times: one pair of
     // epochs is too noisy to set a long gap on, or to hand the bucket to.
@@ -158,6 +164,7 @@ class DraftModeSelector {
   int current_ = 0;
   int epoch_bucket_ = -1;           // -1 before the first epoch
   int epoch_steps_ = 0;             // measured steps in the current epoch
+  double epoch_seq_steps_ = 0.0;    // their sequence-steps
   double epoch_seconds_ = 0.0;      // their time
   double epoch_rate_tokens_ = 0.0;  // tokens and seconds of its mode's steps in its bucket
   double epoch_rate_seconds_ = 0.0;

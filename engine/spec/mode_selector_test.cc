@@ -276,6 +276,33 @@ TEST(DraftModeSelectorTest, SequenceCountsWithinABucketDoNotMislead) {
   EXPECT_NEAR(s->Relative(8, 0), 1.0 / 1.1, 1e-6);
 }
 
+// Epochs of many decoding sequences end after short_epoch_steps steps once those cover
+// short_epoch_sequence_steps sequence-steps; epochs of few run epoch_steps steps.
+TEST(DraftModeSelectorTest, BusyStepsEndEpochsSooner) {
+  Options o;
+  o.epoch_steps = 16;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = 0;
+  o.short_epoch_steps = 4;
+  o.short_epoch_sequence_steps = 128.0;
+  auto s = DraftModeSelector::Create({0, 1}, o);
+  ASSERT_TRUE(s.ok());
+  RunSteps(*s, 1, {100.0, 100.0}, 16 * 10);
+  EXPECT_EQ(s->epochs(), 10);  // 16 steps of 1 sequence: 16 sequence-steps each
+  RunSteps(*s, 8, {100.0, 100.0}, 16 * 10);
+  EXPECT_EQ(s->epochs(), 20);  // 8 sequences: 128 sequence-steps only after 16 steps
+  RunSteps(*s, 32, {100.0, 100.0}, 4 * 10);
+  EXPECT_EQ(s->epochs(), 30);  // 32: 4 steps
+  RunSteps(*s, 64, {100.0, 100.0}, 4 * 10);
+  EXPECT_EQ(s->epochs(), 40);  // never fewer than short_epoch_steps
+  Options bad = o;
+  bad.short_epoch_steps = 0;
+  EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
+  bad = o;
+  bad.short_epoch_sequence_steps = -1.0;
+  EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
+}
+
 TEST(DraftModeSelectorTest, BucketsOfDecodingCountsChooseApart) {
   Options o;
   o.epoch_steps = 4;
