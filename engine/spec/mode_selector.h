@@ -21,8 +21,9 @@ namespace deepinfer::engine::spec {
 // `epoch_seconds` of measured time, and compares the modes by realised tokens per second (tokens
 // emitted over measured step periods; busy steps end an epoch sooner, see Options), per bucket of
 // decoding-sequence count (1, 2, 3-4, 5-8, ..., powers of two; an epoch belongs to the bucket of
-// the step that started it and counts only that bucket's steps). The first `warmup_steps` steps after a change of mode are run but not
-// measured, more while the engine reports the change still being paid for (StillWarming).
+// the step that started it and counts only that bucket's steps). The first `warmup_steps` steps
+// after a change of mode are run but not measured, more while the engine reports the change still
+// being paid for (StillWarming).
 //
 // A mode's rate is (tokens per step) / (seconds per step), and the two factors are estimated
 // apart, because they vary for different reasons. Tokens per step (per decoding sequence) depend
