@@ -21,15 +21,6 @@ constexpr int kMaxGroup = kDecodeAttentionMaxGroup;
 constexpr int kMaxDimsPerLane = kDecodeAttentionMaxHeadDim / 32;
 constexpr int kMaxDimsPerThread = (kDecodeAttentionMaxHeadDim + kThreads - 1) / kThreads;
 
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 struct Range {
   int first;       // first attended position
   int num_splits;  // partitions of this sequence (0 when it has no keys)
@@ -41,19 +32,6 @@ __device__ __forceinline__ Range SeqRange(const DecodeAttentionParams& p, int ct
   r.first = p.sliding_window > 0 ? max(0, ctx - p.sliding_window) : 0;
   r.num_splits = min(max_splits, (ctx - r.first + kPartition - 1) / kPartition);
   return r;
-}
-
-// Address of key/value `pos` of KV head `kvh`, or nullptr when its block id is invalid.
-template <typename T>
-__device__ __forceinline__ const T* Row(const void* base, const DecodeAttentionParams& p,
-                                        const int32_t* table, int pos, int kvh) {
-  const int block_index = pos / p.block_size;
-  if (block_index >= p.max_blocks_per_seq) return nullptr;
-  const int32_t block = table[block_index];
-  if (block < 0 || block >= p.num_blocks) return nullptr;
-  return static_cast<const T*>(base) + block * p.block_stride +
-         static_cast<int64_t>(pos % p.block_size) * p.num_kv_heads * p.head_dim +
-         static_cast<int64_t>(kvh) * p.head_dim;
 }
 
 template <typename T>
@@ -84,8 +62,8 @@ __global__ void __launch_bounds__(kThreads)
   const int n = min(ctx, begin + kPartition) - begin;
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
 
-  float* q_s = smem;                   // [group][D]
-  float* scores = smem + group * D;    // [group][kPartition]
+  float* q_s = smem;                 // [group][D]
+  float* scores = smem + group * D;  // [group][kPartition]
   const T* q = static_cast<const T*>(p.q) + (static_cast<int64_t>(seq) * p.num_heads + head0) * D;
   for (int i = threadIdx.x; i < group * D; i += kThreads) q_s[i] = dev::ToF32(q[i]);
   __syncthreads();
@@ -95,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int dims_per_lane = D / 32;
   for (int j = warp; j < n; j += kWarps) {
-    const T* k = Row<T>(p.k_cache, p, table, begin + j, kvh);
+    const T* k = dev::PagedRow<T>(p.k_cache, p, table, begin + j, kvh);
     float kv[kMaxDimsPerLane];
 #pragma unroll
     for (int e = 0; e < kMaxDimsPerLane; ++e) {
@@ -109,11 +87,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < kMaxDimsPerLane; ++e) {
           if (e < dims_per_lane) dot = fmaf(q_s[h * D + lane + 32 * e], kv[e], dot);
         }
-        dot = WarpSum(dot);
+        dot = dev::WarpSum(dot);
         if (lane == 0) {
           scores[h * kPartition + j] =
-              k == nullptr ? -INFINITY
-                           : dev::Round<T>(__fmul_rn(dev::Round<T>(dot), p.scale));
+              k == nullptr ? -INFINITY : dev::Round<T>(__fmul_rn(dev::Round<T>(dot), p.scale));
         }
       }
     }
@@ -125,14 +102,14 @@ __global__ void __launch_bounds__(kThreads)
     float* s = scores + h * kPartition;
     float m = -INFINITY;
     for (int j = lane; j < n; j += 32) m = fmaxf(m, s[j]);
-    m = WarpMax(m);
+    m = dev::WarpMax(m);
     float l = 0.0f;
     for (int j = lane; j < n; j += 32) {
       const float e = m == -INFINITY ? 0.0f : expf(s[j] - m);
       s[j] = e;
       l += e;
     }
-    l = WarpSum(l);
+    l = dev::WarpSum(l);
     if (lane == 0) {
       stat_max[h] = m;
       stat_sum[h] = l;
@@ -153,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (active) {
     for (int j = key_lane; j < n; j += key_lanes) {
-      const T* v = Row<T>(p.v_cache, p, table, begin + j, kvh);
+      const T* v = dev::PagedRow<T>(p.v_cache, p, table, begin + j, kvh);
       if (v == nullptr) continue;
       float vv[kMaxDimsPerThread];
 #pragma unroll
@@ -243,7 +220,8 @@ __global__ void __launch_bounds__(kThreads)
   T* out = static_cast<T*>(p.out) + head_row * D;
   for (int d = threadIdx.x; d < D; d += kThreads) {
     float acc = 0.0f;
-    for (int s = 0; s < range.num_splits; ++s) acc = fmaf(weights[s], parts[s * per_split + d], acc);
+    for (int s = 0; s < range.num_splits; ++s)
+      acc = fmaf(weights[s], parts[s * per_split + d], acc);
     out[d] = dev::FromF32<T>(total > 0.0f ? acc / total : 0.0f);
   }
 }
@@ -262,8 +240,9 @@ int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream_ptr) {
     DecodeAttentionKernel<T><<<grid, kThreads, smem, stream>>>(p, max_splits);
     int err = static_cast<int>(cudaGetLastError());
     if (err != 0 || max_splits <= 1) return err;
-    DecodeAttentionReduceKernel<T><<<dim3(p.num_heads, p.num_seqs), kThreads,
-                                     max_splits * sizeof(float), stream>>>(p, max_splits);
+    DecodeAttentionReduceKernel<T>
+        <<<dim3(p.num_heads, p.num_seqs), kThreads, max_splits * sizeof(float), stream>>>(
+            p, max_splits);
     return static_cast<int>(cudaGetLastError());
   });
 }

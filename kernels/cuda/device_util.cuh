@@ -68,6 +68,33 @@ __device__ __forceinline__ void StoreAny(void* data, DType t, int64_t i, float v
   }
 }
 
+// Sum and maximum over a full warp (every lane gets the result).
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Address of key/value `pos` of KV head `kvh` in a paged KV pool (engine/kv_cache.h's layout:
+// block b at base + b * block_stride elements, slot s holding [num_kv_heads][head_dim]), or
+// nullptr when the position's block is past max_blocks_per_seq or its id is not in
+// [0, num_blocks) (e.g. -1: released before a sliding window). `Params` is any attention
+// parameter struct with those fields.
+template <typename T, typename Params>
+__device__ __forceinline__ const T* PagedRow(const void* base, const Params& p,
+                                             const int32_t* table, int pos, int kvh) {
+  const int block_index = pos / p.block_size;
+  if (block_index >= p.max_blocks_per_seq) return nullptr;
+  const int32_t block = table[block_index];
+  if (block < 0 || block >= p.num_blocks) return nullptr;
+  return static_cast<const T*>(base) + block * p.block_stride +
+         static_cast<int64_t>(pos % p.block_size) * p.num_kv_heads * p.head_dim +
+         static_cast<int64_t>(kvh) * p.head_dim;
+}
+
 // Launches `launch` with T = the CUDA type of `dtype`; returns its error value.
 template <typename Fn>
 int DispatchDType(DType dtype, Fn&& launch) {

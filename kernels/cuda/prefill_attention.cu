@@ -24,28 +24,6 @@ constexpr int kMaxDimsPerThread = kPrefillAttentionMaxHeadDim / kDimLanes;
 static_assert(kKTile == 32, "step 3 maps one key per lane");
 static_assert(kQTile * kKTile % kThreads == 0, "step 2 splits the scores evenly");
 
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Address of key/value `pos` of KV head `kvh`, or nullptr when its block is not in the pool.
-template <typename T>
-__device__ __forceinline__ const T* Row(const void* base, const PrefillAttentionParams& p,
-                                        const int32_t* table, int pos, int kvh) {
-  const int block_index = pos / p.block_size;
-  if (block_index >= p.max_blocks_per_seq) return nullptr;
-  const int32_t block = table[block_index];
-  if (block < 0 || block >= p.num_blocks) return nullptr;
-  return static_cast<const T*>(base) + block * p.block_stride +
-         static_cast<int64_t>(pos % p.block_size) * p.num_kv_heads * p.head_dim +
-         static_cast<int64_t>(kvh) * p.head_dim;
-}
-
 inline size_t SharedBytes(int head_dim) {
   // q [kQTile][D], k [kKTile][D + 1], v [kKTile][D], scores [kQTile][kKTile], 3 x kQTile stats.
   return sizeof(float) *
@@ -109,8 +87,8 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillAttent
     for (int i = threadIdx.x; i < kKTile * D; i += kThreads) {
       const int j = i / D, d = i % D;
       const int pos = kb + j;
-      const T* k = pos < key_end ? Row<T>(p.k_cache, p, table, pos, kvh) : nullptr;
-      const T* v = pos < key_end ? Row<T>(p.v_cache, p, table, pos, kvh) : nullptr;
+      const T* k = pos < key_end ? dev::PagedRow<T>(p.k_cache, p, table, pos, kvh) : nullptr;
+      const T* v = pos < key_end ? dev::PagedRow<T>(p.v_cache, p, table, pos, kvh) : nullptr;
       k_s[j * (D + 1) + d] = k != nullptr ? dev::ToF32(k[d]) : 0.0f;
       v_s[j * D + d] = v != nullptr ? dev::ToF32(v[d]) : 0.0f;
     }
@@ -122,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillAttent
       const int q_pos = first_pos + r;
       bool visible =
           r < rows && pos <= q_pos && (p.sliding_window == 0 || pos > q_pos - p.sliding_window);
-      if (visible) visible = Row<T>(p.k_cache, p, table, pos, kvh) != nullptr;
+      if (visible) visible = dev::PagedRow<T>(p.k_cache, p, table, pos, kvh) != nullptr;
       float score = -INFINITY;
       if (visible) {
         float dot = 0.0f;
@@ -136,9 +114,9 @@ __global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillAttent
     for (int r = warp; r < kQTile; r += kWarps) {
       const float s = s_s[r * kKTile + lane];
       const float m_old = m_s[r];
-      const float m_new = fmaxf(m_old, WarpMax(s));
+      const float m_new = fmaxf(m_old, dev::WarpMax(s));
       const float pr = s == -INFINITY ? 0.0f : expf(s - m_new);
-      const float sum = WarpSum(pr);
+      const float sum = dev::WarpSum(pr);
       s_s[r * kKTile + lane] = pr;
       if (lane == 0) {
         const float rescale = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
