@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,6 +78,37 @@ inline std::vector<uint8_t> Download(const DeviceBuffer& buf) {
   s = buf.CopyToHost(out.data(), out.size());
   EXPECT_TRUE(s.ok()) << s;
   return out;
+}
+
+// Download, as elements of T.
+template <typename T>
+std::vector<T> DownloadAs(const DeviceBuffer& buf) {
+  const std::vector<uint8_t> bytes = Download(buf);
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+// Block tables of a paged KV pool for sequences of `contexts[i]` positions: each sequence gets
+// ceil(contexts[i] / block_size) blocks in row i of a [contexts.size(), max_blocks] table (-1
+// past them), the ids shuffled over the pool, and one spare block per sequence is left
+// unreferenced. *total_blocks receives the pool's size.
+inline std::vector<int32_t> ShuffledBlockTables(const std::vector<int32_t>& contexts,
+                                                int block_size, int max_blocks, std::mt19937& rng,
+                                                int* total_blocks) {
+  *total_blocks = 0;
+  for (int32_t ctx : contexts) *total_blocks += (ctx + block_size - 1) / block_size + 1;
+  std::vector<int32_t> ids(*total_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> tables(contexts.size() * max_blocks, -1);
+  int next = 0;
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    const int used = (contexts[s] + block_size - 1) / block_size;
+    for (int b = 0; b < used; ++b) tables[s * max_blocks + b] = ids[next++];
+    ++next;
+  }
+  return tables;
 }
 
 // |a - b| <= atol + rtol * |a|, reporting the worst element.

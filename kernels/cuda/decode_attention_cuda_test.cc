@@ -23,6 +23,7 @@ using testing::CudaParamTest;
 using testing::Download;
 using testing::ExpectNear;
 using testing::RandomTensor;
+using testing::ShuffledBlockTables;
 using testing::ToF32;
 using testing::Upload;
 
@@ -54,19 +55,11 @@ TEST_P(DecodeAttentionCudaTest, MatchesCpu) {
   const int max_context = *std::max_element(contexts.begin(), contexts.end());
   const int max_blocks = (max_context + c.block_size - 1) / c.block_size;
 
-  // Shuffled block ids; a spare block per sequence stays unreferenced.
   int total_blocks = 0;
-  for (int32_t ctx : contexts) total_blocks += (ctx + c.block_size - 1) / c.block_size + 1;
-  std::vector<int32_t> ids(total_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> tables(num_seqs * max_blocks, -1);
-  int next = 0;
-  for (int s = 0; s < num_seqs; ++s) {
-    const int used = (contexts[s] + c.block_size - 1) / c.block_size;
-    for (int b = 0; b < used; ++b) tables[s * max_blocks + b] = ids[next++];
-    ++next;
-    if (c.window > 0) {  // released: blocks wholly before the window
+  std::vector<int32_t> tables =
+      ShuffledBlockTables(contexts, c.block_size, max_blocks, rng, &total_blocks);
+  if (c.window > 0) {  // released: blocks wholly before the window
+    for (int s = 0; s < num_seqs; ++s) {
       const int first = std::max(0, contexts[s] - c.window);
       for (int b = 0; b < first / c.block_size; ++b) tables[s * max_blocks + b] = -1;
     }
@@ -143,8 +136,8 @@ TEST_P(DecodeAttentionCudaTest, MatchesCpu) {
   for (int s = 0; s < num_seqs; ++s) {
     const int64_t off = int64_t{s} * num_heads * D;
     ExpectNear(std::vector<float>(want.begin() + off, want.begin() + off + num_heads * D),
-               std::vector<float>(got.begin() + off, got.begin() + off + num_heads * D), atol,
-               rtol, "context " + std::to_string(contexts[s]));
+               std::vector<float>(got.begin() + off, got.begin() + off + num_heads * D), atol, rtol,
+               "context " + std::to_string(contexts[s]));
   }
 }
 

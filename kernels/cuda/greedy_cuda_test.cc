@@ -22,7 +22,7 @@ namespace deepinfer::kernels {
 namespace {
 
 using testing::CudaParamTest;
-using testing::Download;
+using testing::DownloadAs;
 using testing::Upload;
 
 struct Case {
@@ -39,14 +39,6 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 class GreedyCudaTest : public CudaParamTest<Case> {};
-
-template <typename T>
-std::vector<T> Read(const DeviceBuffer& b) {
-  const std::vector<uint8_t> bytes = Download(b);
-  std::vector<T> out(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
-  return out;
-}
 
 TEST_P(GreedyCudaTest, MatchesHost) {
   const Case c = GetParam();
@@ -79,10 +71,10 @@ TEST_P(GreedyCudaTest, MatchesHost) {
   p.top_logprobs = static_cast<float*>(dtl->data());
   const absl::Status s = GreedyCuda(p, nullptr);
   ASSERT_TRUE(s.ok()) << s;
-  const std::vector<int32_t> tokens = Read<int32_t>(*dtok);
-  const std::vector<float> lps = Read<float>(*dlp);
-  const std::vector<int32_t> top_tokens = Read<int32_t>(*dtt);
-  const std::vector<float> top_lps = Read<float>(*dtl);
+  const std::vector<int32_t> tokens = DownloadAs<int32_t>(*dtok);
+  const std::vector<float> lps = DownloadAs<float>(*dlp);
+  const std::vector<int32_t> top_tokens = DownloadAs<int32_t>(*dtt);
+  const std::vector<float> top_lps = DownloadAs<float>(*dtl);
 
   for (int64_t r = 0; r < c.rows; ++r) {
     const float* x = logits.data() + r * stride;

@@ -26,6 +26,7 @@ using testing::CudaParamTest;
 using testing::Download;
 using testing::ExpectNear;
 using testing::RandomTensor;
+using testing::ShuffledBlockTables;
 using testing::ToF32;
 using testing::Upload;
 
@@ -66,23 +67,14 @@ TEST_P(PrefillAttentionCudaTest, MatchesCpu) {
   }
   const int max_blocks = (max_context + c.block_size - 1) / c.block_size;
 
-  // Shuffled block ids; a spare block per sequence stays unreferenced.
+  std::vector<int32_t> contexts;
+  for (const auto& [start, rows] : seqs) contexts.push_back(start + rows);
   int total_blocks = 0;
-  for (const auto& [start, rows] : seqs) {
-    total_blocks += (start + rows + c.block_size - 1) / c.block_size + 1;
-  }
-  std::vector<int32_t> ids(total_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> tables(num_seqs * max_blocks, -1);
-  int next = 0;
-  for (int s = 0; s < num_seqs; ++s) {
-    const auto [start, rows] = seqs[s];
-    const int used = (start + rows + c.block_size - 1) / c.block_size;
-    for (int b = 0; b < used; ++b) tables[s * max_blocks + b] = ids[next++];
-    ++next;
-    if (c.window > 0) {  // released: blocks wholly before the first row's window
-      const int first = std::max(0, start - c.window + 1);
+  std::vector<int32_t> tables =
+      ShuffledBlockTables(contexts, c.block_size, max_blocks, rng, &total_blocks);
+  if (c.window > 0) {  // released: blocks wholly before the first row's window
+    for (int s = 0; s < num_seqs; ++s) {
+      const int first = std::max(0, seqs[s].first - c.window + 1);
       for (int b = 0; b < first / c.block_size; ++b) tables[s * max_blocks + b] = -1;
     }
   }

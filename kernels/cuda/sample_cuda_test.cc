@@ -22,7 +22,7 @@ namespace deepinfer::kernels {
 namespace {
 
 using testing::CudaParamTest;
-using testing::Download;
+using testing::DownloadAs;
 using testing::Upload;
 
 struct RowParams {
@@ -91,14 +91,6 @@ int32_t HostChoice(const float* x, int vocab, const RowParams& rp, double u) {
 
 class SampleCudaTest : public CudaParamTest<int> {};
 
-template <typename T>
-std::vector<T> Read(const DeviceBuffer& b) {
-  const std::vector<uint8_t> bytes = Download(b);
-  std::vector<T> out(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
-  return out;
-}
-
 TEST_P(SampleCudaTest, MatchesHost) {
   const int vocab = GetParam();
   const std::vector<RowParams> settings = {{0.0f, 0, 1.0f, 0.0f},  {1.0f, 0, 1.0f, 0.0f},
@@ -155,8 +147,8 @@ TEST_P(SampleCudaTest, MatchesHost) {
   p.workspace_bytes = *ws_bytes;
   const absl::Status s = SampleCuda(p, nullptr);
   ASSERT_TRUE(s.ok()) << s;
-  const std::vector<int32_t> tokens = Read<int32_t>(*dtok);
-  const std::vector<float> lps = Read<float>(*dlp);
+  const std::vector<int32_t> tokens = DownloadAs<int32_t>(*dtok);
+  const std::vector<float> lps = DownloadAs<float>(*dlp);
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits.data() + r * vocab;
     const int32_t want = HostChoice(x, vocab, settings[r / draws], uniform[r]);
