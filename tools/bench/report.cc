@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -40,6 +42,7 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
   bool any = false;
   int64_t good = 0;
   std::set<std::string> errors;
+  std::vector<std::pair<double, double>> decoding;  // [first chunk, last chunk] per request
   for (const RequestRecord& r : records) {
     if (r.warmup) continue;
     if (!any || r.send_s < first) first = r.send_s;
@@ -61,6 +64,8 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
     if (r.chunk_times_s.empty()) continue;
     const double t = (r.chunk_times_s[0] - r.send_s) * 1e3;
     ttft.push_back(t);
+    decoding.emplace_back(r.chunk_times_s.front(), r.chunk_times_s.back());
+    s.decode_tokens += r.completion_tokens - r.chunk_tokens.front();
     for (size_t i = 0; i < r.chunk_times_s.size(); ++i) {
       if (i > 0) itl.push_back((r.chunk_times_s[i] - r.chunk_times_s[i - 1]) * 1e3);
       for (int k = 1; k < r.chunk_tokens[i]; ++k) itl.push_back(0.0);
@@ -79,6 +84,14 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
     s.total_token_throughput = (s.input_tokens + s.output_tokens) / s.duration_s;
     s.goodput = good / s.duration_s;
   }
+  std::sort(decoding.begin(), decoding.end());
+  double covered_to = -1e300;
+  for (const auto& [begin, end] : decoding) {
+    const double from = std::max(begin, covered_to);
+    if (end > from) s.decode_busy_s += end - from;
+    covered_to = std::max(covered_to, end);
+  }
+  if (s.decode_busy_s > 0) s.decode_token_throughput = s.decode_tokens / s.decode_busy_s;
   s.prefix_cache_hit_ratio =
       s.input_tokens > 0 ? static_cast<double>(s.cached_input_tokens) / s.input_tokens : 0;
   if (s.draft_tokens > 0) {
@@ -128,6 +141,8 @@ std::string FormatSummary(const Summary& s, const std::string& title) {
   Line(&out, "Request goodput (req/s):", F(s.goodput));
   Line(&out, "Output token throughput (tok/s):", F(s.output_token_throughput));
   Line(&out, "Total token throughput (tok/s):", F(s.total_token_throughput));
+  Line(&out, "Decode busy time (s):", F(s.decode_busy_s));
+  Line(&out, "Decode token throughput (tok/s):", F(s.decode_token_throughput));
   Line(&out, "Prefix cache hit ratio:", F(s.prefix_cache_hit_ratio));
   if (s.draft_tokens > 0) {
     Line(&out, "Draft tokens verified / accepted:",
@@ -163,6 +178,9 @@ nlohmann::json SummaryJson(const Summary& s) {
           {"output_token_throughput", s.output_token_throughput},
           {"total_token_throughput", s.total_token_throughput},
           {"goodput", s.goodput},
+          {"decode_busy_s", s.decode_busy_s},
+          {"decode_tokens", s.decode_tokens},
+          {"decode_token_throughput", s.decode_token_throughput},
           {"slo_ttft_ms", s.slo_ttft_ms},
           {"slo_tpot_ms", s.slo_tpot_ms},
           {"prefix_cache_hit_ratio", s.prefix_cache_hit_ratio},
@@ -208,6 +226,7 @@ std::string FormatComparison(const Summary& a, const std::string& name_a, const 
   row("request throughput (req/s)", a.request_throughput, b.request_throughput);
   row("goodput (req/s)", a.goodput, b.goodput);
   row("output tok/s", a.output_token_throughput, b.output_token_throughput);
+  row("decode tok/s (busy)", a.decode_token_throughput, b.decode_token_throughput);
   row("prefix cache hit ratio", a.prefix_cache_hit_ratio, b.prefix_cache_hit_ratio);
   row("tokens per decode step", a.mean_accepted_length, b.mean_accepted_length);
   row("TTFT mean (ms)", a.ttft_ms.mean, b.ttft_ms.mean);

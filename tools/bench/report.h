@@ -11,6 +11,11 @@
 //   goodput  successful requests with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms (a request with
 //         one token passes the TPOT SLO), divided by the run's duration.
 //   duration  first send -> last completion, excluding warm-up requests.
+//   decode throughput  tokens after each completed request's first chunk, over the time in which
+//         at least one completed request was between its first and its last chunk (the union of
+//         those intervals, "decode busy"): the decode tier's tokens/s while it has work, which,
+//         unlike 1 / TPOT (one stream's speed), does not rise when fewer requests decode at once
+//         because the others wait for prefill.
 //
 // Thread-safety: pure functions.
 #ifndef DEEPINFER_TOOLS_BENCH_REPORT_H_
@@ -62,6 +67,9 @@ struct Summary {
   double output_token_throughput = 0;  // tokens / s
   double total_token_throughput = 0;   // (input + output) / s
   double goodput = 0;                  // requests / s meeting both SLOs
+  double decode_busy_s = 0;            // union of [first chunk, last chunk] of completed requests
+  int64_t decode_tokens = 0;           // completed requests' tokens after their first chunk
+  double decode_token_throughput = 0;  // decode_tokens / decode_busy_s
   double slo_ttft_ms = 0, slo_tpot_ms = 0;
   double prefix_cache_hit_ratio = 0;   // cached / input tokens
   // Speculative decoding: accepted / verified drafts, and tokens per decode step

@@ -58,12 +58,36 @@ TEST(ReportTest, LatenciesThroughputAndGoodput) {
   // ITL values: 10,10,10,10 (first) and 50, 0 (second).
   EXPECT_EQ(s.itl_ms.count, 6);
   EXPECT_NEAR(s.itl_ms.max, 50, 1e-9);
+  // Decoding: [0.1, 0.14] and [1.0, 1.05] do not overlap: 0.09 s for 4 + 2 tokens.
+  EXPECT_EQ(s.decode_tokens, 6);
+  EXPECT_NEAR(s.decode_busy_s, 0.09, 1e-12);
+  EXPECT_NEAR(s.decode_token_throughput, 6 / 0.09, 1e-9);
   EXPECT_EQ(s.draft_tokens, 0);
   EXPECT_DOUBLE_EQ(s.mean_accepted_length, 1.0);  // no drafts: one token per step
   ASSERT_EQ(s.errors.size(), 1u);
   EXPECT_NE(FormatSummary(s, "t").find("Request goodput (req/s):"), std::string::npos);
   EXPECT_NE(FormatComparison(s, "a", s, "b").find("1.000"), std::string::npos);
   EXPECT_EQ(SummaryJson(s)["completed"], 2);
+}
+
+TEST(ReportTest, DecodeThroughputCountsOverlappingStreamsOnce) {
+  // Three streams: [1, 3] and [2, 4] overlap (3 s together), [6, 7] apart; a gap of 2 s with
+  // nothing decoding (the others waiting for prefill, say) does not count. Tokens after the first
+  // chunk: 10 + 20 + 5 (the first chunk of the second carries 2, both leave out).
+  std::vector<RequestRecord> recs;
+  recs.push_back(Rec(0.0, {1.0, 2.0, 3.0}, {1, 5, 5}));
+  recs.push_back(Rec(0.0, {2.0, 4.0}, {2, 20}));
+  recs.push_back(Rec(5.0, {6.0, 7.0}, {1, 5}));
+  recs.push_back(Rec(0.0, {2.5, 3.5}, {1, 9}, /*ok=*/false));  // failed: not counted
+  Summary s = Summarize(recs, 1000, 1000);
+  EXPECT_EQ(s.decode_tokens, 35);
+  EXPECT_NEAR(s.decode_busy_s, 4.0, 1e-12);
+  EXPECT_NEAR(s.decode_token_throughput, 35 / 4.0, 1e-12);
+  // Nested interval: [1.5, 2.5] inside [1, 3] adds no time.
+  recs.push_back(Rec(1.0, {1.5, 2.5}, {1, 4}));
+  s = Summarize(recs, 1000, 1000);
+  EXPECT_EQ(s.decode_tokens, 39);
+  EXPECT_NEAR(s.decode_busy_s, 4.0, 1e-12);
 }
 
 TEST(ReportTest, SpeculativeDecodingFigures) {

@@ -7,22 +7,31 @@
 # workload runs closed-loop against each configuration in turn, in an order shuffled per round,
 # so configurations compared with each other run minutes apart, not a whole sweep apart (these
 # machines are shared: the same configuration's speed drifts by tens of percent over minutes).
-# Prints output tokens/s (all requests' tokens over the run's time: the cluster's throughput,
-# which on a machine whose cores the prefill and decode nodes share includes their contention),
-# decode tokens/s (1000 / the mean TPOT, TPOT = (E2E - TTFT) / (completion tokens - 1) per
-# request: how fast an answer streams once it has started, the decode tier's own speed), tokens
-# per decode step, draft acceptance and both speeds' ratios to no speculation in the same round.
+# Prints, each also as its ratio to no speculation in the same round:
+#   out tok/s   all requests' tokens over the run's time: the cluster's throughput;
+#   dec tok/s   the decode tier's throughput while it has work: tokens after each request's first
+#               over the time in which at least one request streams (the bench's "decode token
+#               throughput"); the figure the adaptive decode node maximises;
+#   str tok/s   one stream's speed, 1000 / the mean TPOT (TPOT = (E2E - TTFT) / (completion
+#               tokens - 1) per request), which also rises when fewer requests decode at once
+#               because the others wait for prefill;
+# and tokens per decode step, draft acceptance, TTFT and ITL p90.
 #
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=6 SWEEP_METHODS="off ngram draft_model" ...
 #   SWEEP_SESSIONS: sessions per run (3 turns each); a concurrency above it runs that many.
 #   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 256).
 #   SWEEP_REPEATS=3: rounds; each round uses new prompts (seed from round and concurrency), the
-#   same for every configuration. The table shows medians over rounds: tokens/s, and "out/off" and
-#   "dec/off", the medians of the per-round ratios to "off", with dec/off's min-max as "range".
+#   same for every configuration. The table shows medians over rounds: tokens/s, and "x/off", the
+#   medians of the per-round ratios to "off", with dec/off's min-max as "range".
 #   SWEEP_WARMUP_ROUNDS=1: rounds run first (every concurrency, prompts of their own) and left out
 #   of the table: a serving node runs for hours, and an adaptive node's first minutes measure its
 #   modes (spec::DraftModeSelector); their figures are printed apart ("cold rounds").
+#   SWEEP_PIN=1 (default, on a machine with >= 2 CPUs): every decode node runs on the last CPU,
+#   every other process (launchers, routers, prefill nodes, the bench client) on the others, as
+#   prefill and decode nodes run on their own machines in a deployment: a prefill burst then no
+#   longer slows the decode node's steps, which made decode speed swing with the prefill timing
+#   (per-round ranges of 2-3x at concurrency 32 unpinned). SWEEP_PIN=0: no pinning.
 #   SWEEP_TRACE=1: decode nodes log at debug level, one "step-trace" line per engine step
 #   (shape, drafts verified and accepted, period, forward and drafting time) for offline fits.
 #   SWEEP_LOG_LEVEL: the other processes' log level (default info).
@@ -38,12 +47,20 @@ THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
 WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-1}
 ANSWER=${SWEEP_ANSWER_TOKENS:-256}
+CPUS=$(nproc)
+PIN=${SWEEP_PIN:-1}
+[ "$CPUS" -ge 2 ] || PIN=0
+DECODE_CPU=$((CPUS - 1))
+OTHER_CPUS=0-$((CPUS - 2))
+# Prefix that runs a command on the non-decode CPUs when pinning (taskset execs it: same pid).
+PINNED=()
+[ "$PIN" = 1 ] && PINNED=(taskset -c "$OTHER_CPUS")
 bazel build --config=opt //deploy/local:launcher //tools/bench 2>&1 | { grep -v linux-sandbox || true; } | tail -1
 BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
 RESULTS=$WORK/results.tsv
 COLD=$WORK/cold.tsv
-HEADER="repeat\tconfig\tconcurrency\tout_tok_s\tdecode_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms"
+HEADER="repeat\tconfig\tconcurrency\tout_tok_s\tdecode_tok_s\tstream_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms"
 echo -e "$HEADER" >"$RESULTS"
 echo -e "$HEADER" >"$COLD"
 
@@ -57,7 +74,7 @@ trap stop_all EXIT
 
 start_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready
-  "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
+  "${PINNED[@]}" "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
     --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" \
     ${flags:+--prefill_flags="$flags"} --decode_flags="$flags${SWEEP_TRACE:+${flags:+,}--log_level=debug}" \
     >"$WORK/$name.out" 2>&1 &
@@ -66,6 +83,14 @@ start_config() {  # name, flags (comma-separated)
   for _ in $(seq 1 600); do [ -s "$ready" ] && break; sleep 0.2; done
   [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; exit 1; }
   ROUTER[$name]=$(cat "$ready")
+  if [ "$PIN" = 1 ]; then
+    # The launcher's children inherited the other CPUs; its decode nodes (every thread) move.
+    local pid
+    for pid in $(pgrep -P "${PID[$name]}" -f decode_node); do
+      taskset -a -p -c "$DECODE_CPU" "$pid" >/dev/null
+    done
+    [ -n "$(pgrep -P "${PID[$name]}" -f decode_node)" ] || { echo "$name: no decode_node child to pin" >&2; exit 1; }
+  fi
 }
 
 for m in $METHODS; do
@@ -92,7 +117,7 @@ for REPEAT in $(seq $((1 - WARMUP_ROUNDS)) "$REPEATS"); do
     for name in $order; do
       # At least as many sessions as the concurrency: each session's turns run one after
       # another, so fewer sessions than c would never put c requests in flight.
-      "$BIN/tools/bench/bench" --target "${ROUTER[$name]}" --workload coding \
+      "${PINNED[@]}" "$BIN/tools/bench/bench" --target "${ROUTER[$name]}" --workload coding \
         --sessions "$((c > SESSIONS ? c : SESSIONS))" --coding_turns 3 --coding_context_words 250 \
         --coding_answer_tokens "$ANSWER" --mode closed --concurrency "$c" --warmup_sessions 1 \
         --seed "$seed" --json >"$WORK/$name.r$REPEAT.c$c.json" 2>/dev/null
@@ -101,6 +126,7 @@ import json, sys
 s = json.load(open(sys.argv[3]))["A"]
 tpot = s["tpot_ms"]["mean"]
 print("\t".join([sys.argv[4], sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
+                 "%.1f" % s["decode_token_throughput"],
                  "%.1f" % (1000.0 / tpot if tpot > 0 else 0.0),
                  "%.2f" % s["mean_accepted_length"], "%.2f" % s["draft_acceptance_rate"],
                  "%.1f" % s["ttft_ms"]["p90"], "%.2f" % s["itl_ms"]["p90"]]))
@@ -134,18 +160,20 @@ def table(path, title):
                 if r["repeat"] in off and off[r["repeat"]] > 0]
     def med(rs, f):
         return statistics.median(float(r[f]) for r in rs)
-    print("%-20s %5s %9s %9s %8s %8s %8s %8s %9s %10s %10s" % ("config", "conc", "out tok/s",
-          "dec tok/s", "tok/step", "accept", "TTFT p90", "ITL p90", "out/off", "dec/off",
-          "dec range"))
+    print("%-20s %4s %9s %9s %9s %8s %6s %8s %7s %7s %7s %7s %9s" % ("config", "conc",
+          "out tok/s", "dec tok/s", "str tok/s", "tok/step", "accept", "TTFT p90", "ITL p90",
+          "out/off", "dec/off", "str/off", "dec range"))
+    def mr(r):
+        return "%.3f" % statistics.median(r) if r else "-"
     for k in keys:
         rs = by[k]
         out = ratios(rs, k[1], "out_tok_s")
         dec = ratios(rs, k[1], "decode_tok_s")
-        print("%-20s %5s %9.1f %9.1f %8.2f %8.2f %8.1f %8.2f %9s %10s %10s" % (k[0], k[1],
-              med(rs, "out_tok_s"), med(rs, "decode_tok_s"), med(rs, "tokens_per_step"),
-              med(rs, "acceptance"), med(rs, "ttft_p90_ms"), med(rs, "itl_p90_ms"),
-              "%.3f" % statistics.median(out) if out else "-",
-              "%.3f" % statistics.median(dec) if dec else "-",
+        stream = ratios(rs, k[1], "stream_tok_s")
+        print("%-20s %4s %9.1f %9.1f %9.1f %8.2f %6.2f %8.1f %7.2f %7s %7s %7s %9s" % (k[0],
+              k[1], med(rs, "out_tok_s"), med(rs, "decode_tok_s"), med(rs, "stream_tok_s"),
+              med(rs, "tokens_per_step"), med(rs, "acceptance"), med(rs, "ttft_p90_ms"),
+              med(rs, "itl_p90_ms"), mr(out), mr(dec), mr(stream),
               "%.2f-%.2f" % (min(dec), max(dec)) if dec else "-"))
 table(sys.argv[2], "cold rounds (left out of the table below):")
 table(sys.argv[1], "measured rounds (medians; x/off: median of the per-round ratios to off):")
