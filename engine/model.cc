@@ -64,6 +64,50 @@ std::vector<float> RopeInvFreq(const ModelConfig& c) {
 
 }  // namespace
 
+absl::StatusOr<BatchLayout> ValidateBatch(const ModelConfig& c, const KvCacheConfig& kv,
+                                          bool all_sliding,
+                                          const std::vector<SequenceInput>& batch) {
+  BatchLayout layout;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceInput& seq = batch[s];
+    const std::string where = absl::StrCat("forward: sequence ", s);
+    if (seq.num_tokens <= 0 || seq.tokens == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": num_tokens must be >= 1"));
+    }
+    if (seq.start_position < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": start_position must be >= 0"));
+    }
+    const int64_t end = seq.start_position + seq.num_tokens;
+    const int64_t needed = (end + kv.block_size - 1) / kv.block_size;
+    if (seq.block_table == nullptr || seq.num_blocks < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": block_table has ", seq.num_blocks,
+                                                     " blocks, positions up to ", end, " need ",
+                                                     needed));
+    }
+    // Models whose every layer uses a sliding window never read keys older than the window:
+    // those blocks may have been released (-1).
+    const int64_t first_needed =
+        all_sliding ? std::max<int64_t>(0, seq.start_position - c.sliding_window + 1) : 0;
+    for (int64_t b = first_needed / kv.block_size; b < needed; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= kv.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b,
+                                                       "] = ", seq.block_table[b],
+                                                       " is outside [0, ", kv.num_blocks, ")"));
+      }
+    }
+    for (int64_t t = 0; t < seq.num_tokens; ++t) {
+      if (seq.tokens[t] < 0 || seq.tokens[t] >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": token[", t, "] = ", seq.tokens[t],
+                                                       " is outside [0, ", c.vocab_size, ")"));
+      }
+    }
+    layout.offsets.push_back(layout.total_tokens);
+    layout.total_tokens += seq.num_tokens;
+    layout.logit_rows += seq.all_logits ? seq.num_tokens : 1;
+  }
+  return layout;
+}
+
 Model::Model(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, int num_threads)
     : config_(std::move(config)),
       checkpoint_(std::move(checkpoint)),
@@ -375,47 +419,10 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
       kv.head_dim != c.head_dim || kv.dtype != act_dtype_) {
     return absl::InvalidArgumentError("forward: kv cache geometry does not match the model");
   }
-  // Validate and lay out the ragged batch.
-  int64_t total = 0;
-  int64_t out_rows = 0;
-  std::vector<int64_t> offsets;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    const SequenceInput& seq = batch[s];
-    const std::string where = absl::StrCat("forward: sequence ", s);
-    if (seq.num_tokens <= 0 || seq.tokens == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": num_tokens must be >= 1"));
-    }
-    if (seq.start_position < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": start_position must be >= 0"));
-    }
-    const int64_t end = seq.start_position + seq.num_tokens;
-    const int64_t needed = (end + kv.block_size - 1) / kv.block_size;
-    if (seq.block_table == nullptr || seq.num_blocks < needed) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": block_table has ", seq.num_blocks,
-                                                     " blocks, positions up to ", end, " need ",
-                                                     needed));
-    }
-    // Models whose every layer uses a sliding window never read keys older than the window:
-    // those blocks may have been released (-1).
-    const int64_t first_needed =
-        all_sliding_ ? std::max<int64_t>(0, seq.start_position - c.sliding_window + 1) : 0;
-    for (int64_t b = first_needed / kv.block_size; b < needed; ++b) {
-      if (seq.block_table[b] < 0 || seq.block_table[b] >= kv.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": block_table[", b,
-                                                       "] = ", seq.block_table[b],
-                                                       " is outside [0, ", kv.num_blocks, ")"));
-      }
-    }
-    for (int64_t t = 0; t < seq.num_tokens; ++t) {
-      if (seq.tokens[t] < 0 || seq.tokens[t] >= c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": token[", t, "] = ", seq.tokens[t],
-                                                       " is outside [0, ", c.vocab_size, ")"));
-      }
-    }
-    offsets.push_back(total);
-    total += seq.num_tokens;
-    out_rows += seq.all_logits ? seq.num_tokens : 1;
-  }
+  DI_ASSIGN_OR_RETURN(const BatchLayout layout, ValidateBatch(c, kv, all_sliding_, batch));
+  const std::vector<int64_t>& offsets = layout.offsets;
+  const int64_t total = layout.total_tokens;
+  const int64_t out_rows = layout.logit_rows;
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * hd;

@@ -57,6 +57,22 @@ struct SequenceInput {
   const float* const* embedding_override = nullptr;
 };
 
+// The rows of a validated ragged batch: sequence s's new tokens are rows [offsets[s],
+// offsets[s] + num_tokens) of the activations; `logit_rows` rows of logits come back.
+struct BatchLayout {
+  std::vector<int64_t> offsets;
+  int64_t total_tokens = 0;
+  int64_t logit_rows = 0;
+};
+
+// Checks a batch against a model and a cache geometry as Model::Forward does (every backend
+// calls it): kInvalidArgument naming the sequence and field for non-positive token counts,
+// negative start positions, block tables too short or naming blocks outside the cache (blocks
+// before the window of an all-sliding model may be -1), token ids outside the vocabulary.
+absl::StatusOr<BatchLayout> ValidateBatch(const ModelConfig& config, const KvCacheConfig& kv,
+                                          bool all_layers_sliding,
+                                          const std::vector<SequenceInput>& batch);
+
 class Model {
  public:
   // Loads config.json + safetensors from a Hugging Face model directory. Errors name the file
@@ -86,7 +102,8 @@ class Model {
   absl::Status Forward(const std::vector<SequenceInput>& batch, KvCache* cache,
                        std::vector<float>* logits);
 
- private:
+  // The parsed checkpoint, for other backends (engine/cuda/cuda_model.h uploads it). Tensors
+  // point into the checkpoint's mapping, in their stored dtype; norms are widened to f32.
   struct Linear {
     const void* w = nullptr;
     const void* b = nullptr;
@@ -108,7 +125,14 @@ class Model {
     bool moe = false;
     bool sliding = false;
   };
+  const Linear& embed() const { return embed_; }
+  const Linear& lm_head() const { return lm_head_; }  // embed() when tied
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const std::vector<Layer>& layers() const { return layers_; }
+  // RoPE inverse frequencies (head_dim / 2, f32, scaling applied).
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
 
+ private:
   Model(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, int num_threads);
   absl::Status Init();
   absl::StatusOr<Linear> GetLinear(const std::string& name, int64_t out, int64_t in,

@@ -46,6 +46,10 @@ int MemcpyDeviceToHost(void* dst, const void* src, size_t bytes) {
   return static_cast<int>(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+int Memset(void* ptr, int value, size_t bytes) {
+  return static_cast<int>(cudaMemset(ptr, value, bytes));
+}
+
 int StreamSynchronize(void* stream) {
   return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }

@@ -34,6 +34,8 @@ int Malloc(void** ptr, size_t bytes);
 int Free(void* ptr);
 int MemcpyHostToDevice(void* dst, const void* src, size_t bytes);
 int MemcpyDeviceToHost(void* dst, const void* src, size_t bytes);
+// cudaMemset of device memory.
+int Memset(void* ptr, int value, size_t bytes);
 int StreamSynchronize(void* stream);
 
 // RMSNorm over device pointers; parameters as kernels/rmsnorm.h, already validated.

@@ -8,6 +8,7 @@
 set -uo pipefail
 dir="${1:?usage: $0 DIR [timeout_s]}"
 limit="${2:-300}"
+dir=$(cd "$dir" && pwd)  # the tests run in DIR/data
 report="$dir/gpu_report.txt"
 # cuBLAS(Lt) 13 is not packed (pack_gpu_tests.sh): the toolkit's, or the nvidia-cublas wheel's.
 cublas_wheel=$(python3 -c 'import os, nvidia.cublas as c; print(os.path.join(list(c.__path__)[0], "lib"))' 2>/dev/null || true)
@@ -22,7 +23,8 @@ for bin in "$dir"/bin/*; do
   name=$(basename "$bin")
   log="$dir/$name.log"
   start=$(date +%s.%N)
-  timeout "$limit" "$bin" --gtest_brief=0 > "$log" 2>&1
+  # In DIR/data: the packed runfiles (models, fixtures) at their workspace-relative paths.
+  (cd "$dir/data" 2>/dev/null || cd "$dir"; timeout "$limit" "$bin" --gtest_brief=0) > "$log" 2>&1
   rc=$?
   secs=$(echo "$(date +%s.%N) - $start" | bc)
   passed=$(grep -c '^\[       OK \]' "$log")

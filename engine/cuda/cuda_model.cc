@@ -1,0 +1,565 @@
+#include "engine/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/decode_attention_cuda.h"
+#include "kernels/cuda/embedding_cuda.h"
+#include "kernels/cuda/kv_write_cuda.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/linear_cuda.h"
+#include "kernels/cuda/prefill_attention_cuda.h"
+#include "kernels/cuda/rmsnorm_cuda.h"
+#include "kernels/cuda/rope_cuda.h"
+#include "kernels/cuda/swiglu_cuda.h"
+
+namespace deepinfer::engine {
+namespace {
+
+using kernels::DType;
+using kernels::DTypeSize;
+namespace cuda_raw = kernels::cuda_raw;
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Host bytes of `count` values of `from` (at `src`), converted to `to`.
+std::vector<uint8_t> Convert(const void* src, DType from, int64_t count, DType to) {
+  std::vector<uint8_t> out(static_cast<size_t>(count) * DTypeSize(to));
+  if (from == to) {
+    std::memcpy(out.data(), src, out.size());
+    return out;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    kernels::StoreFromF32(out.data(), to, i, kernels::LoadAsF32(src, from, i));
+  }
+  return out;
+}
+
+absl::Status Check(int cuda_error, const std::string& what) {
+  return kernels::CudaStatus(cuda_error, what);
+}
+
+// Adds the op's name to a launch error, so a failure says where in the forward pass it was.
+absl::Status Op(absl::Status s, const char* op, int layer) {
+  if (s.ok()) return s;
+  return absl::Status(
+      s.code(), absl::StrCat("cuda forward: ", op,
+                             layer >= 0 ? absl::StrCat(" (layer ", layer, ")") : std::string(),
+                             ": ", s.message()));
+}
+
+}  // namespace
+
+CudaModel::CudaModel(const ModelConfig& config, DType dtype, const KvCacheConfig& kv,
+                     bool all_sliding)
+    : config_(config), dtype_(dtype), kv_(kv), all_sliding_(all_sliding) {
+  block_elements_ = static_cast<int64_t>(kv.block_size) * kv.num_kv_heads * kv.head_dim;
+}
+
+CudaModel::~CudaModel() = default;
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& host,
+                                                             const CudaModelOptions& options) {
+  if (options.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda model: num_blocks must be > 0, got ", options.num_blocks));
+  }
+  if (options.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda model: block_size must be > 0, got ", options.block_size));
+  }
+  const ModelConfig& c = host.config();
+  if (c.head_dim % 32 != 0 || c.head_dim < 32 || c.head_dim > kernels::kDecodeAttentionMaxHeadDim) {
+    return absl::UnimplementedError(
+        absl::StrCat("cuda model: head_dim ", c.head_dim,
+                     " is not supported by the CUDA attention kernels (a multiple of 32 in [32, ",
+                     kernels::kDecodeAttentionMaxHeadDim, "]); run it with --device=cpu"));
+  }
+  if (c.num_heads % c.num_kv_heads != 0 ||
+      c.num_heads / c.num_kv_heads > kernels::kDecodeAttentionMaxGroup) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda model: ", c.num_heads, " query heads over ", c.num_kv_heads,
+        " KV heads: the CUDA decode attention takes at most ", kernels::kDecodeAttentionMaxGroup,
+        " query heads per KV head; run it with --device=cpu"));
+  }
+  for (size_t i = 0; i < host.layers().size(); ++i) {
+    if (host.layers()[i].moe) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cuda model: layer ", i,
+          " is a mixture-of-experts layer; the CUDA backend runs dense models only so far; run "
+          "it with --device=cpu"));
+    }
+  }
+  DI_RETURN_IF_ERROR(kernels::CudaAvailable());
+  const KvCacheConfig kv = host.MakeKvCacheConfig(options.num_blocks, options.block_size);
+  std::unique_ptr<CudaModel> model(
+      new CudaModel(c, host.activation_dtype(), kv, host.all_layers_sliding()));
+  DI_RETURN_IF_ERROR(model->Upload(host));
+  return model;
+}
+
+absl::Status CudaModel::Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, size_t bytes,
+                                const char* what) {
+  if (*buffer != nullptr && (*buffer)->size() >= bytes) return absl::OkStatus();
+  buffer->reset();
+  absl::StatusOr<std::unique_ptr<kernels::DeviceBuffer>> b =
+      kernels::DeviceBuffer::Allocate(std::max<size_t>(bytes, kAlign));
+  if (!b.ok()) {
+    return absl::Status(
+        b.status().code() == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
+                                                            : absl::StatusCode::kResourceExhausted,
+        absl::StrCat("cuda model: ", what, " (", bytes, " bytes): ", b.status().message()));
+  }
+  *buffer = *std::move(b);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Upload(const Model& host) {
+  const ModelConfig& c = config_;
+  const size_t es = DTypeSize(dtype_);
+  // First pass: lay every tensor out in one allocation; second: copy (converted) into it.
+  struct Pending {
+    const void* src;
+    DType src_dtype;
+    int64_t count;
+    size_t offset;
+  };
+  std::vector<Pending> pending;
+  size_t total = 0;
+  auto place = [&](const void* src, DType src_dtype, int64_t count) {
+    const size_t offset = total;
+    pending.push_back({src, src_dtype, count, offset});
+    total += AlignUp(static_cast<size_t>(count) * es);
+    return offset;
+  };
+  // Offsets first; pointers once the allocation exists.
+  struct LinearAt {
+    size_t w = 0, b = 0;
+    bool has_b = false;
+    int64_t out = 0, in = 0;
+  };
+  auto place_linear = [&](const Model::Linear& l) {
+    LinearAt at;
+    at.w = place(l.w, l.dtype, l.out * l.in);
+    if (l.b != nullptr) {
+      at.b = place(l.b, l.dtype, l.out);
+      at.has_b = true;
+    }
+    at.out = l.out;
+    at.in = l.in;
+    return at;
+  };
+  auto place_norm = [&](const std::vector<float>& w) {
+    return place(w.data(), DType::kF32, static_cast<int64_t>(w.size()));
+  };
+  const LinearAt embed = place_linear(host.embed());
+  const bool tied = host.lm_head().w == host.embed().w;
+  const LinearAt lm_head = tied ? embed : place_linear(host.lm_head());
+  const size_t final_norm = place_norm(host.final_norm());
+  struct LayerAt {
+    size_t input_norm, post_norm, q_norm = 0, k_norm = 0;
+    LinearAt q, k, v, o, gate, up, down;
+  };
+  std::vector<LayerAt> layer_at;
+  for (const Model::Layer& L : host.layers()) {
+    LayerAt at;
+    at.input_norm = place_norm(L.input_norm);
+    at.post_norm = place_norm(L.post_norm);
+    if (c.qk_norm) {
+      at.q_norm = place_norm(L.q_norm);
+      at.k_norm = place_norm(L.k_norm);
+    }
+    at.q = place_linear(L.q);
+    at.k = place_linear(L.k);
+    at.v = place_linear(L.v);
+    at.o = place_linear(L.o);
+    at.gate = place_linear(L.mlp.gate);
+    at.up = place_linear(L.mlp.up);
+    at.down = place_linear(L.mlp.down);
+    layer_at.push_back(at);
+  }
+  DI_RETURN_IF_ERROR(Reserve(&weights_, total, "weights"));
+  weight_bytes_ = total;
+  char* base = static_cast<char*>(weights_->data());
+  for (const Pending& p : pending) {
+    const std::vector<uint8_t> bytes = Convert(p.src, p.src_dtype, p.count, dtype_);
+    DI_RETURN_IF_ERROR(
+        Check(cuda_raw::MemcpyHostToDevice(base + p.offset, bytes.data(), bytes.size()),
+              "upload weights"));
+  }
+  auto linear = [&](const LinearAt& at) {
+    DeviceLinear l;
+    l.w = base + at.w;
+    l.b = at.has_b ? base + at.b : nullptr;
+    l.out = at.out;
+    l.in = at.in;
+    return l;
+  };
+  embed_ = linear(embed);
+  lm_head_ = linear(lm_head);
+  final_norm_ = base + final_norm;
+  layers_.clear();
+  for (size_t i = 0; i < layer_at.size(); ++i) {
+    const LayerAt& at = layer_at[i];
+    DeviceLayer L;
+    L.input_norm = base + at.input_norm;
+    L.post_norm = base + at.post_norm;
+    if (c.qk_norm) {
+      L.q_norm = base + at.q_norm;
+      L.k_norm = base + at.k_norm;
+    }
+    L.q = linear(at.q);
+    L.k = linear(at.k);
+    L.v = linear(at.v);
+    L.o = linear(at.o);
+    L.gate = linear(at.gate);
+    L.up = linear(at.up);
+    L.down = linear(at.down);
+    L.sliding = host.layers()[i].sliding;
+    layers_.push_back(L);
+  }
+  // RoPE frequencies, the KV pools (zeroed), cuBLASLt's workspace.
+  const std::vector<float>& inv = host.rope_inv_freq();
+  DI_RETURN_IF_ERROR(Reserve(&inv_freq_, inv.size() * sizeof(float), "rope frequencies"));
+  DI_RETURN_IF_ERROR(inv_freq_->CopyFromHost(inv.data(), inv.size() * sizeof(float)));
+  kv_bytes_ = static_cast<size_t>(2) * c.num_layers * kv_.num_blocks * block_elements_ * es;
+  DI_RETURN_IF_ERROR(Reserve(&kv_pools_, kv_bytes_, "KV pools"));
+  DI_RETURN_IF_ERROR(Check(cuda_raw::Memset(kv_pools_->data(), 0, kv_bytes_), "zero KV pools"));
+  DI_RETURN_IF_ERROR(
+      Reserve(&linear_workspace_, kernels::kLinearCudaWorkspaceBytes, "cuBLASLt workspace"));
+  return absl::OkStatus();
+}
+
+void* CudaModel::KvPool(int layer, bool value) const {
+  const size_t pool = static_cast<size_t>(kv_.num_blocks) * block_elements_ * DTypeSize(dtype_);
+  return static_cast<char*>(kv_pools_->data()) +
+         (2 * static_cast<size_t>(layer) + (value ? 1 : 0)) * pool;
+}
+
+absl::Status CudaModel::ReadBlock(int layer, bool value, int block, void* dst) const {
+  if (layer < 0 || layer >= config_.num_layers || block < 0 || block >= kv_.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda model: block ", block, " of layer ", layer, " is outside the KV pools"));
+  }
+  const size_t bytes = static_cast<size_t>(block_elements_) * DTypeSize(dtype_);
+  const char* src = static_cast<const char*>(KvPool(layer, value)) + block * bytes;
+  return Check(cuda_raw::MemcpyDeviceToHost(dst, src, bytes), "read KV block");
+}
+
+absl::Status CudaModel::WriteBlock(int layer, bool value, int block, const void* src) {
+  if (layer < 0 || layer >= config_.num_layers || block < 0 || block >= kv_.num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda model: block ", block, " of layer ", layer, " is outside the KV pools"));
+  }
+  const size_t bytes = static_cast<size_t>(block_elements_) * DTypeSize(dtype_);
+  char* dst = static_cast<char*>(KvPool(layer, value)) + block * bytes;
+  return Check(cuda_raw::MemcpyHostToDevice(dst, src, bytes), "write KV block");
+}
+
+absl::Status CudaModel::Linear(const DeviceLinear& l, const void* x, int64_t m, void* y) const {
+  kernels::LinearCudaParams p;
+  p.x = x;
+  p.weight = l.w;
+  p.bias = l.b;
+  p.y = y;
+  p.m = m;
+  p.n = l.out;
+  p.k = l.in;
+  p.dtype = dtype_;
+  p.workspace = linear_workspace_->data();
+  p.workspace_bytes = linear_workspace_->size();
+  return kernels::LinearCuda(p, nullptr);
+}
+
+absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
+                                std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  DI_ASSIGN_OR_RETURN(const BatchLayout layout, ValidateBatch(c, kv_, all_sliding_, batch));
+  const int64_t total = layout.total_tokens;
+  const int64_t rows = layout.logit_rows;
+  const int num_seqs = static_cast<int>(batch.size());
+  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  if (num_seqs == 0) return absl::OkStatus();
+  const int64_t h = c.hidden_size;
+  const int64_t hd = c.head_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * hd;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * hd;
+  const int64_t inter = c.intermediate_size;
+  const size_t es = DTypeSize(dtype_);
+
+  // Host metadata, one upload: token ids, positions, each token's sequence, block tables
+  // (num_seqs x max_blocks, -1 padded), query starts, start positions, context lengths, the
+  // rows that want logits.
+  int max_blocks = 1;
+  int max_query = 1;
+  int max_context = 1;
+  bool all_decode = true;
+  for (const SequenceInput& s : batch) {
+    max_blocks = std::max(max_blocks, static_cast<int>(s.num_blocks));
+    max_query = std::max(max_query, static_cast<int>(s.num_tokens));
+    max_context = std::max(max_context, static_cast<int>(s.start_position + s.num_tokens));
+    all_decode = all_decode && s.num_tokens == 1;
+  }
+  const int64_t o_ids = 0;
+  const int64_t o_pos = o_ids + total;
+  const int64_t o_seq = o_pos + total;
+  const int64_t o_tables = o_seq + total;
+  const int64_t o_qstart = o_tables + static_cast<int64_t>(num_seqs) * max_blocks;
+  const int64_t o_start = o_qstart + num_seqs + 1;
+  const int64_t o_ctx = o_start + num_seqs;
+  const int64_t o_rows = o_ctx + num_seqs;
+  const int64_t meta_count = o_rows + rows;
+  host_meta_.assign(meta_count, -1);
+  int32_t* m = host_meta_.data();
+  int64_t r = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const SequenceInput& seq = batch[s];
+    const int64_t off = layout.offsets[s];
+    for (int64_t t = 0; t < seq.num_tokens; ++t) {
+      m[o_ids + off + t] = seq.tokens[t];
+      m[o_pos + off + t] = static_cast<int32_t>(seq.start_position + t);
+      m[o_seq + off + t] = s;
+    }
+    std::copy(seq.block_table, seq.block_table + seq.num_blocks,
+              m + o_tables + static_cast<int64_t>(s) * max_blocks);
+    m[o_qstart + s] = static_cast<int32_t>(off);
+    m[o_start + s] = static_cast<int32_t>(seq.start_position);
+    m[o_ctx + s] = static_cast<int32_t>(seq.start_position + seq.num_tokens);
+    const int64_t first = seq.all_logits ? 0 : seq.num_tokens - 1;
+    for (int64_t t = first; t < seq.num_tokens; ++t)
+      m[o_rows + r++] = static_cast<int32_t>(off + t);
+  }
+  m[o_qstart + num_seqs] = static_cast<int32_t>(total);
+  DI_RETURN_IF_ERROR(Reserve(&meta_, meta_count * sizeof(int32_t), "batch metadata"));
+  DI_RETURN_IF_ERROR(
+      Check(cuda_raw::MemcpyHostToDevice(meta_->data(), m, meta_count * sizeof(int32_t)),
+            "upload batch metadata"));
+  const int32_t* d_meta = static_cast<const int32_t*>(meta_->data());
+
+  // Activations: x (the residual stream), normed, tmp [total, h]; q, attn [total, q_dim];
+  // k, v [total, kv_dim]; gate, up [total, inter]; selected [rows, h]; logits [rows, vocab].
+  size_t offset = 0;
+  auto carve = [&](int64_t elements) {
+    const size_t at = offset;
+    offset += AlignUp(static_cast<size_t>(elements) * es);
+    return at;
+  };
+  const size_t a_x = carve(total * h), a_normed = carve(total * h), a_tmp = carve(total * h);
+  const size_t a_q = carve(total * q_dim), a_attn = carve(total * q_dim);
+  const size_t a_k = carve(total * kv_dim), a_v = carve(total * kv_dim);
+  const size_t a_gate = carve(total * inter), a_up = carve(total * inter);
+  const size_t a_sel = carve(rows * h), a_logits = carve(rows * c.vocab_size);
+  DI_RETURN_IF_ERROR(Reserve(&activations_, offset, "activations"));
+  char* act = static_cast<char*>(activations_->data());
+  void* x = act + a_x;
+  void* normed = act + a_normed;
+  void* tmp = act + a_tmp;
+  void* q = act + a_q;
+  void* attn = act + a_attn;
+  void* k = act + a_k;
+  void* v = act + a_v;
+  void* gate = act + a_gate;
+  void* up = act + a_up;
+  void* selected = act + a_sel;
+  void* out = act + a_logits;
+
+  {
+    kernels::EmbeddingParams p;
+    p.token_ids = d_meta + o_ids;
+    p.weight = embed_.w;
+    p.out = x;
+    p.num_tokens = total;
+    p.vocab_size = c.vocab_size;
+    p.hidden = h;
+    p.weight_dtype = dtype_;
+    p.out_dtype = dtype_;
+    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, nullptr), "embedding", -1));
+  }
+  // Input-embedding overrides (multimodal prompts) replace their rows.
+  std::vector<uint8_t> row_bytes;
+  for (int s = 0; s < num_seqs; ++s) {
+    if (batch[s].embedding_override == nullptr) continue;
+    for (int64_t t = 0; t < batch[s].num_tokens; ++t) {
+      const float* row = batch[s].embedding_override[t];
+      if (row == nullptr) continue;
+      row_bytes = Convert(row, DType::kF32, h, dtype_);
+      char* dst = static_cast<char*>(x) + (layout.offsets[s] + t) * h * es;
+      DI_RETURN_IF_ERROR(
+          Check(cuda_raw::MemcpyHostToDevice(dst, row_bytes.data(), row_bytes.size()),
+                "upload embedding override"));
+    }
+  }
+
+  auto rms_norm = [&](const void* w, const void* input, void* residual, int64_t n, int64_t width,
+                      void* output) {
+    kernels::RmsNormParams p;
+    p.input = input;
+    p.weight = w;
+    p.output = output;
+    p.residual = residual;
+    p.residual_out = residual;
+    p.rows = n;
+    p.hidden = width;
+    p.eps = c.rms_norm_eps;
+    p.dtype = dtype_;
+    p.round_to = DType::kF32;
+    return kernels::RmsNormCuda(p, nullptr);
+  };
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  bool residual_pending = false;  // tmp holds the last block's output, not yet added to x
+  for (int li = 0; li < c.num_layers; ++li) {
+    const DeviceLayer& L = layers_[li];
+    DI_RETURN_IF_ERROR(Op(residual_pending ? rms_norm(L.input_norm, tmp, x, total, h, normed)
+                                           : rms_norm(L.input_norm, x, nullptr, total, h, normed),
+                          "input norm", li));
+    DI_RETURN_IF_ERROR(Op(Linear(L.q, normed, total, q), "q projection", li));
+    DI_RETURN_IF_ERROR(Op(Linear(L.k, normed, total, k), "k projection", li));
+    DI_RETURN_IF_ERROR(Op(Linear(L.v, normed, total, v), "v projection", li));
+    if (c.qk_norm) {
+      DI_RETURN_IF_ERROR(
+          Op(rms_norm(L.q_norm, q, nullptr, total * c.num_heads, hd, q), "q norm", li));
+      DI_RETURN_IF_ERROR(
+          Op(rms_norm(L.k_norm, k, nullptr, total * c.num_kv_heads, hd, k), "k norm", li));
+    }
+    {
+      kernels::RopeParams p;
+      p.q = q;
+      p.k = k;
+      p.positions = d_meta + o_pos;
+      p.inv_freq = static_cast<const float*>(inv_freq_->data());
+      p.num_tokens = total;
+      p.num_heads = c.num_heads;
+      p.num_kv_heads = c.num_kv_heads;
+      p.head_dim = c.head_dim;
+      p.dtype = dtype_;
+      DI_RETURN_IF_ERROR(Op(kernels::RopeCuda(p, nullptr), "rope", li));
+    }
+    {
+      kernels::KvWriteParams p;
+      p.k = k;
+      p.v = v;
+      p.k_cache = KvPool(li, false);
+      p.v_cache = KvPool(li, true);
+      p.positions = d_meta + o_pos;
+      p.token_seq = d_meta + o_seq;
+      p.block_tables = d_meta + o_tables;
+      p.num_tokens = total;
+      p.num_seqs = num_seqs;
+      p.max_blocks_per_seq = max_blocks;
+      p.num_kv_heads = c.num_kv_heads;
+      p.head_dim = c.head_dim;
+      p.block_size = kv_.block_size;
+      p.num_blocks = kv_.num_blocks;
+      p.block_stride = block_elements_;
+      p.src_dtype = dtype_;
+      p.cache_dtype = dtype_;
+      DI_RETURN_IF_ERROR(Op(kernels::KvWriteCuda(p, nullptr), "kv write", li));
+    }
+    const int window = L.sliding ? c.sliding_window : 0;
+    if (all_decode) {
+      kernels::DecodeAttentionParams p;
+      p.q = q;
+      p.out = attn;
+      p.k_cache = KvPool(li, false);
+      p.v_cache = KvPool(li, true);
+      p.block_tables = d_meta + o_tables;
+      p.context_lens = d_meta + o_ctx;
+      p.num_seqs = num_seqs;
+      p.num_heads = c.num_heads;
+      p.num_kv_heads = c.num_kv_heads;
+      p.head_dim = c.head_dim;
+      p.block_size = kv_.block_size;
+      p.num_blocks = kv_.num_blocks;
+      p.max_blocks_per_seq = max_blocks;
+      p.block_stride = block_elements_;
+      p.max_context_len = max_context;
+      p.sliding_window = window;
+      p.scale = scale;
+      p.dtype = dtype_;
+      const size_t need = kernels::DecodeAttentionWorkspaceBytes(p);
+      if (need > 0) {
+        DI_RETURN_IF_ERROR(Reserve(&attention_workspace_, need, "attention workspace"));
+        p.workspace = attention_workspace_->data();
+        p.workspace_bytes = attention_workspace_->size();
+      }
+      DI_RETURN_IF_ERROR(Op(kernels::DecodeAttentionCuda(p, nullptr), "decode attention", li));
+    } else {
+      kernels::PrefillAttentionParams p;
+      p.q = q;
+      p.out = attn;
+      p.k_cache = KvPool(li, false);
+      p.v_cache = KvPool(li, true);
+      p.block_tables = d_meta + o_tables;
+      p.query_starts = d_meta + o_qstart;
+      p.start_positions = d_meta + o_start;
+      p.num_seqs = num_seqs;
+      p.num_heads = c.num_heads;
+      p.num_kv_heads = c.num_kv_heads;
+      p.head_dim = c.head_dim;
+      p.block_size = kv_.block_size;
+      p.num_blocks = kv_.num_blocks;
+      p.max_blocks_per_seq = max_blocks;
+      p.block_stride = block_elements_;
+      p.max_query_len = max_query;
+      p.sliding_window = window;
+      p.scale = scale;
+      p.dtype = dtype_;
+      DI_RETURN_IF_ERROR(Op(kernels::PrefillAttentionCuda(p, nullptr), "prefill attention", li));
+    }
+    DI_RETURN_IF_ERROR(Op(Linear(L.o, attn, total, tmp), "o projection", li));
+    DI_RETURN_IF_ERROR(Op(rms_norm(L.post_norm, tmp, x, total, h, normed), "post norm", li));
+    DI_RETURN_IF_ERROR(Op(Linear(L.gate, normed, total, gate), "gate projection", li));
+    DI_RETURN_IF_ERROR(Op(Linear(L.up, normed, total, up), "up projection", li));
+    {
+      kernels::SwiGluParams p;
+      p.gate = gate;
+      p.up = up;
+      p.out = gate;
+      p.rows = total;
+      p.width = inter;
+      p.dtype = dtype_;
+      DI_RETURN_IF_ERROR(Op(kernels::SwiGluCuda(p, nullptr), "swiglu", li));
+    }
+    DI_RETURN_IF_ERROR(Op(Linear(L.down, gate, total, tmp), "down projection", li));
+    residual_pending = true;
+  }
+  // Final residual add and norm (every row: cheap next to the LM head), then the rows that want
+  // logits gathered (the embedding gather over the normed rows) and the LM head on them.
+  DI_RETURN_IF_ERROR(Op(residual_pending ? rms_norm(final_norm_, tmp, x, total, h, normed)
+                                         : rms_norm(final_norm_, x, nullptr, total, h, normed),
+                        "final norm", -1));
+  {
+    kernels::EmbeddingParams p;
+    p.token_ids = d_meta + o_rows;
+    p.weight = normed;
+    p.out = selected;
+    p.num_tokens = rows;
+    p.vocab_size = total;
+    p.hidden = h;
+    p.weight_dtype = dtype_;
+    p.out_dtype = dtype_;
+    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, nullptr), "gather logit rows", -1));
+  }
+  DI_RETURN_IF_ERROR(Op(Linear(lm_head_, selected, rows, out), "lm head", -1));
+  const int64_t n = rows * c.vocab_size;
+  if (dtype_ == DType::kF32) {
+    return Check(cuda_raw::MemcpyDeviceToHost(logits->data(), out, n * sizeof(float)),
+                 "download logits");
+  }
+  host_logits_16_.resize(n);
+  DI_RETURN_IF_ERROR(
+      Check(cuda_raw::MemcpyDeviceToHost(host_logits_16_.data(), out, n * 2), "download logits"));
+  for (int64_t i = 0; i < n; ++i) {
+    (*logits)[i] = kernels::LoadAsF32(host_logits_16_.data(), dtype_, i);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace deepinfer::engine

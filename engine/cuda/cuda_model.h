@@ -1,0 +1,133 @@
+// The transformer forward pass on one NVIDIA GPU, with the contract of engine/model.h's Model
+// (a ragged batch of sequences, each with new tokens at [start_position, start_position + n) and
+// a block table; the new tokens' K/V are written into their paged blocks; logits for the last new
+// token of each sequence, or for every new token when asked), so the engine can run either.
+//
+// Built from a loaded host Model (the parsed checkpoint, engine/model.h): every weight is copied
+// to device memory once, converted to the model's activation dtype (bf16, f16 or f32; exact for
+// checkpoints stored in it), and the KV pools (KvCacheConfig geometry, the host cache's layout:
+// per layer a K and a V pool of num_blocks blocks of block_size x num_kv_heads x head_dim) are
+// allocated on the device next to them. The host model is not needed afterwards.
+//
+// A step: one upload of the batch's ids, positions and block tables; per layer RMSNorm (fused
+// with the residual add), Q/K/V projections (cuBLASLt, kernels/cuda/linear_cuda.h), optional
+// Q/K norms, RoPE, the KV write, paged attention (the split-K decode kernel when every sequence
+// brings one token, the tiled prefill kernel otherwise), the output projection, SwiGLU MLP; the
+// final norm over the rows that want logits, the LM head, one download. Activations stay in the
+// activation dtype on the device, the points where the CPU model rounds to it, so logits agree
+// with the CPU model's up to summation order (engine/cuda/cuda_model_test.cc states the
+// tolerances).
+//
+// Not supported yet (Create says so, naming the reason): mixture-of-experts layers, head_dim not
+// a multiple of 32 in [32, 256] or more than 16 query heads per KV head (the attention kernels'
+// limits).
+//
+// Thread-safety: Forward() may be called by one thread at a time (it owns the scratch buffers
+// and the stream's order); everything else is immutable after Create. Neither copyable nor
+// movable.
+#ifndef DEEPINFER_ENGINE_CUDA_CUDA_MODEL_H_
+#define DEEPINFER_ENGINE_CUDA_CUDA_MODEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/model_config.h"
+#include "kernels/cuda/device.h"
+#include "kernels/dtype.h"
+
+namespace deepinfer::engine {
+
+struct CudaModelOptions {
+  int num_blocks = 0;   // KV blocks on the device, > 0
+  int block_size = 16;  // tokens per block, > 0
+};
+
+class CudaModel {
+ public:
+  // kUnavailable without a usable device (the runtime's reason); kUnimplemented for what the
+  // CUDA path cannot run yet (see above); kInvalidArgument for bad options; kResourceExhausted
+  // when device memory runs out (naming what was being allocated).
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const Model& host,
+                                                           const CudaModelOptions& options);
+
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+  ~CudaModel();
+
+  const ModelConfig& config() const { return config_; }
+  kernels::DType activation_dtype() const { return dtype_; }
+  const KvCacheConfig& kv_config() const { return kv_; }
+  bool all_layers_sliding() const { return all_sliding_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t kv_bytes() const { return kv_bytes_; }
+
+  // As Model::Forward, with the cache on the device: `logits` is resized to rows x vocab_size
+  // (f32 holding activation-dtype values). Batch errors as ValidateBatch (engine/model.h);
+  // kInternal naming the op when a launch or a copy fails.
+  absl::Status Forward(const std::vector<SequenceInput>& batch, std::vector<float>* logits);
+
+  // Copies blocks of one layer's K or V pool to or from host memory (block_elements elements of
+  // the activation dtype per block, in order): for tests, and for moving KV between the device
+  // and host tiers.
+  absl::Status ReadBlock(int layer, bool value, int block, void* dst) const;
+  absl::Status WriteBlock(int layer, bool value, int block, const void* src);
+
+ private:
+  // A weight in device memory (an offset into weights_) and its shape.
+  struct DeviceLinear {
+    const void* w = nullptr;
+    const void* b = nullptr;  // null: no bias
+    int64_t out = 0;
+    int64_t in = 0;
+  };
+  struct DeviceLayer {
+    const void* input_norm = nullptr;
+    const void* post_norm = nullptr;
+    const void* q_norm = nullptr;  // null without Q/K norms
+    const void* k_norm = nullptr;
+    DeviceLinear q, k, v, o, gate, up, down;
+    bool sliding = false;
+  };
+
+  CudaModel(const ModelConfig& config, kernels::DType dtype, const KvCacheConfig& kv,
+            bool all_sliding);
+  absl::Status Upload(const Model& host);
+  void* KvPool(int layer, bool value) const;
+  // Grows `buffer` to at least `bytes` (contents are not kept).
+  static absl::Status Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, size_t bytes,
+                              const char* what);
+  absl::Status Linear(const DeviceLinear& l, const void* x, int64_t m, void* y) const;
+
+  const ModelConfig config_;
+  const kernels::DType dtype_;
+  const KvCacheConfig kv_;
+  const bool all_sliding_;
+  int64_t block_elements_ = 0;
+  size_t weight_bytes_ = 0;
+  size_t kv_bytes_ = 0;
+
+  std::unique_ptr<kernels::DeviceBuffer> weights_;  // every weight, 256-byte aligned
+  std::unique_ptr<kernels::DeviceBuffer> kv_pools_;
+  std::unique_ptr<kernels::DeviceBuffer> inv_freq_;  // f32 [head_dim / 2]
+  std::unique_ptr<kernels::DeviceBuffer> linear_workspace_;
+  DeviceLinear embed_, lm_head_;
+  const void* final_norm_ = nullptr;
+  std::vector<DeviceLayer> layers_;
+
+  // Per-step scratch, grown as batches need (never shrunk).
+  std::unique_ptr<kernels::DeviceBuffer> meta_;         // int32 ids, positions, tables, ...
+  std::unique_ptr<kernels::DeviceBuffer> activations_;  // x, normed, q, k, v, attn, tmp, mlp
+  std::unique_ptr<kernels::DeviceBuffer> attention_workspace_;
+  std::vector<int32_t> host_meta_;
+  std::vector<uint16_t> host_logits_16_;
+};
+
+}  // namespace deepinfer::engine
+
+#endif  // DEEPINFER_ENGINE_CUDA_CUDA_MODEL_H_

@@ -1,0 +1,70 @@
+// Runs everywhere: what CudaModel::Create refuses, before and without a device.
+#include <memory>
+
+#include "engine/cuda/cuda_model.h"
+#include "engine/model.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/device.h"
+
+namespace deepinfer::engine {
+namespace {
+
+std::unique_ptr<Model> Load(const char* dir) {
+  auto m = Model::Load(dir, ModelOptions{1});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+TEST(CudaModelCreateTest, RefusesWhatTheKernelsCannotRunNamingWhy) {
+  CudaModelOptions options;
+  options.num_blocks = 8;
+  // head_dim 16: below the attention kernels' multiple of 32.
+  auto llama = Load("engine/testdata/models/llama");
+  ASSERT_NE(llama, nullptr);
+  auto s = CudaModel::Create(*llama, options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.status().message().find("head_dim 16"), std::string::npos) << s.status();
+  // Mixture-of-experts layers (head_dim 32 passes).
+  auto moe = Load("engine/testdata/models/qwen3_moe");
+  ASSERT_NE(moe, nullptr);
+  s = CudaModel::Create(*moe, options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.status().message().find("mixture-of-experts"), std::string::npos) << s.status();
+}
+
+TEST(CudaModelCreateTest, BadOptionsNameTheField) {
+  auto qwen3 = Load("engine/testdata/models/qwen3");
+  ASSERT_NE(qwen3, nullptr);
+  CudaModelOptions options;
+  options.num_blocks = 0;
+  auto s = CudaModel::Create(*qwen3, options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("num_blocks"), std::string::npos);
+  options.num_blocks = 4;
+  options.block_size = 0;
+  s = CudaModel::Create(*qwen3, options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("block_size"), std::string::npos);
+}
+
+TEST(CudaModelCreateTest, WithoutADeviceSaysUnavailable) {
+  auto qwen3 = Load("engine/testdata/models/qwen3");
+  ASSERT_NE(qwen3, nullptr);
+  CudaModelOptions options;
+  options.num_blocks = 4;
+  auto model = CudaModel::Create(*qwen3, options);
+  if (kernels::CudaAvailable().ok()) {
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_GT((*model)->weight_bytes(), 0u);
+    // layers x (K, V) x blocks x block_size x kv heads x head_dim x f32
+    EXPECT_EQ((*model)->kv_bytes(), 2u * 2 * 4 * 16 * 2 * 32 * 4);
+  } else {
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kUnavailable) << model.status();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::engine
