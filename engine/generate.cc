@@ -22,11 +22,10 @@ const char* FinishReasonName(FinishReason r) {
   return "?";
 }
 
-absl::StatusOr<GenerateResult> GenerateOne(Model& model, const std::vector<int32_t>& prompt,
-                                           const SamplingParams& sampling,
-                                           const GenerateOptions& options,
-                                           const TokenCallback& on_token) {
-  const ModelConfig& c = model.config();
+namespace {
+
+absl::Status ValidateGenerate(const ModelConfig& c, const std::vector<int32_t>& prompt,
+                              const SamplingParams& sampling, const GenerateOptions& options) {
   if (prompt.empty()) {
     return absl::InvalidArgumentError("prompt: expected at least one token, got 0");
   }
@@ -46,10 +45,47 @@ absl::StatusOr<GenerateResult> GenerateOne(Model& model, const std::vector<int32
   if (options.block_size <= 0 || options.prefill_chunk <= 0) {
     return absl::InvalidArgumentError("generate: block_size and prefill_chunk must be positive");
   }
-  const int64_t max_len = static_cast<int64_t>(prompt.size()) + sampling.max_tokens;
-  const int num_blocks = static_cast<int>((max_len + options.block_size - 1) / options.block_size);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int GenerateBlocks(const std::vector<int32_t>& prompt, const SamplingParams& sampling,
+                   const GenerateOptions& options) {
+  if (options.block_size <= 0) return 0;
+  const int64_t max_len = static_cast<int64_t>(prompt.size()) + std::max(sampling.max_tokens, 0);
+  return static_cast<int>((max_len + options.block_size - 1) / options.block_size);
+}
+
+absl::StatusOr<GenerateResult> GenerateOne(Model& model, const std::vector<int32_t>& prompt,
+                                           const SamplingParams& sampling,
+                                           const GenerateOptions& options,
+                                           const TokenCallback& on_token) {
+  // Checked before the cache is sized from max_tokens.
+  DI_RETURN_IF_ERROR(ValidateGenerate(model.config(), prompt, sampling, options));
+  const int num_blocks = GenerateBlocks(prompt, sampling, options);
   DI_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                       KvCache::Create(model.MakeKvCacheConfig(num_blocks, options.block_size)));
+  return GenerateWith(
+      model.config(), num_blocks,
+      [&](const std::vector<SequenceInput>& batch, std::vector<float>* logits) {
+        return model.Forward(batch, cache.get(), logits);
+      },
+      prompt, sampling, options, on_token);
+}
+
+absl::StatusOr<GenerateResult> GenerateWith(const ModelConfig& c, int num_blocks,
+                                            const ForwardFn& forward,
+                                            const std::vector<int32_t>& prompt,
+                                            const SamplingParams& sampling,
+                                            const GenerateOptions& options,
+                                            const TokenCallback& on_token) {
+  DI_RETURN_IF_ERROR(ValidateGenerate(c, prompt, sampling, options));
+  if (num_blocks < GenerateBlocks(prompt, sampling, options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generate: ", num_blocks, " KV blocks of ", options.block_size, " tokens cannot hold ",
+        prompt.size(), " prompt + ", sampling.max_tokens, " generated tokens"));
+  }
   std::vector<int32_t> table(num_blocks);
   std::iota(table.begin(), table.end(), 0);
 
@@ -66,7 +102,7 @@ absl::StatusOr<GenerateResult> GenerateOne(Model& model, const std::vector<int32
     in.start_position = pos;
     in.block_table = table.data();
     in.num_blocks = num_blocks;
-    DI_RETURN_IF_ERROR(model.Forward({in}, cache.get(), &logits));
+    DI_RETURN_IF_ERROR(forward({in}, &logits));
     pos += chunk;
   }
   GenerateResult result;
@@ -99,7 +135,7 @@ absl::StatusOr<GenerateResult> GenerateOne(Model& model, const std::vector<int32
     in.start_position = pos;
     in.block_table = table.data();
     in.num_blocks = num_blocks;
-    DI_RETURN_IF_ERROR(model.Forward({in}, cache.get(), &logits));
+    DI_RETURN_IF_ERROR(forward({in}, &logits));
     ++pos;
   }
   return result;

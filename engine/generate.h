@@ -47,6 +47,26 @@ absl::StatusOr<GenerateResult> GenerateOne(Model& model, const std::vector<int32
                                            const GenerateOptions& options,
                                            const TokenCallback& on_token = nullptr);
 
+// A forward pass of another backend over KV pools it owns (e.g. engine/cuda's CudaModel), with
+// Model::Forward's contract minus the cache argument.
+using ForwardFn =
+    std::function<absl::Status(const std::vector<SequenceInput>&, std::vector<float>*)>;
+
+// KV blocks (of options.block_size tokens) that GenerateWith needs for this prompt and
+// sampling.max_tokens (0 for a non-positive block size).
+int GenerateBlocks(const std::vector<int32_t>& prompt, const SamplingParams& sampling,
+                   const GenerateOptions& options);
+
+// GenerateOne through `forward`, whose pools hold blocks [0, num_blocks) (one sequence uses
+// them in order). Errors as GenerateOne, and kInvalidArgument when num_blocks <
+// GenerateBlocks(...).
+absl::StatusOr<GenerateResult> GenerateWith(const ModelConfig& config, int num_blocks,
+                                            const ForwardFn& forward,
+                                            const std::vector<int32_t>& prompt,
+                                            const SamplingParams& sampling,
+                                            const GenerateOptions& options,
+                                            const TokenCallback& on_token = nullptr);
+
 }  // namespace deepinfer::engine
 
 #endif  // DEEPINFER_ENGINE_GENERATE_H_

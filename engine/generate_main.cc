@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/chat_template/chat_template.h"
+#include "engine/cuda/cuda_model.h"
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
 #include "engine/model.h"
@@ -60,6 +62,9 @@ ABSL_FLAG(bool, json, false, "Print a JSON object per prompt instead of streamin
 ABSL_FLAG(int, threads, 0, "Forward-pass threads; 0 = all cores.");
 ABSL_FLAG(int, kv_blocks, 4096, "With --prompts_file: KV-cache blocks.");
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu, cuda (one NVIDIA GPU: engine/cuda; single prompts only so far) or auto (cuda "
+          "when a device is usable and runs the model, else cpu; says which and why).");
 
 namespace deepinfer::engine {
 namespace {
@@ -181,7 +186,7 @@ std::vector<int32_t> EosIds(const Model& model, const Tokenizer& tok) {
   return eos;
 }
 
-int RunOne(Model& model, const Session& s) {
+int RunOne(Model& model, CudaModel* cuda, const Session& s) {
   auto ids = PromptIds(s, absl::GetFlag(FLAGS_prompt), absl::GetFlag(FLAGS_chat),
                        absl::GetFlag(FLAGS_prompt_ids));
   if (!ids.ok()) {
@@ -203,7 +208,7 @@ int RunOne(Model& model, const Session& s) {
   const auto start = std::chrono::steady_clock::now();
   auto first = start;
   bool have_first = false;
-  auto result = GenerateOne(model, *ids, sampling, options, [&](const StepOutput& step) {
+  const TokenCallback on_token = [&](const StepOutput& step) {
     if (!have_first) {
       first = std::chrono::steady_clock::now();
       have_first = true;
@@ -211,7 +216,19 @@ int RunOne(Model& model, const Session& s) {
     auto delta = stream.Push(step.token);
     if (delta.ok()) echo(*delta);
     return !stream.stopped();
-  });
+  };
+  absl::StatusOr<GenerateResult> result;
+  if (cuda != nullptr) {
+    // The device pools were sized for --max_tokens past the longest prompt of this run.
+    result = GenerateWith(
+        model.config(), cuda->kv_config().num_blocks,
+        [&](const std::vector<SequenceInput>& batch, std::vector<float>* logits) {
+          return cuda->Forward(batch, logits);
+        },
+        *ids, sampling, options, on_token);
+  } else {
+    result = GenerateOne(model, *ids, sampling, options, on_token);
+  }
   if (!result.ok()) {
     std::fprintf(stderr, "error: %s\n", result.status().ToString().c_str());
     return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -361,8 +378,49 @@ int Main() {
     return 2;
   }
   Session s{tokenizer->get(), tokenizer_config, dir};
-  if (!absl::GetFlag(FLAGS_prompts_file).empty()) return RunFile(**model, s);
-  return RunOne(**model, s);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda" && device != "auto") {
+    std::fprintf(stderr, "--device: expected cpu, cuda or auto, got \"%s\"\n", device.c_str());
+    return 2;
+  }
+  const bool file = !absl::GetFlag(FLAGS_prompts_file).empty();
+  if (device == "cuda" && file) {
+    std::fprintf(stderr,
+                 "--device=cuda: runs --prompt, --chat or --prompt_ids; the serving engine "
+                 "(--prompts_file) runs on the CPU so far\n");
+    return 2;
+  }
+  std::unique_ptr<CudaModel> cuda;
+  if (device != "cpu" && !file) {
+    // Pools for the prompt + --max_tokens (the prompt is tokenized once more by RunOne).
+    auto ids = PromptIds(s, absl::GetFlag(FLAGS_prompt), absl::GetFlag(FLAGS_chat),
+                         absl::GetFlag(FLAGS_prompt_ids));
+    if (!ids.ok()) {
+      std::fprintf(stderr, "error: %s\n", ids.status().ToString().c_str());
+      return 2;
+    }
+    SamplingParams sp;
+    sp.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    GenerateOptions go;
+    go.block_size = absl::GetFlag(FLAGS_block_size);
+    CudaModelOptions co;
+    co.block_size = go.block_size;
+    co.num_blocks = std::max(GenerateBlocks(*ids, sp, go), 1);
+    auto created = CudaModel::Create(**model, co);
+    if (created.ok()) {
+      cuda = *std::move(created);
+    } else if (device == "cuda") {
+      std::fprintf(stderr, "error: --device=cuda: %s\n", created.status().ToString().c_str());
+      return created.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    } else {
+      std::fprintf(stderr, "[--device=auto: cpu: %s]\n", created.status().ToString().c_str());
+    }
+  } else if (device == "auto") {
+    std::fprintf(stderr, "[--device=auto: cpu: --prompts_file runs the serving engine on the CPU]\n");
+  }
+  if (cuda != nullptr && device == "auto") std::fprintf(stderr, "[--device=auto: cuda]\n");
+  if (file) return RunFile(**model, s);
+  return RunOne(**model, cuda.get(), s);
 }
 
 }  // namespace
@@ -370,7 +428,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Runs a Hugging Face checkpoint on the CPU: generate --model DIR --prompt TEXT");
+      "Runs a Hugging Face checkpoint on the CPU (or one GPU, --device): generate --model DIR "
+      "--prompt TEXT");
   absl::ParseCommandLine(argc, argv);
   return deepinfer::engine::Main();
 }

@@ -83,6 +83,27 @@ TEST(GenerateMainTest, BadInputsExitWithStatus2NamingTheField) {
   EXPECT_NE(r.output.find("exactly one of"), std::string::npos) << r.output;
 }
 
+// --device: cuda runs single prompts on a GPU or fails saying why (no device here in CI, or a
+// model the CUDA path cannot run); auto falls back to the CPU and says so; anything else is
+// refused naming the flag.
+TEST(GenerateMainTest, DeviceIsCheckedNeverSilentlySwapped) {
+  const std::string m = "--model engine/testdata/models/llama --prompt_ids 1,2,3 --max_tokens 2 ";
+  CommandResult r = Generate(m + "--device tpu");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--device"), std::string::npos) << r.output;
+  // head_dim 16: the CUDA attention kernels' limit, named whether or not a GPU is here.
+  r = Generate(m + "--device cuda");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--device=cuda"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("head_dim 16"), std::string::npos) << r.output;
+  r = Generate(m + "--device auto --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[--device=auto: cpu: "), std::string::npos) << r.output;
+  r = Generate("--model engine/testdata/models/llama --prompts_file /dev/null --device cuda");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--prompts_file"), std::string::npos) << r.output;
+}
+
 TEST(GenerateMainTest, ChatRendersTheTemplateAndStopsAtAStopString) {
   const CommandResult r = Generate(
       "--model engine/testdata/models/llama --chat '[{\"role\":\"user\",\"content\":\"Hi\"}]' "

@@ -210,6 +210,41 @@ TEST_P(ModelFixtureTest, BadInputsAreRejectedNotCrashed) {
   EXPECT_NE(r.status().message().find("sampling.max_tokens"), absl::string_view::npos);
 }
 
+// GenerateWith (the path other backends take, engine/cuda) over the same model and a cache the
+// caller owns gives GenerateOne's tokens; too few blocks for prompt + max_tokens is refused
+// before any forward pass.
+TEST_P(ModelFixtureTest, GenerateWithACallerCacheEqualsGenerateOne) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 9;
+  sp.ignore_eos = true;
+  GenerateOptions opts;
+  opts.block_size = 4;
+  opts.prefill_chunk = 3;
+  const std::vector<int32_t> prompt = {1, 5, 7, 2, 9, 4, 4};
+  auto want = GenerateOne(*model_, prompt, sp, opts);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const int blocks = GenerateBlocks(prompt, sp, opts);
+  EXPECT_EQ(blocks, 4);  // 7 + 9 = 16 tokens
+  auto cache = KvCache::Create(model_->MakeKvCacheConfig(blocks, opts.block_size)).value();
+  int calls = 0;
+  const ForwardFn forward = [&](const std::vector<SequenceInput>& batch,
+                                std::vector<float>* logits) {
+    ++calls;
+    return model_->Forward(batch, cache.get(), logits);
+  };
+  auto got = GenerateWith(model_->config(), blocks, forward, prompt, sp, opts);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->steps.size(), want->steps.size());
+  for (size_t i = 0; i < got->steps.size(); ++i) EXPECT_EQ(got->steps[i].token, want->steps[i].token);
+  EXPECT_EQ(calls, 3 + 8);  // prefill chunks 3 + 3 + 1, then one step per token after the first
+  calls = 0;
+  auto refused = GenerateWith(model_->config(), blocks - 1, forward, prompt, sp, opts);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("KV blocks"), absl::string_view::npos);
+  EXPECT_EQ(calls, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest, ::testing::ValuesIn(kModels),
                          [](const auto& info) { return std::string(info.param); });
 
