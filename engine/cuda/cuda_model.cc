@@ -17,6 +17,7 @@
 #include "kernels/cuda/rmsnorm_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
 #include "kernels/cuda/swiglu_cuda.h"
+#include "kernels/rope.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -65,8 +66,10 @@ CudaModel::CudaModel(const ModelConfig& config, DType dtype, const KvCacheConfig
 
 CudaModel::~CudaModel() = default;
 
-absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& host,
-                                                             const CudaModelOptions& options) {
+namespace {
+
+// What the CUDA path can run, as Create and CreateRandom check it.
+absl::Status CheckSupported(const ModelConfig& c, const CudaModelOptions& options, bool any_moe) {
   if (options.num_blocks <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda model: num_blocks must be > 0, got ", options.num_blocks));
@@ -75,33 +78,64 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& host,
     return absl::InvalidArgumentError(
         absl::StrCat("cuda model: block_size must be > 0, got ", options.block_size));
   }
-  const ModelConfig& c = host.config();
   if (c.head_dim % 32 != 0 || c.head_dim < 32 || c.head_dim > kernels::kDecodeAttentionMaxHeadDim) {
     return absl::UnimplementedError(
         absl::StrCat("cuda model: head_dim ", c.head_dim,
                      " is not supported by the CUDA attention kernels (a multiple of 32 in [32, ",
                      kernels::kDecodeAttentionMaxHeadDim, "]); run it with --device=cpu"));
   }
-  if (c.num_heads % c.num_kv_heads != 0 ||
+  if (c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0 ||
       c.num_heads / c.num_kv_heads > kernels::kDecodeAttentionMaxGroup) {
     return absl::UnimplementedError(absl::StrCat(
         "cuda model: ", c.num_heads, " query heads over ", c.num_kv_heads,
         " KV heads: the CUDA decode attention takes at most ", kernels::kDecodeAttentionMaxGroup,
         " query heads per KV head; run it with --device=cpu"));
   }
-  for (size_t i = 0; i < host.layers().size(); ++i) {
-    if (host.layers()[i].moe) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cuda model: layer ", i,
-          " is a mixture-of-experts layer; the CUDA backend runs dense models only so far; run "
-          "it with --device=cpu"));
-    }
+  if (any_moe) {
+    return absl::UnimplementedError(
+        "cuda model: mixture-of-experts layers; the CUDA backend runs dense models only so far; "
+        "run it with --device=cpu");
   }
-  DI_RETURN_IF_ERROR(kernels::CudaAvailable());
+  return kernels::CudaAvailable();
+}
+
+DType ActivationDType(const ModelConfig& c) {
+  if (c.torch_dtype == "bfloat16") return DType::kBF16;
+  if (c.torch_dtype == "float16") return DType::kF16;
+  return DType::kF32;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& host,
+                                                             const CudaModelOptions& options) {
+  bool any_moe = false;
+  for (const Model::Layer& L : host.layers()) any_moe = any_moe || L.moe;
+  DI_RETURN_IF_ERROR(CheckSupported(host.config(), options, any_moe));
   const KvCacheConfig kv = host.MakeKvCacheConfig(options.num_blocks, options.block_size);
   std::unique_ptr<CudaModel> model(
-      new CudaModel(c, host.activation_dtype(), kv, host.all_layers_sliding()));
-  DI_RETURN_IF_ERROR(model->Upload(host));
+      new CudaModel(host.config(), host.activation_dtype(), kv, host.all_layers_sliding()));
+  DI_RETURN_IF_ERROR(model->Upload(&host, 0));
+  return model;
+}
+
+absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateRandom(const ModelConfig& config,
+                                                                   const CudaModelOptions& options,
+                                                                   uint64_t seed) {
+  DI_RETURN_IF_ERROR(CheckSupported(config, options, config.is_moe()));
+  KvCacheConfig kv;
+  kv.num_layers = config.num_layers;
+  kv.num_kv_heads = config.num_kv_heads;
+  kv.head_dim = config.head_dim;
+  kv.block_size = options.block_size;
+  kv.num_blocks = options.num_blocks;
+  kv.dtype = ActivationDType(config);
+  bool all_sliding = config.sliding_window > 0;
+  for (AttentionKind k : config.layer_attention) {
+    all_sliding = all_sliding && k == AttentionKind::kSliding;
+  }
+  std::unique_ptr<CudaModel> model(new CudaModel(config, kv.dtype, kv, all_sliding));
+  DI_RETURN_IF_ERROR(model->Upload(nullptr, seed));
   return model;
 }
 
@@ -121,78 +155,98 @@ absl::Status CudaModel::Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, 
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Upload(const Model& host) {
+absl::Status CudaModel::Upload(const Model* host, uint64_t seed) {
   const ModelConfig& c = config_;
   const size_t es = DTypeSize(dtype_);
-  // First pass: lay every tensor out in one allocation; second: copy (converted) into it.
+  const int64_t h = c.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  // Every tensor's place in one allocation, from the config's shapes; its values from the host
+  // model (converted to the activation dtype) or, without one, synthetic: norms 1, the rest
+  // uniform in +-0.02 (benchmarks).
   struct Pending {
-    const void* src;
+    const void* src;  // null: synthetic
     DType src_dtype;
     int64_t count;
     size_t offset;
+    bool norm;
   };
   std::vector<Pending> pending;
   size_t total = 0;
-  auto place = [&](const void* src, DType src_dtype, int64_t count) {
+  auto place = [&](const void* src, DType src_dtype, int64_t count, bool norm) {
     const size_t offset = total;
-    pending.push_back({src, src_dtype, count, offset});
+    pending.push_back({src, src_dtype, count, offset, norm});
     total += AlignUp(static_cast<size_t>(count) * es);
     return offset;
   };
-  // Offsets first; pointers once the allocation exists.
   struct LinearAt {
     size_t w = 0, b = 0;
     bool has_b = false;
     int64_t out = 0, in = 0;
   };
-  auto place_linear = [&](const Model::Linear& l) {
+  auto place_linear = [&](const Model::Linear* l, int64_t out, int64_t in, bool bias) {
     LinearAt at;
-    at.w = place(l.w, l.dtype, l.out * l.in);
-    if (l.b != nullptr) {
-      at.b = place(l.b, l.dtype, l.out);
+    at.w = place(l != nullptr ? l->w : nullptr, l != nullptr ? l->dtype : dtype_, out * in, false);
+    if (bias) {
+      at.b = place(l != nullptr ? l->b : nullptr, l != nullptr ? l->dtype : dtype_, out, false);
       at.has_b = true;
     }
-    at.out = l.out;
-    at.in = l.in;
+    at.out = out;
+    at.in = in;
     return at;
   };
-  auto place_norm = [&](const std::vector<float>& w) {
-    return place(w.data(), DType::kF32, static_cast<int64_t>(w.size()));
+  auto place_norm = [&](const std::vector<float>* w, int64_t size) {
+    return place(w != nullptr ? w->data() : nullptr, DType::kF32, size, true);
   };
-  const LinearAt embed = place_linear(host.embed());
-  const bool tied = host.lm_head().w == host.embed().w;
-  const LinearAt lm_head = tied ? embed : place_linear(host.lm_head());
-  const size_t final_norm = place_norm(host.final_norm());
+  const LinearAt embed =
+      place_linear(host != nullptr ? &host->embed() : nullptr, c.vocab_size, h, false);
+  const bool tied = host != nullptr ? host->lm_head().w == host->embed().w : c.tie_word_embeddings;
+  const LinearAt lm_head =
+      tied ? embed
+           : place_linear(host != nullptr ? &host->lm_head() : nullptr, c.vocab_size, h, false);
+  const size_t final_norm = place_norm(host != nullptr ? &host->final_norm() : nullptr, h);
   struct LayerAt {
     size_t input_norm, post_norm, q_norm = 0, k_norm = 0;
     LinearAt q, k, v, o, gate, up, down;
   };
   std::vector<LayerAt> layer_at;
-  for (const Model::Layer& L : host.layers()) {
+  for (int i = 0; i < c.num_layers; ++i) {
+    const Model::Layer* L = host != nullptr ? &host->layers()[i] : nullptr;
     LayerAt at;
-    at.input_norm = place_norm(L.input_norm);
-    at.post_norm = place_norm(L.post_norm);
+    at.input_norm = place_norm(L != nullptr ? &L->input_norm : nullptr, h);
+    at.post_norm = place_norm(L != nullptr ? &L->post_norm : nullptr, h);
     if (c.qk_norm) {
-      at.q_norm = place_norm(L.q_norm);
-      at.k_norm = place_norm(L.k_norm);
+      at.q_norm = place_norm(L != nullptr ? &L->q_norm : nullptr, c.head_dim);
+      at.k_norm = place_norm(L != nullptr ? &L->k_norm : nullptr, c.head_dim);
     }
-    at.q = place_linear(L.q);
-    at.k = place_linear(L.k);
-    at.v = place_linear(L.v);
-    at.o = place_linear(L.o);
-    at.gate = place_linear(L.mlp.gate);
-    at.up = place_linear(L.mlp.up);
-    at.down = place_linear(L.mlp.down);
+    at.q = place_linear(L != nullptr ? &L->q : nullptr, q_dim, h, c.attention_bias);
+    at.k = place_linear(L != nullptr ? &L->k : nullptr, kv_dim, h, c.attention_bias);
+    at.v = place_linear(L != nullptr ? &L->v : nullptr, kv_dim, h, c.attention_bias);
+    at.o = place_linear(L != nullptr ? &L->o : nullptr, h, q_dim, false);
+    at.gate = place_linear(L != nullptr ? &L->mlp.gate : nullptr, c.intermediate_size, h, false);
+    at.up = place_linear(L != nullptr ? &L->mlp.up : nullptr, c.intermediate_size, h, false);
+    at.down = place_linear(L != nullptr ? &L->mlp.down : nullptr, h, c.intermediate_size, false);
     layer_at.push_back(at);
   }
   DI_RETURN_IF_ERROR(Reserve(&weights_, total, "weights"));
   weight_bytes_ = total;
   char* base = static_cast<char*>(weights_->data());
+  uint64_t stream_id = 0;
   for (const Pending& p : pending) {
-    const std::vector<uint8_t> bytes = Convert(p.src, p.src_dtype, p.count, dtype_);
-    DI_RETURN_IF_ERROR(
-        Check(cuda_raw::MemcpyHostToDevice(base + p.offset, bytes.data(), bytes.size()),
-              "upload weights"));
+    ++stream_id;
+    if (p.src != nullptr) {
+      const std::vector<uint8_t> bytes = Convert(p.src, p.src_dtype, p.count, dtype_);
+      DI_RETURN_IF_ERROR(
+          Check(cuda_raw::MemcpyHostToDevice(base + p.offset, bytes.data(), bytes.size()),
+                "upload weights"));
+    } else {
+      const float lo = p.norm ? 1.0f : -0.02f;
+      const float hi = p.norm ? 1.0f : 0.02f;
+      DI_RETURN_IF_ERROR(
+          Check(cuda_raw::LaunchFillUniform(base + p.offset, dtype_, p.count,
+                                            seed * 0x100000001B3ull + stream_id, lo, hi, nullptr),
+                "fill synthetic weights"));
+    }
   }
   auto linear = [&](const LinearAt& at) {
     DeviceLinear l;
@@ -206,7 +260,7 @@ absl::Status CudaModel::Upload(const Model& host) {
   lm_head_ = linear(lm_head);
   final_norm_ = base + final_norm;
   layers_.clear();
-  for (size_t i = 0; i < layer_at.size(); ++i) {
+  for (int i = 0; i < c.num_layers; ++i) {
     const LayerAt& at = layer_at[i];
     DeviceLayer L;
     L.input_norm = base + at.input_norm;
@@ -222,11 +276,27 @@ absl::Status CudaModel::Upload(const Model& host) {
     L.gate = linear(at.gate);
     L.up = linear(at.up);
     L.down = linear(at.down);
-    L.sliding = host.layers()[i].sliding;
+    L.sliding = c.layer_attention.size() > static_cast<size_t>(i) &&
+                c.layer_attention[i] == AttentionKind::kSliding;
     layers_.push_back(L);
   }
-  // RoPE frequencies, the KV pools (zeroed), cuBLASLt's workspace.
-  const std::vector<float>& inv = host.rope_inv_freq();
+  // RoPE frequencies (the host model's, or from the config's scaling), the KV pools (zeroed),
+  // cuBLASLt's workspace.
+  std::vector<float> inv(c.head_dim / 2);
+  if (host != nullptr) {
+    inv = host->rope_inv_freq();
+  } else {
+    kernels::RopeScaling scaling;
+    scaling.theta = c.rope.theta;
+    scaling.type = c.rope.type == RopeType::kLinear   ? kernels::RopeScalingType::kLinear
+                   : c.rope.type == RopeType::kLlama3 ? kernels::RopeScalingType::kLlama3
+                                                      : kernels::RopeScalingType::kDefault;
+    scaling.factor = c.rope.factor;
+    scaling.low_freq_factor = c.rope.low_freq_factor;
+    scaling.high_freq_factor = c.rope.high_freq_factor;
+    scaling.original_max_position_embeddings = c.rope.original_max_position_embeddings;
+    kernels::RopeInvFreq(scaling, c.head_dim, inv.data());
+  }
   DI_RETURN_IF_ERROR(Reserve(&inv_freq_, inv.size() * sizeof(float), "rope frequencies"));
   DI_RETURN_IF_ERROR(inv_freq_->CopyFromHost(inv.data(), inv.size() * sizeof(float)));
   kv_bytes_ = static_cast<size_t>(2) * c.num_layers * kv_.num_blocks * block_elements_ * es;
@@ -234,7 +304,7 @@ absl::Status CudaModel::Upload(const Model& host) {
   DI_RETURN_IF_ERROR(Check(cuda_raw::Memset(kv_pools_->data(), 0, kv_bytes_), "zero KV pools"));
   DI_RETURN_IF_ERROR(
       Reserve(&linear_workspace_, kernels::kLinearCudaWorkspaceBytes, "cuBLASLt workspace"));
-  return absl::OkStatus();
+  return Check(cuda_raw::DeviceSynchronize(), "upload weights");
 }
 
 void* CudaModel::KvPool(int layer, bool value) const {

@@ -55,6 +55,12 @@ class CudaModel {
   // when device memory runs out (naming what was being allocated).
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const Model& host,
                                                            const CudaModelOptions& options);
+  // A model of `config`'s shapes with synthetic weights made on the device (norms 1, the rest
+  // uniform in +-0.02, a function of `seed`): for benchmarks of checkpoints nobody has on disk
+  // (engine/cuda/cuda_model_bench.cc: Llama-3-8B shapes). Errors as Create.
+  static absl::StatusOr<std::unique_ptr<CudaModel>> CreateRandom(const ModelConfig& config,
+                                                                 const CudaModelOptions& options,
+                                                                 uint64_t seed);
 
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -97,7 +103,8 @@ class CudaModel {
 
   CudaModel(const ModelConfig& config, kernels::DType dtype, const KvCacheConfig& kv,
             bool all_sliding);
-  absl::Status Upload(const Model& host);
+  // Lays out and fills every weight: from `host`, or synthetic (CreateRandom) when null.
+  absl::Status Upload(const Model* host, uint64_t seed);
   void* KvPool(int layer, bool value) const;
   // Grows `buffer` to at least `bytes` (contents are not kept).
   static absl::Status Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, size_t bytes,

@@ -1,8 +1,10 @@
 // Runs everywhere: what CudaModel::Create refuses, before and without a device.
 #include <memory>
+#include <vector>
 
 #include "engine/cuda/cuda_model.h"
 #include "engine/model.h"
+#include "engine/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 
@@ -63,6 +65,33 @@ TEST(CudaModelCreateTest, WithoutADeviceSaysUnavailable) {
   } else {
     ASSERT_FALSE(model.ok());
     EXPECT_EQ(model.status().code(), absl::StatusCode::kUnavailable) << model.status();
+  }
+}
+
+TEST(CudaModelCreateTest, SyntheticWeightsFollowTheSameChecks) {
+  auto moe = LoadModelConfig("engine/testdata/models/qwen3_moe");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  CudaModelOptions options;
+  options.num_blocks = 4;
+  auto s = CudaModel::CreateRandom(*moe, options, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented) << s.status();
+  auto dense = LoadModelConfig("engine/testdata/models/qwen3");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  s = CudaModel::CreateRandom(*dense, options, 1);
+  if (kernels::CudaAvailable().ok()) {
+    ASSERT_TRUE(s.ok()) << s.status();
+    std::vector<float> logits;
+    const int32_t tokens[3] = {1, 2, 3};
+    const int32_t table[1] = {0};
+    SequenceInput in;
+    in.tokens = tokens;
+    in.num_tokens = 3;
+    in.block_table = table;
+    in.num_blocks = 1;
+    ASSERT_TRUE((*s)->Forward({in}, &logits).ok());
+    EXPECT_EQ(static_cast<int>(logits.size()), dense->vocab_size);
+  } else {
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   }
 }
 

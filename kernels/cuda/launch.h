@@ -36,6 +36,12 @@ int MemcpyHostToDevice(void* dst, const void* src, size_t bytes);
 int MemcpyDeviceToHost(void* dst, const void* src, size_t bytes);
 // cudaMemset of device memory.
 int Memset(void* ptr, int value, size_t bytes);
+int MemcpyDeviceToDevice(void* dst, const void* src, size_t bytes);
+int DeviceSynchronize();
+// Fills `count` elements of `dtype` at `data` with values uniform in [lo, hi), each a function of
+// (seed, index) only (synthetic weights for benchmarks).
+int LaunchFillUniform(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi,
+                      void* stream);
 int StreamSynchronize(void* stream);
 
 // RMSNorm over device pointers; parameters as kernels/rmsnorm.h, already validated.
