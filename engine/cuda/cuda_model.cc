@@ -13,6 +13,7 @@
 #include "kernels/cuda/kv_write_cuda.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/linear_cuda.h"
+#include "kernels/cuda/moe_cuda.h"
 #include "kernels/cuda/prefill_attention_cuda.h"
 #include "kernels/cuda/rmsnorm_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
@@ -91,10 +92,13 @@ absl::Status CheckSupported(const ModelConfig& c, const CudaModelOptions& option
         " KV heads: the CUDA decode attention takes at most ", kernels::kDecodeAttentionMaxGroup,
         " query heads per KV head; run it with --device=cpu"));
   }
-  if (any_moe) {
-    return absl::UnimplementedError(
-        "cuda model: mixture-of-experts layers; the CUDA backend runs dense models only so far; "
-        "run it with --device=cpu");
+  if (any_moe && (c.moe.num_experts > kernels::kMoeMaxExperts ||
+                  c.moe.experts_per_token > kernels::kMoeMaxTopK ||
+                  c.moe.experts_per_token > c.moe.num_experts)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuda model: ", c.moe.num_experts, " experts, ", c.moe.experts_per_token,
+        " per token: the CUDA routing takes at most ", kernels::kMoeMaxExperts, " experts and ",
+        kernels::kMoeMaxTopK, " per token; run it with --device=cpu"));
   }
   return kernels::CudaAvailable();
 }
@@ -205,9 +209,26 @@ absl::Status CudaModel::Upload(const Model* host, uint64_t seed) {
       tied ? embed
            : place_linear(host != nullptr ? &host->lm_head() : nullptr, c.vocab_size, h, false);
   const size_t final_norm = place_norm(host != nullptr ? &host->final_norm() : nullptr, h);
+  struct MlpAt {
+    LinearAt gate, up, down;
+  };
+  auto place_mlp = [&](const Model::Mlp* m, int64_t inter) {
+    MlpAt at;
+    at.gate = place_linear(m != nullptr ? &m->gate : nullptr, inter, h, false);
+    at.up = place_linear(m != nullptr ? &m->up : nullptr, inter, h, false);
+    at.down = place_linear(m != nullptr ? &m->down : nullptr, h, inter, false);
+    return at;
+  };
   struct LayerAt {
     size_t input_norm, post_norm, q_norm = 0, k_norm = 0;
-    LinearAt q, k, v, o, gate, up, down;
+    LinearAt q, k, v, o;
+    MlpAt mlp;
+    bool moe = false;
+    LinearAt router;
+    std::vector<MlpAt> experts;
+    bool has_shared = false;
+    MlpAt shared;
+    LinearAt shared_gate;
   };
   std::vector<LayerAt> layer_at;
   for (int i = 0; i < c.num_layers; ++i) {
@@ -223,9 +244,25 @@ absl::Status CudaModel::Upload(const Model* host, uint64_t seed) {
     at.k = place_linear(L != nullptr ? &L->k : nullptr, kv_dim, h, c.attention_bias);
     at.v = place_linear(L != nullptr ? &L->v : nullptr, kv_dim, h, c.attention_bias);
     at.o = place_linear(L != nullptr ? &L->o : nullptr, h, q_dim, false);
-    at.gate = place_linear(L != nullptr ? &L->mlp.gate : nullptr, c.intermediate_size, h, false);
-    at.up = place_linear(L != nullptr ? &L->mlp.up : nullptr, c.intermediate_size, h, false);
-    at.down = place_linear(L != nullptr ? &L->mlp.down : nullptr, h, c.intermediate_size, false);
+    at.moe = L != nullptr ? L->moe
+                          : c.is_moe() && !(static_cast<size_t>(i) < c.moe.dense_layer.size() &&
+                                            c.moe.dense_layer[i]);
+    if (!at.moe) {
+      at.mlp = place_mlp(L != nullptr ? &L->mlp : nullptr, c.intermediate_size);
+    } else {
+      const int64_t experts = c.moe.num_experts;
+      at.router = place_linear(L != nullptr ? &L->router : nullptr, experts, h, false);
+      for (int64_t e = 0; e < experts; ++e) {
+        at.experts.push_back(
+            place_mlp(L != nullptr ? &L->experts[e] : nullptr, c.moe.expert_intermediate_size));
+      }
+      at.has_shared = c.moe.shared_expert_intermediate_size > 0;
+      if (at.has_shared) {
+        at.shared = place_mlp(L != nullptr ? &L->shared_expert : nullptr,
+                              c.moe.shared_expert_intermediate_size);
+        at.shared_gate = place_linear(L != nullptr ? &L->shared_expert_gate : nullptr, 1, h, false);
+      }
+    }
     layer_at.push_back(at);
   }
   DI_RETURN_IF_ERROR(Reserve(&weights_, total, "weights"));
@@ -273,9 +310,25 @@ absl::Status CudaModel::Upload(const Model* host, uint64_t seed) {
     L.k = linear(at.k);
     L.v = linear(at.v);
     L.o = linear(at.o);
-    L.gate = linear(at.gate);
-    L.up = linear(at.up);
-    L.down = linear(at.down);
+    auto mlp = [&](const MlpAt& m) {
+      DeviceMlp d;
+      d.gate = linear(m.gate);
+      d.up = linear(m.up);
+      d.down = linear(m.down);
+      return d;
+    };
+    L.moe = at.moe;
+    if (!at.moe) {
+      L.mlp = mlp(at.mlp);
+    } else {
+      L.router = linear(at.router);
+      for (const MlpAt& e : at.experts) L.experts.push_back(mlp(e));
+      L.has_shared = at.has_shared;
+      if (at.has_shared) {
+        L.shared = mlp(at.shared);
+        L.shared_gate = linear(at.shared_gate);
+      }
+    }
     L.sliding = c.layer_attention.size() > static_cast<size_t>(i) &&
                 c.layer_attention[i] == AttentionKind::kSliding;
     layers_.push_back(L);
@@ -346,6 +399,159 @@ absl::Status CudaModel::Linear(const DeviceLinear& l, const void* x, int64_t m, 
   p.workspace = linear_workspace_->data();
   p.workspace_bytes = linear_workspace_->size();
   return kernels::LinearCuda(p, nullptr);
+}
+
+absl::Status CudaModel::Mlp(const DeviceMlp& mlp, const void* x, int64_t m, void* out,
+                            void* scratch) const {
+  const int64_t inter = mlp.gate.out;
+  void* gate = scratch;
+  void* up = static_cast<char*>(scratch) + m * inter * DTypeSize(dtype_);
+  DI_RETURN_IF_ERROR(Linear(mlp.gate, x, m, gate));
+  DI_RETURN_IF_ERROR(Linear(mlp.up, x, m, up));
+  kernels::SwiGluParams p;
+  p.gate = gate;
+  p.up = up;
+  p.out = gate;
+  p.rows = m;
+  p.width = inter;
+  p.dtype = dtype_;
+  DI_RETURN_IF_ERROR(kernels::SwiGluCuda(p, nullptr));
+  return Linear(mlp.down, gate, m, out);
+}
+
+absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t total, void* out,
+                            int layer) {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size;
+  const int experts = c.moe.num_experts;
+  const int k = c.moe.experts_per_token;
+  const int64_t assignments = total * k;
+  const size_t es = DTypeSize(dtype_);
+  const int64_t widest =
+      std::max<int64_t>(c.moe.expert_intermediate_size, c.moe.shared_expert_intermediate_size);
+  // Scratch: router logits, the gathered rows and the experts' outputs (assignments x hidden),
+  // an MLP's gate and up (at most `total` rows each), the shared expert's output and gate.
+  size_t offset = 0;
+  auto carve = [&](size_t bytes) {
+    const size_t at = offset;
+    offset += AlignUp(bytes);
+    return at;
+  };
+  const size_t a_router = carve(total * experts * es);
+  const size_t a_ids = carve(assignments * sizeof(int32_t));
+  const size_t a_weights = carve(assignments * sizeof(float));
+  const size_t a_in = carve(assignments * h * es), a_out = carve(assignments * h * es);
+  const size_t a_mlp = carve(2 * total * widest * es);
+  const size_t a_shared = carve(total * h * es), a_gate = carve(total * es);
+  DI_RETURN_IF_ERROR(Reserve(&moe_scratch_, offset, "moe scratch"));
+  char* base = static_cast<char*>(moe_scratch_->data());
+  int32_t* d_ids = reinterpret_cast<int32_t*>(base + a_ids);
+  float* d_weights = reinterpret_cast<float*>(base + a_weights);
+  DI_RETURN_IF_ERROR(Op(Linear(L.router, normed, total, base + a_router), "moe router", layer));
+  {
+    kernels::MoeRouteParams p;
+    p.logits = base + a_router;
+    p.expert_ids = d_ids;
+    p.weights = d_weights;
+    p.rows = total;
+    p.num_experts = experts;
+    p.top_k = k;
+    p.normalize = c.moe.normalize_top_k;
+    p.dtype = dtype_;
+    DI_RETURN_IF_ERROR(Op(kernels::MoeRouteCuda(p, nullptr), "moe route", layer));
+  }
+  // Group the assignments by expert (tokens in order within each, as the CPU model), and list
+  // each token's rows of the grouped output in ascending expert order for the combine.
+  std::vector<int32_t> ids(assignments);
+  std::vector<float> weights(assignments);
+  DI_RETURN_IF_ERROR(
+      Check(cuda_raw::MemcpyDeviceToHost(ids.data(), d_ids, assignments * sizeof(int32_t)),
+            "download moe routing"));
+  DI_RETURN_IF_ERROR(
+      Check(cuda_raw::MemcpyDeviceToHost(weights.data(), d_weights, assignments * sizeof(float)),
+            "download moe routing"));
+  std::vector<int64_t> count(experts + 1, 0);
+  for (int32_t e : ids) {
+    if (e < 0 || e >= experts) {
+      return absl::InternalError(absl::StrCat("cuda forward: moe route (layer ", layer,
+                                              "): expert id ", e, " out of range"));
+    }
+    ++count[e + 1];
+  }
+  std::vector<int64_t> first(experts + 1, 0);
+  for (int e = 0; e < experts; ++e) first[e + 1] = first[e] + count[e + 1];
+  // Host tables, one upload: gather rows [assignments], token rows [total, k], weights [total, k].
+  std::vector<int32_t> table(assignments + 2 * assignments);
+  int32_t* gather = table.data();
+  int32_t* token_rows = gather + assignments;
+  float* token_weights = reinterpret_cast<float*>(token_rows + assignments);
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  for (int64_t t = 0; t < total; ++t) {
+    for (int j = 0; j < k; ++j) gather[next[ids[t * k + j]]++] = static_cast<int32_t>(t);
+  }
+  std::vector<int64_t> fill(first.begin(), first.end() - 1);
+  // Rows are assigned per expert in token order, so token t's row for expert e is found by
+  // walking the experts in ascending order with a cursor per expert.
+  std::vector<std::pair<int32_t, float>> mine(k);
+  for (int64_t t = 0; t < total; ++t) {
+    for (int j = 0; j < k; ++j) mine[j] = {ids[t * k + j], weights[t * k + j]};
+    std::sort(mine.begin(), mine.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (int j = 0; j < k; ++j) {
+      token_rows[t * k + j] = static_cast<int32_t>(fill[mine[j].first]++);
+      token_weights[t * k + j] = mine[j].second;
+    }
+  }
+  DI_RETURN_IF_ERROR(Reserve(&moe_meta_, table.size() * sizeof(int32_t), "moe tables"));
+  DI_RETURN_IF_ERROR(Check(
+      cuda_raw::MemcpyHostToDevice(moe_meta_->data(), table.data(), table.size() * sizeof(int32_t)),
+      "upload moe tables"));
+  const int32_t* d_table = static_cast<const int32_t*>(moe_meta_->data());
+  {
+    kernels::EmbeddingParams p;  // gather: row i of the grouped input = normed[gather[i]]
+    p.token_ids = d_table;
+    p.weight = normed;
+    p.out = base + a_in;
+    p.num_tokens = assignments;
+    p.vocab_size = total;
+    p.hidden = h;
+    p.weight_dtype = dtype_;
+    p.out_dtype = dtype_;
+    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, nullptr), "moe gather", layer));
+  }
+  for (int e = 0; e < experts; ++e) {
+    const int64_t n = count[e + 1];
+    if (n == 0) continue;
+    const size_t row = static_cast<size_t>(first[e]) * h * es;
+    DI_RETURN_IF_ERROR(Op(Mlp(L.experts[e], base + a_in + row, n, base + a_out + row, base + a_mlp),
+                          "moe expert", layer));
+  }
+  {
+    kernels::MoeCombineParams p;
+    p.expert_out = base + a_out;
+    p.token_rows = d_table + assignments;
+    p.token_weights = reinterpret_cast<const float*>(d_table + 2 * assignments);
+    p.out = out;
+    p.rows = total;
+    p.top_k = k;
+    p.hidden = h;
+    p.assignments = assignments;
+    p.dtype = dtype_;
+    DI_RETURN_IF_ERROR(Op(kernels::MoeCombineCuda(p, nullptr), "moe combine", layer));
+  }
+  if (!L.has_shared) return absl::OkStatus();
+  DI_RETURN_IF_ERROR(
+      Op(Mlp(L.shared, normed, total, base + a_shared, base + a_mlp), "moe shared expert", layer));
+  DI_RETURN_IF_ERROR(
+      Op(Linear(L.shared_gate, normed, total, base + a_gate), "moe shared gate", layer));
+  kernels::MoeSharedParams p;
+  p.out = out;
+  p.shared = base + a_shared;
+  p.gate_logits = base + a_gate;
+  p.rows = total;
+  p.hidden = h;
+  p.dtype = dtype_;
+  return Op(kernels::MoeSharedCuda(p, nullptr), "moe shared add", layer);
 }
 
 absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
@@ -424,7 +630,7 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
   const size_t a_x = carve(total * h), a_normed = carve(total * h), a_tmp = carve(total * h);
   const size_t a_q = carve(total * q_dim), a_attn = carve(total * q_dim);
   const size_t a_k = carve(total * kv_dim), a_v = carve(total * kv_dim);
-  const size_t a_gate = carve(total * inter), a_up = carve(total * inter);
+  const size_t a_gate = carve(2 * total * inter);  // the dense MLP's gate and up
   const size_t a_sel = carve(rows * h), a_logits = carve(rows * c.vocab_size);
   DI_RETURN_IF_ERROR(Reserve(&activations_, offset, "activations"));
   char* act = static_cast<char*>(activations_->data());
@@ -436,7 +642,6 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
   void* k = act + a_k;
   void* v = act + a_v;
   void* gate = act + a_gate;
-  void* up = act + a_up;
   void* selected = act + a_sel;
   void* out = act + a_logits;
 
@@ -585,19 +790,11 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
     }
     DI_RETURN_IF_ERROR(Op(Linear(L.o, attn, total, tmp), "o projection", li));
     DI_RETURN_IF_ERROR(Op(rms_norm(L.post_norm, tmp, x, total, h, normed), "post norm", li));
-    DI_RETURN_IF_ERROR(Op(Linear(L.gate, normed, total, gate), "gate projection", li));
-    DI_RETURN_IF_ERROR(Op(Linear(L.up, normed, total, up), "up projection", li));
-    {
-      kernels::SwiGluParams p;
-      p.gate = gate;
-      p.up = up;
-      p.out = gate;
-      p.rows = total;
-      p.width = inter;
-      p.dtype = dtype_;
-      DI_RETURN_IF_ERROR(Op(kernels::SwiGluCuda(p, nullptr), "swiglu", li));
+    if (L.moe) {
+      DI_RETURN_IF_ERROR(Moe(L, normed, total, tmp, li));
+    } else {
+      DI_RETURN_IF_ERROR(Op(Mlp(L.mlp, normed, total, tmp, gate), "mlp", li));
     }
-    DI_RETURN_IF_ERROR(Op(Linear(L.down, gate, total, tmp), "down projection", li));
     residual_pending = true;
   }
   // Final residual add and norm (every row: cheap next to the LM head), then the rows that want

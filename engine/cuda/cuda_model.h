@@ -18,9 +18,13 @@
 // with the CPU model's up to summation order (engine/cuda/cuda_model_test.cc states the
 // tolerances).
 //
-// Not supported yet (Create says so, naming the reason): mixture-of-experts layers, head_dim not
-// a multiple of 32 in [32, 256] or more than 16 query heads per KV head (the attention kernels'
-// limits).
+// Mixture-of-experts layers (Mixtral, Qwen-MoE with its shared expert) route on the device,
+// group the assignments by expert on the host (one small download per layer) and run each
+// expert's MLP over its gathered rows (kernels/cuda/moe_cuda.h).
+//
+// Not supported (Create says so, naming the reason): head_dim not a multiple of 32 in [32, 256]
+// or more than 16 query heads per KV head (the attention kernels' limits), more than 512 experts
+// or 32 per token.
 //
 // Thread-safety: Forward() may be called by one thread at a time (it owns the scratch buffers
 // and the stream's order); everything else is immutable after Create. Neither copyable nor
@@ -92,13 +96,24 @@ class CudaModel {
     int64_t out = 0;
     int64_t in = 0;
   };
+  struct DeviceMlp {
+    DeviceLinear gate, up, down;
+  };
   struct DeviceLayer {
     const void* input_norm = nullptr;
     const void* post_norm = nullptr;
     const void* q_norm = nullptr;  // null without Q/K norms
     const void* k_norm = nullptr;
-    DeviceLinear q, k, v, o, gate, up, down;
+    DeviceLinear q, k, v, o;
+    DeviceMlp mlp;  // dense layers
     bool sliding = false;
+    // Mixture-of-experts layers: the router, the experts, Qwen2-MoE's shared expert and its gate.
+    bool moe = false;
+    DeviceLinear router;
+    std::vector<DeviceMlp> experts;
+    bool has_shared = false;
+    DeviceMlp shared;
+    DeviceLinear shared_gate;
   };
 
   CudaModel(const ModelConfig& config, kernels::DType dtype, const KvCacheConfig& kv,
@@ -110,6 +125,12 @@ class CudaModel {
   static absl::Status Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, size_t bytes,
                               const char* what);
   absl::Status Linear(const DeviceLinear& l, const void* x, int64_t m, void* y) const;
+  // out[m, hidden] = down(silu(gate(x)) * up(x)); `scratch` holds 2 x m x the MLP's width.
+  absl::Status Mlp(const DeviceMlp& mlp, const void* x, int64_t m, void* out, void* scratch) const;
+  // A mixture-of-experts block over `total` rows of `normed` into `out` (engine/model.cc RunMoe's
+  // numerics): routing on the device, the assignments grouped by expert on the host (one small
+  // download), each expert's MLP over its gathered rows, the weighted combine on the device.
+  absl::Status Moe(const DeviceLayer& L, const void* normed, int64_t total, void* out, int layer);
 
   const ModelConfig config_;
   const kernels::DType dtype_;
@@ -131,6 +152,8 @@ class CudaModel {
   std::unique_ptr<kernels::DeviceBuffer> meta_;         // int32 ids, positions, tables, ...
   std::unique_ptr<kernels::DeviceBuffer> activations_;  // x, normed, q, k, v, attn, tmp, mlp
   std::unique_ptr<kernels::DeviceBuffer> attention_workspace_;
+  std::unique_ptr<kernels::DeviceBuffer> moe_scratch_;  // MoE layers' buffers
+  std::unique_ptr<kernels::DeviceBuffer> moe_meta_;     // their routing tables
   std::vector<int32_t> host_meta_;
   std::vector<uint16_t> host_logits_16_;
 };

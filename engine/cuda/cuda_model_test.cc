@@ -5,10 +5,10 @@
 //     step — the end-to-end greedy check of tools/gpu;
 //   - the CPU model (engine/model.h) on ragged batches (odd lengths, block boundaries, shuffled
 //     block tables, contexts over one 256-key partition of the decode kernel, a sliding-window
-//     model, Q/K norms, an f32 model): chunked prefill with logits for every token, one-token
-//     decode steps (the split-K decode kernel), mixed steps where one sequence verifies several
-//     tokens (the prefill kernel); logits and every written KV block compared. Both backends are
-//     fed the same tokens (the CPU's argmax), so they stay in step.
+//     model, Q/K norms, an f32 model, an f32 mixture-of-experts model): chunked prefill with logits
+//     for every token, one-token decode steps (the split-K decode kernel), mixed steps where one
+//     sequence verifies several tokens (the prefill kernel); logits and every written KV block
+//     compared. Both backends are fed the same tokens (the CPU's argmax), so they stay in step.
 // Tolerances: f32 models 2e-3 absolute on logits and KV; bf16 models 0.15 on logits (one bf16
 // rounding that a different f32 summation order flips propagates through the layers) and 0.05 on
 // KV values (one or two bf16 ulps).
@@ -227,7 +227,9 @@ TEST_P(CudaModelVsCpuTest, RaggedBatchesMatchTheCpuModel) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelVsCpuTest,
                          ::testing::Values(Fixture{"models/demo", 0.15f, 0.05f},
                                            Fixture{"models/demo-draft", 0.15f, 0.05f},
-                                           Fixture{"engine/testdata/models/qwen3", 2e-3f, 2e-3f}));
+                                           Fixture{"engine/testdata/models/qwen3", 2e-3f, 2e-3f},
+                                           Fixture{"engine/testdata/models/qwen3_moe", 2e-3f,
+                                                   2e-3f}));
 
 }  // namespace
 }  // namespace deepinfer::engine

@@ -12,6 +12,7 @@
 #include "kernels/cuda/embedding_params.h"
 #include "kernels/cuda/greedy_params.h"
 #include "kernels/cuda/kv_write_params.h"
+#include "kernels/cuda/moe_params.h"
 #include "kernels/cuda/prefill_attention_params.h"
 #include "kernels/cuda/rope_params.h"
 #include "kernels/cuda/sample_params.h"
@@ -56,6 +57,9 @@ int LaunchKvWrite(const KvWriteParams& p, void* stream);
 int LaunchDecodeAttention(const DecodeAttentionParams& p, void* stream);
 int LaunchPrefillAttention(const PrefillAttentionParams& p, void* stream);
 int LaunchGreedy(const GreedyParams& p, void* stream);
+int LaunchMoeRoute(const MoeRouteParams& p, void* stream);
+int LaunchMoeCombine(const MoeCombineParams& p, void* stream);
+int LaunchMoeShared(const MoeSharedParams& p, void* stream);
 // Sampling: the workspace for rows x vocab (queries CUB, so needs a device), then the launch.
 int SampleWorkspaceBytes(int64_t rows, int vocab, size_t* bytes);
 int LaunchSample(const SampleParams& p, void* stream);

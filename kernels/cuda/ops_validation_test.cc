@@ -13,6 +13,7 @@
 #include "kernels/cuda/greedy_cuda.h"
 #include "kernels/cuda/kv_write_cuda.h"
 #include "kernels/cuda/linear_cuda.h"
+#include "kernels/cuda/moe_cuda.h"
 #include "kernels/cuda/prefill_attention_cuda.h"
 #include "kernels/cuda/rope_cuda.h"
 #include "kernels/cuda/sample_cuda.h"
@@ -405,6 +406,59 @@ TEST(CudaOpsValidationTest, Sample) {
   bad = p;
   bad.workspace = nullptr;
   ExpectInvalid(SampleCuda(bad, nullptr), "sample: workspace:");
+}
+
+TEST(CudaOpsValidationTest, Moe) {
+  std::vector<float> logits(3 * 8), weights(3 * 2), out(3 * 16), eout(6 * 16), gate(3);
+  std::vector<int32_t> ids(3 * 2), rows(3 * 2);
+  MoeRouteParams r;
+  r.logits = logits.data();
+  r.expert_ids = ids.data();
+  r.weights = weights.data();
+  r.rows = 3;
+  r.num_experts = 8;
+  r.top_k = 2;
+  r.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return MoeRouteCuda(r, nullptr); });
+  MoeRouteParams bad_r = r;
+  bad_r.num_experts = kMoeMaxExperts + 1;
+  ExpectInvalid(MoeRouteCuda(bad_r, nullptr), "moe route: num_experts:");
+  bad_r = r;
+  bad_r.top_k = 9;
+  ExpectInvalid(MoeRouteCuda(bad_r, nullptr), "moe route: top_k:");
+  bad_r = r;
+  bad_r.weights = nullptr;
+  ExpectInvalid(MoeRouteCuda(bad_r, nullptr), "moe route: weights:");
+
+  MoeCombineParams c;
+  c.expert_out = eout.data();
+  c.token_rows = rows.data();
+  c.token_weights = weights.data();
+  c.out = out.data();
+  c.rows = 3;
+  c.top_k = 2;
+  c.hidden = 16;
+  c.assignments = 6;
+  c.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return MoeCombineCuda(c, nullptr); });
+  MoeCombineParams bad_c = c;
+  bad_c.hidden = 0;
+  ExpectInvalid(MoeCombineCuda(bad_c, nullptr), "moe combine: hidden:");
+  bad_c = c;
+  bad_c.token_rows = nullptr;
+  ExpectInvalid(MoeCombineCuda(bad_c, nullptr), "moe combine: token_rows:");
+
+  MoeSharedParams sh;
+  sh.out = out.data();
+  sh.shared = out.data();
+  sh.gate_logits = gate.data();
+  sh.rows = 3;
+  sh.hidden = 16;
+  sh.dtype = DType::kF32;
+  ExpectUnavailableWithoutDevice([&] { return MoeSharedCuda(sh, nullptr); });
+  MoeSharedParams bad_s = sh;
+  bad_s.gate_logits = nullptr;
+  ExpectInvalid(MoeSharedCuda(bad_s, nullptr), "moe shared: gate_logits:");
 }
 
 }  // namespace
