@@ -60,12 +60,21 @@ absl::Status Op(absl::Status s, const char* op, int layer) {
 }  // namespace
 
 CudaModel::CudaModel(const ModelConfig& config, DType dtype, const KvCacheConfig& kv,
-                     bool all_sliding)
-    : config_(config), dtype_(dtype), kv_(kv), all_sliding_(all_sliding) {
+                     bool all_sliding, const CudaModelOptions& options)
+    : config_(config), dtype_(dtype), kv_(kv), all_sliding_(all_sliding), options_(options) {
   block_elements_ = static_cast<int64_t>(kv.block_size) * kv.num_kv_heads * kv.head_dim;
 }
 
-CudaModel::~CudaModel() = default;
+CudaModel::~CudaModel() {
+  // Errors here have nowhere to go: the process is tearing the model down.
+  if (stream_ != nullptr) (void)cuda_raw::StreamSynchronize(stream_);
+  for (auto& [bucket, graph] : graphs_) {
+    if (graph.exec != nullptr) (void)cuda_raw::GraphExecDestroy(graph.exec);
+  }
+  if (graph_host_meta_ != nullptr) (void)cuda_raw::HostFree(graph_host_meta_);
+  if (graph_host_logits_ != nullptr) (void)cuda_raw::HostFree(graph_host_logits_);
+  if (stream_ != nullptr) (void)cuda_raw::StreamDestroy(stream_);
+}
 
 namespace {
 
@@ -78,6 +87,13 @@ absl::Status CheckSupported(const ModelConfig& c, const CudaModelOptions& option
   if (options.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda model: block_size must be > 0, got ", options.block_size));
+  }
+  if (options.graph_max_batch < 0 ||
+      (options.graph_max_batch > 0 && options.graph_max_blocks_per_seq <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda model: graph_max_batch must be >= 0 (got ", options.graph_max_batch,
+                     ") and, when > 0, graph_max_blocks_per_seq > 0 (got ",
+                     options.graph_max_blocks_per_seq, ")"));
   }
   if (c.head_dim % 32 != 0 || c.head_dim < 32 || c.head_dim > kernels::kDecodeAttentionMaxHeadDim) {
     return absl::UnimplementedError(
@@ -117,8 +133,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const Model& host,
   for (const Model::Layer& L : host.layers()) any_moe = any_moe || L.moe;
   DI_RETURN_IF_ERROR(CheckSupported(host.config(), options, any_moe));
   const KvCacheConfig kv = host.MakeKvCacheConfig(options.num_blocks, options.block_size);
-  std::unique_ptr<CudaModel> model(
-      new CudaModel(host.config(), host.activation_dtype(), kv, host.all_layers_sliding()));
+  std::unique_ptr<CudaModel> model(new CudaModel(host.config(), host.activation_dtype(), kv,
+                                                 host.all_layers_sliding(), options));
   DI_RETURN_IF_ERROR(model->Upload(&host, 0));
   return model;
 }
@@ -138,7 +154,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::CreateRandom(const ModelCo
   for (AttentionKind k : config.layer_attention) {
     all_sliding = all_sliding && k == AttentionKind::kSliding;
   }
-  std::unique_ptr<CudaModel> model(new CudaModel(config, kv.dtype, kv, all_sliding));
+  std::unique_ptr<CudaModel> model(new CudaModel(config, kv.dtype, kv, all_sliding, options));
   DI_RETURN_IF_ERROR(model->Upload(nullptr, seed));
   return model;
 }
@@ -161,6 +177,7 @@ absl::Status CudaModel::Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, 
 
 absl::Status CudaModel::Upload(const Model* host, uint64_t seed) {
   const ModelConfig& c = config_;
+  DI_RETURN_IF_ERROR(Check(cuda_raw::StreamCreate(&stream_), "create stream"));
   const size_t es = DTypeSize(dtype_);
   const int64_t h = c.hidden_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
@@ -263,6 +280,7 @@ absl::Status CudaModel::Upload(const Model* host, uint64_t seed) {
         at.shared_gate = place_linear(L != nullptr ? &L->shared_expert_gate : nullptr, 1, h, false);
       }
     }
+    has_moe_ = has_moe_ || at.moe;
     layer_at.push_back(at);
   }
   DI_RETURN_IF_ERROR(Reserve(&weights_, total, "weights"));
@@ -373,7 +391,8 @@ absl::Status CudaModel::ReadBlock(int layer, bool value, int block, void* dst) c
   }
   const size_t bytes = static_cast<size_t>(block_elements_) * DTypeSize(dtype_);
   const char* src = static_cast<const char*>(KvPool(layer, value)) + block * bytes;
-  return Check(cuda_raw::MemcpyDeviceToHost(dst, src, bytes), "read KV block");
+  DI_RETURN_IF_ERROR(Check(cuda_raw::MemcpyAsync(dst, src, bytes, 2, stream_), "read KV block"));
+  return Check(cuda_raw::StreamSynchronize(stream_), "read KV block");
 }
 
 absl::Status CudaModel::WriteBlock(int layer, bool value, int block, const void* src) {
@@ -383,7 +402,8 @@ absl::Status CudaModel::WriteBlock(int layer, bool value, int block, const void*
   }
   const size_t bytes = static_cast<size_t>(block_elements_) * DTypeSize(dtype_);
   char* dst = static_cast<char*>(KvPool(layer, value)) + block * bytes;
-  return Check(cuda_raw::MemcpyHostToDevice(dst, src, bytes), "write KV block");
+  DI_RETURN_IF_ERROR(Check(cuda_raw::MemcpyAsync(dst, src, bytes, 1, stream_), "write KV block"));
+  return Check(cuda_raw::StreamSynchronize(stream_), "write KV block");
 }
 
 absl::Status CudaModel::Linear(const DeviceLinear& l, const void* x, int64_t m, void* y) const {
@@ -398,7 +418,7 @@ absl::Status CudaModel::Linear(const DeviceLinear& l, const void* x, int64_t m, 
   p.dtype = dtype_;
   p.workspace = linear_workspace_->data();
   p.workspace_bytes = linear_workspace_->size();
-  return kernels::LinearCuda(p, nullptr);
+  return kernels::LinearCuda(p, stream_);
 }
 
 absl::Status CudaModel::Mlp(const DeviceMlp& mlp, const void* x, int64_t m, void* out,
@@ -415,7 +435,7 @@ absl::Status CudaModel::Mlp(const DeviceMlp& mlp, const void* x, int64_t m, void
   p.rows = m;
   p.width = inter;
   p.dtype = dtype_;
-  DI_RETURN_IF_ERROR(kernels::SwiGluCuda(p, nullptr));
+  DI_RETURN_IF_ERROR(kernels::SwiGluCuda(p, stream_));
   return Linear(mlp.down, gate, m, out);
 }
 
@@ -458,7 +478,7 @@ absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t to
     p.top_k = k;
     p.normalize = c.moe.normalize_top_k;
     p.dtype = dtype_;
-    DI_RETURN_IF_ERROR(Op(kernels::MoeRouteCuda(p, nullptr), "moe route", layer));
+    DI_RETURN_IF_ERROR(Op(kernels::MoeRouteCuda(p, stream_), "moe route", layer));
   }
   // Group the assignments by expert (tokens in order within each, as the CPU model), and list
   // each token's rows of the grouped output in ascending expert order for the combine.
@@ -517,7 +537,7 @@ absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t to
     p.hidden = h;
     p.weight_dtype = dtype_;
     p.out_dtype = dtype_;
-    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, nullptr), "moe gather", layer));
+    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, stream_), "moe gather", layer));
   }
   for (int e = 0; e < experts; ++e) {
     const int64_t n = count[e + 1];
@@ -537,7 +557,7 @@ absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t to
     p.hidden = h;
     p.assignments = assignments;
     p.dtype = dtype_;
-    DI_RETURN_IF_ERROR(Op(kernels::MoeCombineCuda(p, nullptr), "moe combine", layer));
+    DI_RETURN_IF_ERROR(Op(kernels::MoeCombineCuda(p, stream_), "moe combine", layer));
   }
   if (!L.has_shared) return absl::OkStatus();
   DI_RETURN_IF_ERROR(
@@ -551,103 +571,275 @@ absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t to
   p.rows = total;
   p.hidden = h;
   p.dtype = dtype_;
-  return Op(kernels::MoeSharedCuda(p, nullptr), "moe shared add", layer);
+  return Op(kernels::MoeSharedCuda(p, stream_), "moe shared add", layer);
+}
+
+namespace {
+
+// Offsets of the int32 metadata of a step with `total` tokens, `seqs` sequences, `max_blocks`
+// block-table entries each and `rows` logit rows.
+struct MetaLayout {
+  int64_t ids, pos, seq, tables, qstart, start, ctx, rows, count;
+};
+
+MetaLayout LayMeta(int64_t total, int seqs, int max_blocks, int64_t rows) {
+  MetaLayout m;
+  m.ids = 0;
+  m.pos = m.ids + total;
+  m.seq = m.pos + total;
+  m.tables = m.seq + total;
+  m.qstart = m.tables + static_cast<int64_t>(seqs) * max_blocks;
+  m.start = m.qstart + seqs + 1;
+  m.ctx = m.start + seqs;
+  m.rows = m.ctx + seqs;
+  m.count = m.rows + rows;
+  return m;
+}
+
+}  // namespace
+
+size_t CudaModel::ActivationBytes(int64_t total, int64_t rows) const {
+  const ModelConfig& c = config_;
+  const size_t es = DTypeSize(dtype_);
+  const int64_t h = c.hidden_size;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  // x, normed, tmp [total, h]; q, attn [total, q_dim]; k, v [total, kv_dim]; the dense MLP's
+  // gate and up [total, inter] each; selected [rows, h]; logits [rows, vocab].
+  const int64_t elements[] = {
+      total * h,     total * h,          total * h,      total * q_dim,
+      total * q_dim, total * kv_dim,     total * kv_dim, 2 * total * c.intermediate_size,
+      rows * h,      rows * c.vocab_size};
+  size_t bytes = 0;
+  for (int64_t e : elements) bytes += AlignUp(static_cast<size_t>(e) * es);
+  return bytes;
+}
+
+void CudaModel::FillMeta(const std::vector<SequenceInput>& batch, const BatchLayout& layout,
+                         const StepPlan& plan, int32_t* m) const {
+  const MetaLayout o = LayMeta(plan.total, plan.num_seqs, plan.max_blocks, plan.rows);
+  std::fill(m, m + o.count, -1);
+  int64_t r = 0;
+  const int n = static_cast<int>(batch.size());
+  for (int s = 0; s < n; ++s) {
+    const SequenceInput& seq = batch[s];
+    const int64_t off = layout.offsets[s];
+    for (int64_t t = 0; t < seq.num_tokens; ++t) {
+      m[o.ids + off + t] = seq.tokens[t];
+      m[o.pos + off + t] = static_cast<int32_t>(seq.start_position + t);
+      m[o.seq + off + t] = s;
+    }
+    std::copy(seq.block_table, seq.block_table + seq.num_blocks,
+              m + o.tables + static_cast<int64_t>(s) * plan.max_blocks);
+    m[o.qstart + s] = static_cast<int32_t>(off);
+    m[o.start + s] = static_cast<int32_t>(seq.start_position);
+    m[o.ctx + s] = static_cast<int32_t>(seq.start_position + seq.num_tokens);
+    const int64_t first = seq.all_logits ? 0 : seq.num_tokens - 1;
+    for (int64_t t = first; t < seq.num_tokens; ++t) {
+      m[o.rows + r++] = static_cast<int32_t>(off + t);
+    }
+  }
+  // Padding sequences of a captured bucket: one token each at position -1 (RoPE and the KV
+  // write skip it), no blocks, an empty context (zero attention output), its own logit row.
+  for (int s = n; s < plan.num_seqs; ++s) {
+    const int64_t off = layout.total_tokens + (s - n);
+    m[o.ids + off] = 0;
+    m[o.seq + off] = s;
+    m[o.qstart + s] = static_cast<int32_t>(off);
+    m[o.start + s] = 0;
+    m[o.ctx + s] = 0;
+    m[o.rows + r++] = static_cast<int32_t>(off);
+  }
+  m[o.qstart + plan.num_seqs] = static_cast<int32_t>(plan.total);
 }
 
 absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
                                 std::vector<float>* logits) {
   const ModelConfig& c = config_;
   DI_ASSIGN_OR_RETURN(const BatchLayout layout, ValidateBatch(c, kv_, all_sliding_, batch));
-  const int64_t total = layout.total_tokens;
-  const int64_t rows = layout.logit_rows;
   const int num_seqs = static_cast<int>(batch.size());
-  logits->resize(static_cast<size_t>(rows) * c.vocab_size);
+  logits->resize(static_cast<size_t>(layout.logit_rows) * c.vocab_size);
   if (num_seqs == 0) return absl::OkStatus();
+  StepPlan plan;
+  plan.total = layout.total_tokens;
+  plan.rows = layout.logit_rows;
+  plan.num_seqs = num_seqs;
+  plan.all_decode = true;
+  bool overrides = false;
+  for (const SequenceInput& seq : batch) {
+    plan.max_blocks = std::max(plan.max_blocks, static_cast<int>(seq.num_blocks));
+    plan.max_query = std::max(plan.max_query, static_cast<int>(seq.num_tokens));
+    plan.max_context =
+        std::max(plan.max_context, static_cast<int>(seq.start_position + seq.num_tokens));
+    plan.all_decode = plan.all_decode && seq.num_tokens == 1 && !seq.all_logits;
+    overrides = overrides || seq.embedding_override != nullptr;
+  }
+  if (plan.all_decode && !overrides && !has_moe_ && options_.graph_max_batch > 0 &&
+      num_seqs <= options_.graph_max_batch &&
+      plan.max_blocks <= options_.graph_max_blocks_per_seq) {
+    return ForwardGraph(batch, layout, logits);
+  }
+  const MetaLayout o = LayMeta(plan.total, plan.num_seqs, plan.max_blocks, plan.rows);
+  host_meta_.resize(o.count);
+  FillMeta(batch, layout, plan, host_meta_.data());
+  DI_RETURN_IF_ERROR(Reserve(&meta_, o.count * sizeof(int32_t), "batch metadata"));
+  DI_RETURN_IF_ERROR(Check(cuda_raw::MemcpyAsync(meta_->data(), host_meta_.data(),
+                                                 o.count * sizeof(int32_t), 1, stream_),
+                           "upload batch metadata"));
+  DI_RETURN_IF_ERROR(Reserve(&activations_, ActivationBytes(plan.total, plan.rows), "activations"));
+  plan.meta = static_cast<const int32_t*>(meta_->data());
+  plan.act = static_cast<char*>(activations_->data());
+  DI_RETURN_IF_ERROR(Enqueue(plan, &batch, layout.offsets));
+  return DownloadLogits(plan, static_cast<int64_t>(plan.rows), logits);
+}
+
+absl::Status CudaModel::DownloadLogits(const StepPlan& plan, int64_t rows,
+                                       std::vector<float>* logits) {
+  const int64_t n = rows * config_.vocab_size;
+  const size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype_);
+  host_logits_bytes_.resize(bytes);
+  void* host = host_logits_bytes_.data();
+  DI_RETURN_IF_ERROR(
+      Check(cuda_raw::MemcpyAsync(host, plan.logits, bytes, 2, stream_), "download logits"));
+  DI_RETURN_IF_ERROR(Check(cuda_raw::StreamSynchronize(stream_), "forward"));
+  for (int64_t i = 0; i < n; ++i) (*logits)[i] = kernels::LoadAsF32(host, dtype_, i);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::ForwardGraph(const std::vector<SequenceInput>& batch,
+                                     const BatchLayout& layout, std::vector<float>* logits) {
+  const int n = static_cast<int>(batch.size());
+  int bucket = 1;
+  while (bucket < n) bucket *= 2;
+  bucket = std::min(bucket, GraphMaxBucket());
+  StepPlan plan;
+  plan.total = bucket;
+  plan.rows = bucket;
+  plan.num_seqs = bucket;
+  plan.max_blocks = options_.graph_max_blocks_per_seq;
+  plan.max_query = 1;
+  plan.max_context = options_.graph_max_blocks_per_seq * kv_.block_size;
+  plan.all_decode = true;
+  const MetaLayout o = LayMeta(plan.total, plan.num_seqs, plan.max_blocks, plan.rows);
+  DI_RETURN_IF_ERROR(PrepareGraphs());
+  plan.meta = static_cast<const int32_t*>(graph_meta_->data());
+  plan.act = static_cast<char*>(graph_activations_->data());
+  Graph& g = graphs_[bucket];
+  if (g.exec == nullptr) {
+    // Capture on first use, after one eager run of the same step (lazy cuBLASLt set-up and
+    // algorithm choices happen outside the capture; so does every allocation).
+    FillMeta(batch, layout, plan, graph_host_meta_);
+    DI_RETURN_IF_ERROR(Check(cuda_raw::MemcpyAsync(graph_meta_->data(), graph_host_meta_,
+                                                   o.count * sizeof(int32_t), 1, stream_),
+                             "upload batch metadata"));
+    DI_RETURN_IF_ERROR(Enqueue(plan, nullptr, {}));
+    DI_RETURN_IF_ERROR(Check(cuda_raw::StreamSynchronize(stream_), "graph warm-up"));
+    DI_RETURN_IF_ERROR(Check(cuda_raw::StreamBeginCapture(stream_), "begin graph capture"));
+    absl::Status captured = Check(cuda_raw::MemcpyAsync(graph_meta_->data(), graph_host_meta_,
+                                                        o.count * sizeof(int32_t), 1, stream_),
+                                  "capture metadata upload");
+    if (captured.ok()) captured = Enqueue(plan, nullptr, {});
+    if (captured.ok()) {
+      captured = Check(
+          cuda_raw::MemcpyAsync(
+              graph_host_logits_, plan.logits,
+              static_cast<size_t>(plan.rows) * config_.vocab_size * DTypeSize(dtype_), 2, stream_),
+          "capture logits download");
+    }
+    void* exec = nullptr;
+    const absl::Status ended =
+        Check(cuda_raw::StreamEndCaptureInstantiate(stream_, &exec), "end graph capture");
+    DI_RETURN_IF_ERROR(captured);
+    DI_RETURN_IF_ERROR(ended);
+    g.exec = exec;
+  }
+  FillMeta(batch, layout, plan, graph_host_meta_);
+  DI_RETURN_IF_ERROR(Check(cuda_raw::GraphLaunch(g.exec, stream_), "graph launch"));
+  ++graph_steps_;
+  DI_RETURN_IF_ERROR(Check(cuda_raw::StreamSynchronize(stream_), "graph step"));
+  const int64_t count = static_cast<int64_t>(n) * config_.vocab_size;
+  for (int64_t i = 0; i < count; ++i) {
+    (*logits)[i] = kernels::LoadAsF32(graph_host_logits_, dtype_, i);
+  }
+  return absl::OkStatus();
+}
+
+int CudaModel::GraphMaxBucket() const {
+  int bucket = 1;
+  while (bucket < options_.graph_max_batch) bucket *= 2;
+  return bucket;
+}
+
+absl::Status CudaModel::PrepareGraphs() {
+  if (graph_activations_ != nullptr) return absl::OkStatus();
+  const int max_bucket = GraphMaxBucket();
+  const MetaLayout o =
+      LayMeta(max_bucket, max_bucket, options_.graph_max_blocks_per_seq, max_bucket);
+  DI_RETURN_IF_ERROR(Reserve(&graph_meta_, o.count * sizeof(int32_t), "graph metadata"));
+  DI_RETURN_IF_ERROR(
+      Reserve(&graph_activations_, ActivationBytes(max_bucket, max_bucket), "graph activations"));
+  void* meta = nullptr;
+  DI_RETURN_IF_ERROR(
+      Check(cuda_raw::HostAlloc(&meta, o.count * sizeof(int32_t)), "pinned metadata"));
+  graph_host_meta_ = static_cast<int32_t*>(meta);
+  void* out = nullptr;
+  DI_RETURN_IF_ERROR(Check(cuda_raw::HostAlloc(&out, static_cast<size_t>(max_bucket) *
+                                                         config_.vocab_size * DTypeSize(dtype_)),
+                           "pinned logits"));
+  graph_host_logits_ = out;
+  // The decode attention's split-K scratch for the largest bucket at the longest context.
+  kernels::DecodeAttentionParams p;
+  p.num_seqs = max_bucket;
+  p.num_heads = config_.num_heads;
+  p.head_dim = config_.head_dim;
+  p.max_context_len = options_.graph_max_blocks_per_seq * kv_.block_size;
+  const size_t need = kernels::DecodeAttentionWorkspaceBytes(p);
+  if (need > 0) DI_RETURN_IF_ERROR(Reserve(&attention_workspace_, need, "attention workspace"));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<SequenceInput>* overrides,
+                                const std::vector<int64_t>& override_offsets) {
+  const ModelConfig& c = config_;
+  const int64_t total = plan.total;
+  const int64_t rows = plan.rows;
+  const int num_seqs = plan.num_seqs;
+  const int max_blocks = plan.max_blocks;
+  const int max_query = plan.max_query;
+  const int max_context = plan.max_context;
+  const bool all_decode = plan.all_decode;
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * hd;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * hd;
-  const int64_t inter = c.intermediate_size;
   const size_t es = DTypeSize(dtype_);
-
-  // Host metadata, one upload: token ids, positions, each token's sequence, block tables
-  // (num_seqs x max_blocks, -1 padded), query starts, start positions, context lengths, the
-  // rows that want logits.
-  int max_blocks = 1;
-  int max_query = 1;
-  int max_context = 1;
-  bool all_decode = true;
-  for (const SequenceInput& s : batch) {
-    max_blocks = std::max(max_blocks, static_cast<int>(s.num_blocks));
-    max_query = std::max(max_query, static_cast<int>(s.num_tokens));
-    max_context = std::max(max_context, static_cast<int>(s.start_position + s.num_tokens));
-    all_decode = all_decode && s.num_tokens == 1;
-  }
-  const int64_t o_ids = 0;
-  const int64_t o_pos = o_ids + total;
-  const int64_t o_seq = o_pos + total;
-  const int64_t o_tables = o_seq + total;
-  const int64_t o_qstart = o_tables + static_cast<int64_t>(num_seqs) * max_blocks;
-  const int64_t o_start = o_qstart + num_seqs + 1;
-  const int64_t o_ctx = o_start + num_seqs;
-  const int64_t o_rows = o_ctx + num_seqs;
-  const int64_t meta_count = o_rows + rows;
-  host_meta_.assign(meta_count, -1);
-  int32_t* m = host_meta_.data();
-  int64_t r = 0;
-  for (int s = 0; s < num_seqs; ++s) {
-    const SequenceInput& seq = batch[s];
-    const int64_t off = layout.offsets[s];
-    for (int64_t t = 0; t < seq.num_tokens; ++t) {
-      m[o_ids + off + t] = seq.tokens[t];
-      m[o_pos + off + t] = static_cast<int32_t>(seq.start_position + t);
-      m[o_seq + off + t] = s;
-    }
-    std::copy(seq.block_table, seq.block_table + seq.num_blocks,
-              m + o_tables + static_cast<int64_t>(s) * max_blocks);
-    m[o_qstart + s] = static_cast<int32_t>(off);
-    m[o_start + s] = static_cast<int32_t>(seq.start_position);
-    m[o_ctx + s] = static_cast<int32_t>(seq.start_position + seq.num_tokens);
-    const int64_t first = seq.all_logits ? 0 : seq.num_tokens - 1;
-    for (int64_t t = first; t < seq.num_tokens; ++t)
-      m[o_rows + r++] = static_cast<int32_t>(off + t);
-  }
-  m[o_qstart + num_seqs] = static_cast<int32_t>(total);
-  DI_RETURN_IF_ERROR(Reserve(&meta_, meta_count * sizeof(int32_t), "batch metadata"));
-  DI_RETURN_IF_ERROR(
-      Check(cuda_raw::MemcpyHostToDevice(meta_->data(), m, meta_count * sizeof(int32_t)),
-            "upload batch metadata"));
-  const int32_t* d_meta = static_cast<const int32_t*>(meta_->data());
-
-  // Activations: x (the residual stream), normed, tmp [total, h]; q, attn [total, q_dim];
-  // k, v [total, kv_dim]; gate, up [total, inter]; selected [rows, h]; logits [rows, vocab].
+  const MetaLayout mo = LayMeta(total, num_seqs, max_blocks, rows);
+  struct {
+    const int32_t* meta;
+    int64_t o_ids, o_pos, o_seq, o_tables, o_qstart, o_start, o_ctx, o_rows;
+  } m{plan.meta, mo.ids, mo.pos, mo.seq, mo.tables, mo.qstart, mo.start, mo.ctx, mo.rows};
+  // The activations, in ActivationBytes' order.
   size_t offset = 0;
   auto carve = [&](int64_t elements) {
-    const size_t at = offset;
+    char* at = plan.act + offset;
     offset += AlignUp(static_cast<size_t>(elements) * es);
-    return at;
+    return static_cast<void*>(at);
   };
-  const size_t a_x = carve(total * h), a_normed = carve(total * h), a_tmp = carve(total * h);
-  const size_t a_q = carve(total * q_dim), a_attn = carve(total * q_dim);
-  const size_t a_k = carve(total * kv_dim), a_v = carve(total * kv_dim);
-  const size_t a_gate = carve(2 * total * inter);  // the dense MLP's gate and up
-  const size_t a_sel = carve(rows * h), a_logits = carve(rows * c.vocab_size);
-  DI_RETURN_IF_ERROR(Reserve(&activations_, offset, "activations"));
-  char* act = static_cast<char*>(activations_->data());
-  void* x = act + a_x;
-  void* normed = act + a_normed;
-  void* tmp = act + a_tmp;
-  void* q = act + a_q;
-  void* attn = act + a_attn;
-  void* k = act + a_k;
-  void* v = act + a_v;
-  void* gate = act + a_gate;
-  void* selected = act + a_sel;
-  void* out = act + a_logits;
+  void* x = carve(total * h);
+  void* normed = carve(total * h);
+  void* tmp = carve(total * h);
+  void* q = carve(total * q_dim);
+  void* attn = carve(total * q_dim);
+  void* k = carve(total * kv_dim);
+  void* v = carve(total * kv_dim);
+  void* gate = carve(2 * total * c.intermediate_size);
+  void* selected = carve(rows * h);
+  void* out = carve(rows * c.vocab_size);
+  plan.logits = out;
 
   {
     kernels::EmbeddingParams p;
-    p.token_ids = d_meta + o_ids;
+    p.token_ids = m.meta + m.o_ids;
     p.weight = embed_.w;
     p.out = x;
     p.num_tokens = total;
@@ -655,19 +847,20 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
     p.hidden = h;
     p.weight_dtype = dtype_;
     p.out_dtype = dtype_;
-    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, nullptr), "embedding", -1));
+    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, stream_), "embedding", -1));
   }
-  // Input-embedding overrides (multimodal prompts) replace their rows.
+  // Input-embedding overrides (multimodal prompts; eager steps only) replace their rows.
   std::vector<uint8_t> row_bytes;
-  for (int s = 0; s < num_seqs; ++s) {
-    if (batch[s].embedding_override == nullptr) continue;
-    for (int64_t t = 0; t < batch[s].num_tokens; ++t) {
-      const float* row = batch[s].embedding_override[t];
+  for (size_t s = 0; overrides != nullptr && s < overrides->size(); ++s) {
+    const SequenceInput& seq = (*overrides)[s];
+    if (seq.embedding_override == nullptr) continue;
+    for (int64_t t = 0; t < seq.num_tokens; ++t) {
+      const float* row = seq.embedding_override[t];
       if (row == nullptr) continue;
       row_bytes = Convert(row, DType::kF32, h, dtype_);
-      char* dst = static_cast<char*>(x) + (layout.offsets[s] + t) * h * es;
+      char* dst = static_cast<char*>(x) + (override_offsets[s] + t) * h * es;
       DI_RETURN_IF_ERROR(
-          Check(cuda_raw::MemcpyHostToDevice(dst, row_bytes.data(), row_bytes.size()),
+          Check(cuda_raw::MemcpyAsync(dst, row_bytes.data(), row_bytes.size(), 1, stream_),
                 "upload embedding override"));
     }
   }
@@ -685,7 +878,7 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
     p.eps = c.rms_norm_eps;
     p.dtype = dtype_;
     p.round_to = DType::kF32;
-    return kernels::RmsNormCuda(p, nullptr);
+    return kernels::RmsNormCuda(p, stream_);
   };
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   bool residual_pending = false;  // tmp holds the last block's output, not yet added to x
@@ -707,14 +900,14 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
       kernels::RopeParams p;
       p.q = q;
       p.k = k;
-      p.positions = d_meta + o_pos;
+      p.positions = m.meta + m.o_pos;
       p.inv_freq = static_cast<const float*>(inv_freq_->data());
       p.num_tokens = total;
       p.num_heads = c.num_heads;
       p.num_kv_heads = c.num_kv_heads;
       p.head_dim = c.head_dim;
       p.dtype = dtype_;
-      DI_RETURN_IF_ERROR(Op(kernels::RopeCuda(p, nullptr), "rope", li));
+      DI_RETURN_IF_ERROR(Op(kernels::RopeCuda(p, stream_), "rope", li));
     }
     {
       kernels::KvWriteParams p;
@@ -722,9 +915,9 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
       p.v = v;
       p.k_cache = KvPool(li, false);
       p.v_cache = KvPool(li, true);
-      p.positions = d_meta + o_pos;
-      p.token_seq = d_meta + o_seq;
-      p.block_tables = d_meta + o_tables;
+      p.positions = m.meta + m.o_pos;
+      p.token_seq = m.meta + m.o_seq;
+      p.block_tables = m.meta + m.o_tables;
       p.num_tokens = total;
       p.num_seqs = num_seqs;
       p.max_blocks_per_seq = max_blocks;
@@ -735,7 +928,7 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
       p.block_stride = block_elements_;
       p.src_dtype = dtype_;
       p.cache_dtype = dtype_;
-      DI_RETURN_IF_ERROR(Op(kernels::KvWriteCuda(p, nullptr), "kv write", li));
+      DI_RETURN_IF_ERROR(Op(kernels::KvWriteCuda(p, stream_), "kv write", li));
     }
     const int window = L.sliding ? c.sliding_window : 0;
     if (all_decode) {
@@ -744,8 +937,8 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
       p.out = attn;
       p.k_cache = KvPool(li, false);
       p.v_cache = KvPool(li, true);
-      p.block_tables = d_meta + o_tables;
-      p.context_lens = d_meta + o_ctx;
+      p.block_tables = m.meta + m.o_tables;
+      p.context_lens = m.meta + m.o_ctx;
       p.num_seqs = num_seqs;
       p.num_heads = c.num_heads;
       p.num_kv_heads = c.num_kv_heads;
@@ -760,20 +953,21 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
       p.dtype = dtype_;
       const size_t need = kernels::DecodeAttentionWorkspaceBytes(p);
       if (need > 0) {
+        // A no-op when captured: the graph's workspace was reserved before the capture.
         DI_RETURN_IF_ERROR(Reserve(&attention_workspace_, need, "attention workspace"));
         p.workspace = attention_workspace_->data();
         p.workspace_bytes = attention_workspace_->size();
       }
-      DI_RETURN_IF_ERROR(Op(kernels::DecodeAttentionCuda(p, nullptr), "decode attention", li));
+      DI_RETURN_IF_ERROR(Op(kernels::DecodeAttentionCuda(p, stream_), "decode attention", li));
     } else {
       kernels::PrefillAttentionParams p;
       p.q = q;
       p.out = attn;
       p.k_cache = KvPool(li, false);
       p.v_cache = KvPool(li, true);
-      p.block_tables = d_meta + o_tables;
-      p.query_starts = d_meta + o_qstart;
-      p.start_positions = d_meta + o_start;
+      p.block_tables = m.meta + m.o_tables;
+      p.query_starts = m.meta + m.o_qstart;
+      p.start_positions = m.meta + m.o_start;
       p.num_seqs = num_seqs;
       p.num_heads = c.num_heads;
       p.num_kv_heads = c.num_kv_heads;
@@ -786,7 +980,7 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
       p.sliding_window = window;
       p.scale = scale;
       p.dtype = dtype_;
-      DI_RETURN_IF_ERROR(Op(kernels::PrefillAttentionCuda(p, nullptr), "prefill attention", li));
+      DI_RETURN_IF_ERROR(Op(kernels::PrefillAttentionCuda(p, stream_), "prefill attention", li));
     }
     DI_RETURN_IF_ERROR(Op(Linear(L.o, attn, total, tmp), "o projection", li));
     DI_RETURN_IF_ERROR(Op(rms_norm(L.post_norm, tmp, x, total, h, normed), "post norm", li));
@@ -804,7 +998,7 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
                         "final norm", -1));
   {
     kernels::EmbeddingParams p;
-    p.token_ids = d_meta + o_rows;
+    p.token_ids = m.meta + m.o_rows;
     p.weight = normed;
     p.out = selected;
     p.num_tokens = rows;
@@ -812,20 +1006,9 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
     p.hidden = h;
     p.weight_dtype = dtype_;
     p.out_dtype = dtype_;
-    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, nullptr), "gather logit rows", -1));
+    DI_RETURN_IF_ERROR(Op(kernels::EmbeddingCuda(p, stream_), "gather logit rows", -1));
   }
   DI_RETURN_IF_ERROR(Op(Linear(lm_head_, selected, rows, out), "lm head", -1));
-  const int64_t n = rows * c.vocab_size;
-  if (dtype_ == DType::kF32) {
-    return Check(cuda_raw::MemcpyDeviceToHost(logits->data(), out, n * sizeof(float)),
-                 "download logits");
-  }
-  host_logits_16_.resize(n);
-  DI_RETURN_IF_ERROR(
-      Check(cuda_raw::MemcpyDeviceToHost(host_logits_16_.data(), out, n * 2), "download logits"));
-  for (int64_t i = 0; i < n; ++i) {
-    (*logits)[i] = kernels::LoadAsF32(host_logits_16_.data(), dtype_, i);
-  }
   return absl::OkStatus();
 }
 

@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -50,6 +51,13 @@ namespace deepinfer::engine {
 struct CudaModelOptions {
   int num_blocks = 0;   // KV blocks on the device, > 0
   int block_size = 16;  // tokens per block, > 0
+  // Decode steps (every sequence brings one token, no logits beyond the last, no embedding
+  // overrides, no MoE layers) of up to graph_max_batch sequences whose block tables have at most
+  // graph_max_blocks_per_seq entries run as CUDA graphs: one per power-of-two batch bucket,
+  // captured on first use and replayed (padding sequences compute nothing that is kept). The
+  // decode attention's grid is sized for graph_max_blocks_per_seq x block_size keys. 0: never.
+  int graph_max_batch = 0;
+  int graph_max_blocks_per_seq = 0;  // > 0 when graph_max_batch > 0
 };
 
 class CudaModel {
@@ -76,6 +84,9 @@ class CudaModel {
   bool all_layers_sliding() const { return all_sliding_; }
   size_t weight_bytes() const { return weight_bytes_; }
   size_t kv_bytes() const { return kv_bytes_; }
+  // Steps replayed from a captured graph, and graphs captured (for tests and logs).
+  int64_t graph_steps() const { return graph_steps_; }
+  int graphs_captured() const { return static_cast<int>(graphs_.size()); }
 
   // As Model::Forward, with the cache on the device: `logits` is resized to rows x vocab_size
   // (f32 holding activation-dtype values). Batch errors as ValidateBatch (engine/model.h);
@@ -116,8 +127,40 @@ class CudaModel {
     DeviceLinear shared_gate;
   };
 
+  // One step's shape and where its inputs and activations live on the device.
+  struct StepPlan {
+    int64_t total = 0;  // tokens
+    int64_t rows = 0;   // logit rows
+    int num_seqs = 0;
+    int max_blocks = 1;
+    int max_query = 1;
+    int max_context = 1;
+    bool all_decode = false;
+    const int32_t* meta = nullptr;   // int32 metadata (LayMeta in the .cc)
+    char* act = nullptr;             // activations (ActivationBytes)
+    mutable void* logits = nullptr;  // set by Enqueue: the device logits [rows, vocab]
+  };
+  struct Graph {
+    void* exec = nullptr;  // cudaGraphExec_t
+  };
+
   CudaModel(const ModelConfig& config, kernels::DType dtype, const KvCacheConfig& kv,
-            bool all_sliding);
+            bool all_sliding, const CudaModelOptions& options);
+  size_t ActivationBytes(int64_t total, int64_t rows) const;
+  // The batch's int32 metadata for `plan` (padded to plan.num_seqs sequences) into `meta`.
+  void FillMeta(const std::vector<SequenceInput>& batch, const BatchLayout& layout,
+                const StepPlan& plan, int32_t* meta) const;
+  // Every kernel of a step on stream_ (also what a graph captures). `overrides` (eager steps
+  // only): the batch whose embedding overrides replace rows, at `override_offsets`.
+  absl::Status Enqueue(const StepPlan& plan, const std::vector<SequenceInput>* overrides,
+                       const std::vector<int64_t>& override_offsets);
+  absl::Status DownloadLogits(const StepPlan& plan, int64_t rows, std::vector<float>* logits);
+  absl::Status ForwardGraph(const std::vector<SequenceInput>& batch, const BatchLayout& layout,
+                            std::vector<float>* logits);
+  int GraphMaxBucket() const;
+  // The graphs' fixed buffers (device metadata and activations, pinned host staging, the
+  // attention workspace at its largest), made once before the first capture.
+  absl::Status PrepareGraphs();
   // Lays out and fills every weight: from `host`, or synthetic (CreateRandom) when null.
   absl::Status Upload(const Model* host, uint64_t seed);
   void* KvPool(int layer, bool value) const;
@@ -155,7 +198,17 @@ class CudaModel {
   std::unique_ptr<kernels::DeviceBuffer> moe_scratch_;  // MoE layers' buffers
   std::unique_ptr<kernels::DeviceBuffer> moe_meta_;     // their routing tables
   std::vector<int32_t> host_meta_;
-  std::vector<uint16_t> host_logits_16_;
+  std::vector<uint8_t> host_logits_bytes_;
+
+  const CudaModelOptions options_;
+  bool has_moe_ = false;
+  void* stream_ = nullptr;       // cudaStream_t: every launch and copy of the model
+  std::map<int, Graph> graphs_;  // by batch bucket
+  std::unique_ptr<kernels::DeviceBuffer> graph_meta_;
+  std::unique_ptr<kernels::DeviceBuffer> graph_activations_;
+  int32_t* graph_host_meta_ = nullptr;  // pinned
+  void* graph_host_logits_ = nullptr;   // pinned
+  int64_t graph_steps_ = 0;
 };
 
 }  // namespace deepinfer::engine

@@ -49,6 +49,11 @@ TEST(CudaModelCreateTest, BadOptionsNameTheField) {
   s = CudaModel::Create(*qwen3, options);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("block_size"), std::string::npos);
+  options.block_size = 16;
+  options.graph_max_batch = 8;  // without graph_max_blocks_per_seq
+  s = CudaModel::Create(*qwen3, options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("graph_max_blocks_per_seq"), std::string::npos);
 }
 
 TEST(CudaModelCreateTest, WithoutADeviceSaysUnavailable) {

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -131,10 +132,22 @@ TEST_P(CudaModelVsCpuTest, RaggedBatchesMatchTheCpuModel) {
   options.block_size = block;
   auto gpu = CudaModel::Create(**host, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
+  // The same model replaying decode steps from CUDA graphs (3 sequences: the bucket of 4, one
+  // padding sequence); its own KV pools, fed the same steps.
+  CudaModelOptions graph_options = options;
+  graph_options.graph_max_batch = 4;
+  graph_options.graph_max_blocks_per_seq = 0;  // set below
+  std::unique_ptr<CudaModel> graphed;
   auto cpu_cache = KvCache::Create((*host)->MakeKvCacheConfig(num_blocks, block)).value();
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937(11));
+  graph_options.graph_max_blocks_per_seq = blocks_per_seq;
+  {
+    auto g = CudaModel::Create(**host, graph_options);
+    ASSERT_TRUE(g.ok()) << g.status();
+    graphed = *std::move(g);
+  }
   const int n = static_cast<int>(prompt_lens.size());
   std::vector<std::vector<int32_t>> tables(n), tokens(n);
   std::mt19937 rng(5);
@@ -173,6 +186,15 @@ TEST_P(CudaModelVsCpuTest, RaggedBatchesMatchTheCpuModel) {
     for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
     EXPECT_LE(err, f.logit_tol) << what;
     worst = std::max(worst, err);
+    std::vector<float> replayed;
+    const absl::Status gs = graphed->Forward(batch, &replayed);
+    ASSERT_TRUE(gs.ok()) << what << " (graphs): " << gs;
+    ASSERT_EQ(replayed.size(), want.size()) << what;
+    float graph_err = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      graph_err = std::max(graph_err, std::fabs(replayed[i] - want[i]));
+    }
+    EXPECT_LE(graph_err, f.logit_tol) << what << " (graphs)";
     size_t row = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       const int s = which[b];
@@ -198,7 +220,17 @@ TEST_P(CudaModelVsCpuTest, RaggedBatchesMatchTheCpuModel) {
     step({3, 1, 1}, {true, false, false}, "verify");
   }
   for (int i = 0; i < generate / 2; ++i) step({1, 1, 1}, {false, false, false}, "decode 2");
-  std::printf("cuda vs cpu %s: worst |logit diff| %.3g\n", f.dir, worst);
+  std::printf("cuda vs cpu %s: worst |logit diff| %.3g; %lld steps replayed from %d graphs\n",
+              f.dir, worst, static_cast<long long>(graphed->graph_steps()),
+              graphed->graphs_captured());
+  if (!c.is_moe()) {
+    // Every one-token step: the last prompt token of the second sequence alone (bucket 1), then
+    // the decode steps of all three (bucket 4).
+    EXPECT_EQ(graphed->graph_steps(), 1 + generate);
+    EXPECT_EQ(graphed->graphs_captured(), 2);
+  } else {
+    EXPECT_EQ(graphed->graph_steps(), 0);  // MoE layers sync with the host: eager
+  }
   // Every block a sequence wrote, K and V of every layer.
   const size_t elems = static_cast<size_t>(block) * c.num_kv_heads * c.head_dim;
   const kernels::DType dt = (*host)->activation_dtype();

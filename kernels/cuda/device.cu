@@ -50,6 +50,54 @@ int Memset(void* ptr, int value, size_t bytes) {
   return static_cast<int>(cudaMemset(ptr, value, bytes));
 }
 
+int StreamCreate(void** stream) {
+  cudaStream_t s = nullptr;
+  const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  *stream = err == cudaSuccess ? s : nullptr;
+  return static_cast<int>(err);
+}
+
+int StreamDestroy(void* stream) {
+  return static_cast<int>(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
+}
+
+int HostAlloc(void** ptr, size_t bytes) { return static_cast<int>(cudaMallocHost(ptr, bytes)); }
+int HostFree(void* ptr) { return static_cast<int>(cudaFreeHost(ptr)); }
+
+int MemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* stream) {
+  const cudaMemcpyKind k = kind == 1   ? cudaMemcpyHostToDevice
+                           : kind == 2 ? cudaMemcpyDeviceToHost
+                                       : cudaMemcpyDeviceToDevice;
+  return static_cast<int>(cudaMemcpyAsync(dst, src, bytes, k, static_cast<cudaStream_t>(stream)));
+}
+
+int StreamBeginCapture(void* stream) {
+  return static_cast<int>(
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal));
+}
+
+int StreamEndCaptureInstantiate(void* stream, void** exec) {
+  *exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  cudaGraphExec_t instance = nullptr;
+  err = cudaGraphInstantiate(&instance, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  *exec = instance;
+  return 0;
+}
+
+int GraphLaunch(void* exec, void* stream) {
+  return static_cast<int>(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(stream)));
+}
+
+int GraphExecDestroy(void* exec) {
+  return static_cast<int>(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)));
+}
+
 int StreamSynchronize(void* stream) {
   return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }

@@ -39,6 +39,20 @@ int MemcpyDeviceToHost(void* dst, const void* src, size_t bytes);
 int Memset(void* ptr, int value, size_t bytes);
 int MemcpyDeviceToDevice(void* dst, const void* src, size_t bytes);
 int DeviceSynchronize();
+
+// Streams, page-locked host memory, asynchronous copies and CUDA graphs (the engine's decode
+// steps are captured once per batch-size bucket and replayed).
+int StreamCreate(void** stream);  // non-blocking with respect to the legacy default stream
+int StreamDestroy(void* stream);
+int HostAlloc(void** ptr, size_t bytes);  // page-locked (cudaMallocHost)
+int HostFree(void* ptr);
+// kind: 1 host to device, 2 device to host, 3 device to device.
+int MemcpyAsync(void* dst, const void* src, size_t bytes, int kind, void* stream);
+int StreamBeginCapture(void* stream);  // thread-local capture mode
+// Ends the capture and instantiates it: *exec is a cudaGraphExec_t.
+int StreamEndCaptureInstantiate(void* stream, void** exec);
+int GraphLaunch(void* exec, void* stream);
+int GraphExecDestroy(void* exec);
 // Fills `count` elements of `dtype` at `data` with values uniform in [lo, hi), each a function of
 // (seed, index) only (synthetic weights for benchmarks).
 int LaunchFillUniform(void* data, DType dtype, int64_t count, uint64_t seed, float lo, float hi,
