@@ -406,6 +406,8 @@ int Main() {
     CudaModelOptions co;
     co.block_size = go.block_size;
     co.num_blocks = std::max(GenerateBlocks(*ids, sp, go), 1);
+    co.graph_max_batch = 1;  // decode steps replay one CUDA graph
+    co.graph_max_blocks_per_seq = co.num_blocks;
     auto created = CudaModel::Create(**model, co);
     if (created.ok()) {
       cuda = *std::move(created);
