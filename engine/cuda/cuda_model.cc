@@ -930,15 +930,13 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
       p.cache_dtype = dtype_;
       DI_RETURN_IF_ERROR(Op(kernels::KvWriteCuda(p, stream_), "kv write", li));
     }
-    const int window = L.sliding ? c.sliding_window : 0;
-    if (all_decode) {
-      kernels::DecodeAttentionParams p;
+    // The fields both attention kernels share: this layer's pools, the batch's block tables.
+    auto paged = [&](auto& p) {
       p.q = q;
       p.out = attn;
       p.k_cache = KvPool(li, false);
       p.v_cache = KvPool(li, true);
       p.block_tables = m.meta + m.o_tables;
-      p.context_lens = m.meta + m.o_ctx;
       p.num_seqs = num_seqs;
       p.num_heads = c.num_heads;
       p.num_kv_heads = c.num_kv_heads;
@@ -947,10 +945,15 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
       p.num_blocks = kv_.num_blocks;
       p.max_blocks_per_seq = max_blocks;
       p.block_stride = block_elements_;
-      p.max_context_len = max_context;
-      p.sliding_window = window;
+      p.sliding_window = L.sliding ? c.sliding_window : 0;
       p.scale = scale;
       p.dtype = dtype_;
+    };
+    if (all_decode) {
+      kernels::DecodeAttentionParams p;
+      paged(p);
+      p.context_lens = m.meta + m.o_ctx;
+      p.max_context_len = max_context;
       const size_t need = kernels::DecodeAttentionWorkspaceBytes(p);
       if (need > 0) {
         // A no-op when captured: the graph's workspace was reserved before the capture.
@@ -961,25 +964,10 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
       DI_RETURN_IF_ERROR(Op(kernels::DecodeAttentionCuda(p, stream_), "decode attention", li));
     } else {
       kernels::PrefillAttentionParams p;
-      p.q = q;
-      p.out = attn;
-      p.k_cache = KvPool(li, false);
-      p.v_cache = KvPool(li, true);
-      p.block_tables = m.meta + m.o_tables;
+      paged(p);
       p.query_starts = m.meta + m.o_qstart;
       p.start_positions = m.meta + m.o_start;
-      p.num_seqs = num_seqs;
-      p.num_heads = c.num_heads;
-      p.num_kv_heads = c.num_kv_heads;
-      p.head_dim = c.head_dim;
-      p.block_size = kv_.block_size;
-      p.num_blocks = kv_.num_blocks;
-      p.max_blocks_per_seq = max_blocks;
-      p.block_stride = block_elements_;
       p.max_query_len = max_query;
-      p.sliding_window = window;
-      p.scale = scale;
-      p.dtype = dtype_;
       DI_RETURN_IF_ERROR(Op(kernels::PrefillAttentionCuda(p, stream_), "prefill attention", li));
     }
     DI_RETURN_IF_ERROR(Op(Linear(L.o, attn, total, tmp), "o projection", li));
