@@ -10,7 +10,7 @@ out="${1:?usage: $0 OUT_DIR}"
 targets=$(bazel query 'attr(tags, "\bgpu\b", tests(//kernels/cuda/... + //engine/cuda/...))' 2>/dev/null)
 [ -n "$targets" ] || { echo "no gpu-tagged tests found" >&2; exit 1; }
 # GPU benchmarks: gpu-tagged binaries that are not tests; run after the tests, into the report.
-benches=$(bazel query 'attr(tags, "\bgpu\b", kind("cc_binary", //kernels/cuda/... + //engine/cuda/...))' 2>/dev/null)
+benches=$(bazel query 'attr(tags, "\bgpu\b", kind("cc_binary", //kernels/cuda/... + //engine/cuda/...))' 2>/dev/null | tr '\n' ' ')
 bazel build $targets $benches
 mkdir -p "$out/bin" "$out/bench" "$out/lib" "$out/data"
 for t in $targets $benches; do
