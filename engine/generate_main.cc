@@ -186,13 +186,8 @@ std::vector<int32_t> EosIds(const Model& model, const Tokenizer& tok) {
   return eos;
 }
 
-int RunOne(Model& model, CudaModel* cuda, const Session& s) {
-  auto ids = PromptIds(s, absl::GetFlag(FLAGS_prompt), absl::GetFlag(FLAGS_chat),
-                       absl::GetFlag(FLAGS_prompt_ids));
-  if (!ids.ok()) {
-    std::fprintf(stderr, "error: %s\n", ids.status().ToString().c_str());
-    return 2;
-  }
+// `prompt`: tokenized by Main (which also sized a CUDA model's pools from it).
+int RunOne(Model& model, CudaModel* cuda, const Session& s, const std::vector<int32_t>& prompt) {
   const SamplingParams sampling = FlagsToSampling();
   const bool as_json = absl::GetFlag(FLAGS_json);
   TextStream stream(*s.tokenizer, sampling.stop);
@@ -225,9 +220,9 @@ int RunOne(Model& model, CudaModel* cuda, const Session& s) {
         [&](const std::vector<SequenceInput>& batch, std::vector<float>* logits) {
           return cuda->Forward(batch, logits);
         },
-        *ids, sampling, options, on_token);
+        prompt, sampling, options, on_token);
   } else {
-    result = GenerateOne(model, *ids, sampling, options, on_token);
+    result = GenerateOne(model, prompt, sampling, options, on_token);
   }
   if (!result.ok()) {
     std::fprintf(stderr, "error: %s\n", result.status().ToString().c_str());
@@ -239,17 +234,17 @@ int RunOne(Model& model, CudaModel* cuda, const Session& s) {
   const double total = std::chrono::duration<double>(end - start).count();
   const size_t n = result->steps.size();
   if (as_json) {
-    ojson out = {{"prompt_ids", *ids},
+    ojson out = {{"prompt_ids", prompt},
                  {"steps", StepsJson(*s.tokenizer, result->steps)},
                  {"text", stream.text()},
                  {"finish_reason", FinishReasonName(result->finish)},
-                 {"usage", {{"prompt_tokens", ids->size()}, {"completion_tokens", n}}},
+                 {"usage", {{"prompt_tokens", prompt.size()}, {"completion_tokens", n}}},
                  {"timing", {{"ttft_seconds", ttft}, {"total_seconds", total}}}};
     std::printf("%s\n", out.dump(-1, ' ', false, ojson::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
     std::fprintf(stderr, "[%zu prompt tokens, %zu generated, finish %s, TTFT %.1f ms, %.1f tok/s]\n",
-                 ids->size(), n, FinishReasonName(result->finish), ttft * 1e3,
+                 prompt.size(), n, FinishReasonName(result->finish), ttft * 1e3,
                  n > 1 ? (n - 1) / std::max(1e-9, total - ttft) : 0.0);
   }
   return 0;
@@ -390,15 +385,22 @@ int Main() {
                  "(--prompts_file) runs on the CPU so far\n");
     return 2;
   }
-  std::unique_ptr<CudaModel> cuda;
-  if (device != "cpu" && !file) {
-    // Pools for the prompt + --max_tokens (the prompt is tokenized once more by RunOne).
-    auto ids = PromptIds(s, absl::GetFlag(FLAGS_prompt), absl::GetFlag(FLAGS_chat),
-                         absl::GetFlag(FLAGS_prompt_ids));
-    if (!ids.ok()) {
-      std::fprintf(stderr, "error: %s\n", ids.status().ToString().c_str());
-      return 2;
+  if (file) {
+    if (device == "auto") {
+      std::fprintf(stderr,
+                   "[--device=auto: cpu: --prompts_file runs the serving engine on the CPU]\n");
     }
+    return RunFile(**model, s);
+  }
+  auto ids = PromptIds(s, absl::GetFlag(FLAGS_prompt), absl::GetFlag(FLAGS_chat),
+                       absl::GetFlag(FLAGS_prompt_ids));
+  if (!ids.ok()) {
+    std::fprintf(stderr, "error: %s\n", ids.status().ToString().c_str());
+    return 2;
+  }
+  std::unique_ptr<CudaModel> cuda;
+  if (device != "cpu") {
+    // Pools for the prompt + --max_tokens.
     SamplingParams sp;
     sp.max_tokens = absl::GetFlag(FLAGS_max_tokens);
     GenerateOptions go;
@@ -417,12 +419,9 @@ int Main() {
     } else {
       std::fprintf(stderr, "[--device=auto: cpu: %s]\n", created.status().ToString().c_str());
     }
-  } else if (device == "auto") {
-    std::fprintf(stderr, "[--device=auto: cpu: --prompts_file runs the serving engine on the CPU]\n");
   }
   if (cuda != nullptr && device == "auto") std::fprintf(stderr, "[--device=auto: cuda]\n");
-  if (file) return RunFile(**model, s);
-  return RunOne(**model, cuda.get(), s);
+  return RunOne(**model, cuda.get(), s, *ids);
 }
 
 }  // namespace

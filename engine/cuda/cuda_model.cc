@@ -484,12 +484,15 @@ absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t to
   // each token's rows of the grouped output in ascending expert order for the combine.
   std::vector<int32_t> ids(assignments);
   std::vector<float> weights(assignments);
+  // On the model's stream (the routing kernel's; the legacy default stream would not wait for
+  // it), then waited for.
   DI_RETURN_IF_ERROR(
-      Check(cuda_raw::MemcpyDeviceToHost(ids.data(), d_ids, assignments * sizeof(int32_t)),
+      Check(cuda_raw::MemcpyAsync(ids.data(), d_ids, assignments * sizeof(int32_t), 2, stream_),
             "download moe routing"));
-  DI_RETURN_IF_ERROR(
-      Check(cuda_raw::MemcpyDeviceToHost(weights.data(), d_weights, assignments * sizeof(float)),
-            "download moe routing"));
+  DI_RETURN_IF_ERROR(Check(
+      cuda_raw::MemcpyAsync(weights.data(), d_weights, assignments * sizeof(float), 2, stream_),
+      "download moe routing"));
+  DI_RETURN_IF_ERROR(Check(cuda_raw::StreamSynchronize(stream_), "moe routing"));
   std::vector<int64_t> count(experts + 1, 0);
   for (int32_t e : ids) {
     if (e < 0 || e >= experts) {
@@ -505,27 +508,25 @@ absl::Status CudaModel::Moe(const DeviceLayer& L, const void* normed, int64_t to
   int32_t* gather = table.data();
   int32_t* token_rows = gather + assignments;
   float* token_weights = reinterpret_cast<float*>(token_rows + assignments);
+  // One pass in token order: each expert's rows come out in token order (as the CPU model
+  // runs them), and each token lists its rows in ascending expert order (the combine's order).
   std::vector<int64_t> next(first.begin(), first.end() - 1);
-  for (int64_t t = 0; t < total; ++t) {
-    for (int j = 0; j < k; ++j) gather[next[ids[t * k + j]]++] = static_cast<int32_t>(t);
-  }
-  std::vector<int64_t> fill(first.begin(), first.end() - 1);
-  // Rows are assigned per expert in token order, so token t's row for expert e is found by
-  // walking the experts in ascending order with a cursor per expert.
   std::vector<std::pair<int32_t, float>> mine(k);
   for (int64_t t = 0; t < total; ++t) {
     for (int j = 0; j < k; ++j) mine[j] = {ids[t * k + j], weights[t * k + j]};
     std::sort(mine.begin(), mine.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     for (int j = 0; j < k; ++j) {
-      token_rows[t * k + j] = static_cast<int32_t>(fill[mine[j].first]++);
+      const int64_t row = next[mine[j].first]++;
+      gather[row] = static_cast<int32_t>(t);
+      token_rows[t * k + j] = static_cast<int32_t>(row);
       token_weights[t * k + j] = mine[j].second;
     }
   }
   DI_RETURN_IF_ERROR(Reserve(&moe_meta_, table.size() * sizeof(int32_t), "moe tables"));
-  DI_RETURN_IF_ERROR(Check(
-      cuda_raw::MemcpyHostToDevice(moe_meta_->data(), table.data(), table.size() * sizeof(int32_t)),
-      "upload moe tables"));
+  DI_RETURN_IF_ERROR(Check(cuda_raw::MemcpyAsync(moe_meta_->data(), table.data(),
+                                                 table.size() * sizeof(int32_t), 1, stream_),
+                           "upload moe tables"));
   const int32_t* d_table = static_cast<const int32_t*>(moe_meta_->data());
   {
     kernels::EmbeddingParams p;  // gather: row i of the grouped input = normed[gather[i]]
@@ -598,21 +599,56 @@ MetaLayout LayMeta(int64_t total, int seqs, int max_blocks, int64_t rows) {
 
 }  // namespace
 
-size_t CudaModel::ActivationBytes(int64_t total, int64_t rows) const {
+CudaModel::Activations CudaModel::LayActivations(char* base, int64_t total, int64_t rows,
+                                                 size_t* bytes) const {
   const ModelConfig& c = config_;
   const size_t es = DTypeSize(dtype_);
   const int64_t h = c.hidden_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
-  // x, normed, tmp [total, h]; q, attn [total, q_dim]; k, v [total, kv_dim]; the dense MLP's
-  // gate and up [total, inter] each; selected [rows, h]; logits [rows, vocab].
-  const int64_t elements[] = {
-      total * h,     total * h,          total * h,      total * q_dim,
-      total * q_dim, total * kv_dim,     total * kv_dim, 2 * total * c.intermediate_size,
-      rows * h,      rows * c.vocab_size};
+  size_t offset = 0;
+  auto carve = [&](int64_t elements) {
+    void* at = base == nullptr ? nullptr : base + offset;
+    offset += AlignUp(static_cast<size_t>(elements) * es);
+    return at;
+  };
+  Activations a;
+  a.x = carve(total * h);
+  a.normed = carve(total * h);
+  a.tmp = carve(total * h);
+  a.q = carve(total * q_dim);
+  a.attn = carve(total * q_dim);
+  a.k = carve(total * kv_dim);
+  a.v = carve(total * kv_dim);
+  a.mlp = carve(2 * total * c.intermediate_size);
+  a.selected = carve(rows * h);
+  a.logits = carve(rows * c.vocab_size);
+  if (bytes != nullptr) *bytes = offset;
+  return a;
+}
+
+size_t CudaModel::ActivationBytes(int64_t total, int64_t rows) const {
   size_t bytes = 0;
-  for (int64_t e : elements) bytes += AlignUp(static_cast<size_t>(e) * es);
+  LayActivations(nullptr, total, rows, &bytes);
   return bytes;
+}
+
+void* CudaModel::DeviceLogits(const StepPlan& plan) const {
+  return LayActivations(plan.act, plan.total, plan.rows, nullptr).logits;
+}
+
+void CudaModel::WidenLogits(const void* src, int64_t n, std::vector<float>* logits) const {
+  float* dst = logits->data();
+  if (dtype_ == DType::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* half = static_cast<const uint16_t*>(src);
+  if (dtype_ == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = kernels::Bf16ToF32(half[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = kernels::F16ToF32(half[i]);
+  }
 }
 
 void CudaModel::FillMeta(const std::vector<SequenceInput>& batch, const BatchLayout& layout,
@@ -690,19 +726,18 @@ absl::Status CudaModel::Forward(const std::vector<SequenceInput>& batch,
   plan.meta = static_cast<const int32_t*>(meta_->data());
   plan.act = static_cast<char*>(activations_->data());
   DI_RETURN_IF_ERROR(Enqueue(plan, &batch, layout.offsets));
-  return DownloadLogits(plan, static_cast<int64_t>(plan.rows), logits);
+  return DownloadLogits(plan, logits);
 }
 
-absl::Status CudaModel::DownloadLogits(const StepPlan& plan, int64_t rows,
-                                       std::vector<float>* logits) {
-  const int64_t n = rows * config_.vocab_size;
+absl::Status CudaModel::DownloadLogits(const StepPlan& plan, std::vector<float>* logits) {
+  const int64_t n = plan.rows * config_.vocab_size;
   const size_t bytes = static_cast<size_t>(n) * DTypeSize(dtype_);
   host_logits_bytes_.resize(bytes);
   void* host = host_logits_bytes_.data();
   DI_RETURN_IF_ERROR(
-      Check(cuda_raw::MemcpyAsync(host, plan.logits, bytes, 2, stream_), "download logits"));
+      Check(cuda_raw::MemcpyAsync(host, DeviceLogits(plan), bytes, 2, stream_), "download logits"));
   DI_RETURN_IF_ERROR(Check(cuda_raw::StreamSynchronize(stream_), "forward"));
-  for (int64_t i = 0; i < n; ++i) (*logits)[i] = kernels::LoadAsF32(host, dtype_, i);
+  WidenLogits(host, n, logits);
   return absl::OkStatus();
 }
 
@@ -742,7 +777,7 @@ absl::Status CudaModel::ForwardGraph(const std::vector<SequenceInput>& batch,
     if (captured.ok()) {
       captured = Check(
           cuda_raw::MemcpyAsync(
-              graph_host_logits_, plan.logits,
+              graph_host_logits_, DeviceLogits(plan),
               static_cast<size_t>(plan.rows) * config_.vocab_size * DTypeSize(dtype_), 2, stream_),
           "capture logits download");
     }
@@ -757,10 +792,7 @@ absl::Status CudaModel::ForwardGraph(const std::vector<SequenceInput>& batch,
   DI_RETURN_IF_ERROR(Check(cuda_raw::GraphLaunch(g.exec, stream_), "graph launch"));
   ++graph_steps_;
   DI_RETURN_IF_ERROR(Check(cuda_raw::StreamSynchronize(stream_), "graph step"));
-  const int64_t count = static_cast<int64_t>(n) * config_.vocab_size;
-  for (int64_t i = 0; i < count; ++i) {
-    (*logits)[i] = kernels::LoadAsF32(graph_host_logits_, dtype_, i);
-  }
+  WidenLogits(graph_host_logits_, static_cast<int64_t>(n) * config_.vocab_size, logits);
   return absl::OkStatus();
 }
 
@@ -810,36 +842,24 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
   const bool all_decode = plan.all_decode;
   const int64_t h = c.hidden_size;
   const int64_t hd = c.head_dim;
-  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * hd;
-  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * hd;
   const size_t es = DTypeSize(dtype_);
   const MetaLayout mo = LayMeta(total, num_seqs, max_blocks, rows);
-  struct {
-    const int32_t* meta;
-    int64_t o_ids, o_pos, o_seq, o_tables, o_qstart, o_start, o_ctx, o_rows;
-  } m{plan.meta, mo.ids, mo.pos, mo.seq, mo.tables, mo.qstart, mo.start, mo.ctx, mo.rows};
-  // The activations, in ActivationBytes' order.
-  size_t offset = 0;
-  auto carve = [&](int64_t elements) {
-    char* at = plan.act + offset;
-    offset += AlignUp(static_cast<size_t>(elements) * es);
-    return static_cast<void*>(at);
-  };
-  void* x = carve(total * h);
-  void* normed = carve(total * h);
-  void* tmp = carve(total * h);
-  void* q = carve(total * q_dim);
-  void* attn = carve(total * q_dim);
-  void* k = carve(total * kv_dim);
-  void* v = carve(total * kv_dim);
-  void* gate = carve(2 * total * c.intermediate_size);
-  void* selected = carve(rows * h);
-  void* out = carve(rows * c.vocab_size);
-  plan.logits = out;
+  const int32_t* meta = plan.meta;
+  const Activations act = LayActivations(plan.act, total, rows, nullptr);
+  void* x = act.x;
+  void* normed = act.normed;
+  void* tmp = act.tmp;
+  void* q = act.q;
+  void* attn = act.attn;
+  void* k = act.k;
+  void* v = act.v;
+  void* gate = act.mlp;
+  void* selected = act.selected;
+  void* out = act.logits;
 
   {
     kernels::EmbeddingParams p;
-    p.token_ids = m.meta + m.o_ids;
+    p.token_ids = meta + mo.ids;
     p.weight = embed_.w;
     p.out = x;
     p.num_tokens = total;
@@ -900,7 +920,7 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
       kernels::RopeParams p;
       p.q = q;
       p.k = k;
-      p.positions = m.meta + m.o_pos;
+      p.positions = meta + mo.pos;
       p.inv_freq = static_cast<const float*>(inv_freq_->data());
       p.num_tokens = total;
       p.num_heads = c.num_heads;
@@ -915,9 +935,9 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
       p.v = v;
       p.k_cache = KvPool(li, false);
       p.v_cache = KvPool(li, true);
-      p.positions = m.meta + m.o_pos;
-      p.token_seq = m.meta + m.o_seq;
-      p.block_tables = m.meta + m.o_tables;
+      p.positions = meta + mo.pos;
+      p.token_seq = meta + mo.seq;
+      p.block_tables = meta + mo.tables;
       p.num_tokens = total;
       p.num_seqs = num_seqs;
       p.max_blocks_per_seq = max_blocks;
@@ -936,7 +956,7 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
       p.out = attn;
       p.k_cache = KvPool(li, false);
       p.v_cache = KvPool(li, true);
-      p.block_tables = m.meta + m.o_tables;
+      p.block_tables = meta + mo.tables;
       p.num_seqs = num_seqs;
       p.num_heads = c.num_heads;
       p.num_kv_heads = c.num_kv_heads;
@@ -952,7 +972,7 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
     if (all_decode) {
       kernels::DecodeAttentionParams p;
       paged(p);
-      p.context_lens = m.meta + m.o_ctx;
+      p.context_lens = meta + mo.ctx;
       p.max_context_len = max_context;
       const size_t need = kernels::DecodeAttentionWorkspaceBytes(p);
       if (need > 0) {
@@ -965,8 +985,8 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
     } else {
       kernels::PrefillAttentionParams p;
       paged(p);
-      p.query_starts = m.meta + m.o_qstart;
-      p.start_positions = m.meta + m.o_start;
+      p.query_starts = meta + mo.qstart;
+      p.start_positions = meta + mo.start;
       p.max_query_len = max_query;
       DI_RETURN_IF_ERROR(Op(kernels::PrefillAttentionCuda(p, stream_), "prefill attention", li));
     }
@@ -986,7 +1006,7 @@ absl::Status CudaModel::Enqueue(const StepPlan& plan, const std::vector<Sequence
                         "final norm", -1));
   {
     kernels::EmbeddingParams p;
-    p.token_ids = m.meta + m.o_rows;
+    p.token_ids = meta + mo.rows;
     p.weight = normed;
     p.out = selected;
     p.num_tokens = rows;

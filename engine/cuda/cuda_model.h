@@ -136,9 +136,8 @@ class CudaModel {
     int max_query = 1;
     int max_context = 1;
     bool all_decode = false;
-    const int32_t* meta = nullptr;   // int32 metadata (LayMeta in the .cc)
-    char* act = nullptr;             // activations (ActivationBytes)
-    mutable void* logits = nullptr;  // set by Enqueue: the device logits [rows, vocab]
+    const int32_t* meta = nullptr;  // int32 metadata (LayMeta in the .cc)
+    char* act = nullptr;            // activations (LayActivations)
   };
   struct Graph {
     void* exec = nullptr;  // cudaGraphExec_t
@@ -146,7 +145,18 @@ class CudaModel {
 
   CudaModel(const ModelConfig& config, kernels::DType dtype, const KvCacheConfig& kv,
             bool all_sliding, const CudaModelOptions& options);
+  // A step's activations in one device buffer at `base` (null: only sizes them): x (the
+  // residual stream), normed, tmp [total, hidden]; q, attn [total, q heads x head_dim]; k, v
+  // [total, kv heads x head_dim]; the dense MLP's gate and up [2 x total, intermediate];
+  // selected [rows, hidden]; logits [rows, vocab].
+  struct Activations {
+    void *x, *normed, *tmp, *q, *attn, *k, *v, *mlp, *selected, *logits;
+  };
+  Activations LayActivations(char* base, int64_t total, int64_t rows, size_t* bytes) const;
   size_t ActivationBytes(int64_t total, int64_t rows) const;
+  void* DeviceLogits(const StepPlan& plan) const;
+  // n logits of the activation dtype (host memory) into `logits` as f32.
+  void WidenLogits(const void* src, int64_t n, std::vector<float>* logits) const;
   // The batch's int32 metadata for `plan` (padded to plan.num_seqs sequences) into `meta`.
   void FillMeta(const std::vector<SequenceInput>& batch, const BatchLayout& layout,
                 const StepPlan& plan, int32_t* meta) const;
@@ -154,7 +164,7 @@ class CudaModel {
   // only): the batch whose embedding overrides replace rows, at `override_offsets`.
   absl::Status Enqueue(const StepPlan& plan, const std::vector<SequenceInput>* overrides,
                        const std::vector<int64_t>& override_offsets);
-  absl::Status DownloadLogits(const StepPlan& plan, int64_t rows, std::vector<float>* logits);
+  absl::Status DownloadLogits(const StepPlan& plan, std::vector<float>* logits);
   absl::Status ForwardGraph(const std::vector<SequenceInput>& batch, const BatchLayout& layout,
                             std::vector<float>* logits);
   int GraphMaxBucket() const;
