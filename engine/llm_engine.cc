@@ -1134,6 +1134,12 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
       Draft(decodes, spare, static_cast<int>(std::min(n + prefill_tokens, budget)),
             static_cast<int>(n) + prefills, gate.probe, gate.fixed_length, step.get());
     }
+    if (model_drafter_ != nullptr && step->spec_timed &&
+        options_.speculative.draft_upkeep_tokens > 0) {
+      bool drafted = false;
+      for (const Sequence* seq : decodes) drafted = drafted || !seq->draft.empty();
+      if (!drafted) UpkeepDrafter(decodes);
+    }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.
   for (int pass = 0; pass < 2; ++pass) {
@@ -1510,8 +1516,11 @@ void LlmEngine::Process(Step& step) {
             selector_->epochs(), selector_->length(selector_->current()),
             last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
         if (selector_->epochs() % kSelectorLogEpochs == 0) {
-          spdlog::info("speculative: measured modes (tokens/s by decoding sequences) {}",
-                       selector_->DebugString());
+          spdlog::info(
+              "speculative: measured modes (tokens/s by decoding sequences) {}; draft model "
+              "upkeep {} tokens in {:.2f} s",
+              selector_->DebugString(), stats_.spec_draft_upkeep_tokens,
+              stats_.spec_draft_upkeep_seconds);
         }
       }
       stats_.spec_select_epochs = selector_->epochs();
@@ -1535,6 +1544,30 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
   } else {
     seq->sampler->AddOutputToken(token);
   }
+}
+
+void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes) {
+  const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
+  std::vector<spec::DraftRequest> requests;
+  for (const Sequence* seq : decodes) {
+    // Feeding stops before the last known token (the next proposal feeds it for its logits).
+    const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
+                        model_drafter_->cached_length(static_cast<int64_t>(seq->id));
+    if (lag < lag_min) continue;
+    spec::DraftRequest r;
+    r.seq_id = static_cast<int64_t>(seq->id);
+    r.context = seq->tokens;
+    requests.push_back(r);
+  }
+  if (requests.empty()) return;
+  const int64_t fed_before = model_drafter_->computed_tokens();
+  const auto t0 = Clock::now();
+  absl::Status fed = model_drafter_->Feed(requests);
+  const double seconds = Seconds(t0, Clock::now());
+  if (!fed.ok()) spdlog::debug("speculative: draft model upkeep: {}", fed.ToString());
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
+  stats_.spec_draft_upkeep_seconds += seconds;
 }
 
 void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,

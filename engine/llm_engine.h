@@ -111,6 +111,17 @@ struct SpecOptions {
   // sequence and step (a new request's prompt catches up over several steps, drafting once it
   // has, instead of stalling one step for the whole prompt); 0: no limit.
   int draft_catch_up_tokens = 128;
+  // Draft model, adaptive: on steps that draft nothing (no drafting mode of the selector, or the
+  // plan's L = 0), every decoding sequence whose draft KV lags its context by this many tokens or
+  // more is fed (spec::ModelDrafter::Feed, at most draft_catch_up_tokens each), so the draft
+  // model stays within this many tokens of every sequence. A step that drafts after steps that
+  // did not then feeds only that little, so switching drafting back on costs one short catch-up,
+  // not a prefill of everything since the last draft (a new request's whole prompt, for every
+  // running sequence): without it the selector measured a drafting epoch after one without as
+  // mostly catch-up, and non-drafting epochs did not pay for the work they left behind. The
+  // feeding runs in the step's period, so non-drafting modes' measured rates include it. 0: no
+  // feeding (the draft model catches up when it next drafts).
+  int draft_upkeep_tokens = 16;
   // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
   // maximises expected tokens per second, from online per-position acceptance estimates (keyed by
   // n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration in
@@ -322,6 +333,10 @@ struct EngineStats {
   int64_t spec_draft_evictions = 0;
   // Draft model: context tokens whose draft KV a new request adopted from a finished one's
   int64_t spec_draft_reused_tokens = 0;
+  // Draft model, adaptive: context tokens fed to the draft model on steps that drafted nothing
+  // (SpecOptions::draft_upkeep_tokens), and the time spent feeding them.
+  int64_t spec_draft_upkeep_tokens = 0;
+  double spec_draft_upkeep_seconds = 0.0;
   int64_t spec_probe_steps = 0;  // adaptive steps that probed (probe_interval)
   // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
   // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
@@ -475,6 +490,9 @@ class LlmEngine {
   // Records the step's predicted drafting time in `step`.
   // `fixed_length` >= 1: draft that many tokens per sequence (capped by max_tokens and the
   // budget) and verify all, as without adaptive verification; -1: the adaptive plan.
+  // Draft model, adaptive, a step that drafts nothing: feeds the draft model the decoding
+  // sequences whose draft KV lags by SpecOptions::draft_upkeep_tokens or more.
+  void UpkeepDrafter(const std::vector<Sequence*>& decodes);
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
              int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.

@@ -700,6 +700,51 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsOverlap) {
   }
 }
 
+// Upkeep (SpecOptions::draft_upkeep_tokens): an adaptive plan that never drafts (a draft round
+// costing a second, no probes) still keeps the draft model within that many tokens of every
+// decoding sequence, without drafting; with 0 the draft model is never run. Outputs never change.
+TEST(SpecEngineDraftModelTest, StepsWithoutDraftsKeepTheDraftModelFed) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 79);
+  constexpr int kMaxTokens = 16, kUpkeep = 4;
+  const auto reqs = GreedyRequests(prompts, kMaxTokens);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  const spec::CostTable target = LinearCostTable(1e-3, 1e-5), expensive = LinearCostTable(1.0, 0.0);
+  for (int upkeep : {0, kUpkeep}) {
+    SCOPED_TRACE(::testing::Message() << "upkeep " << upkeep);
+    EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);
+    o.speculative.cost_table = &target;
+    o.speculative.draft_cost_table = &expensive;
+    o.speculative.probe_interval = 0;
+    o.speculative.draft_upkeep_tokens = upkeep;
+    const RunResult got = RunAll(model.get(), o, reqs);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+          << r.request_id;
+    }
+    const EngineStats& st = got.stats;
+    EXPECT_EQ(st.spec_drafted_tokens, 0);
+    EXPECT_GT(st.spec_no_draft_steps, 0);
+    if (upkeep == 0) {
+      EXPECT_EQ(st.spec_draft_upkeep_tokens, 0);
+      EXPECT_EQ(st.spec_draft_upkeep_seconds, 0.0);
+      continue;
+    }
+    // The last decode step of a request is scheduled with prompt + kMaxTokens - 1 tokens known,
+    // of which all but the last are fed once kUpkeep lag: at least prompt + kMaxTokens - 2 -
+    // (kUpkeep - 1) tokens per request came into the draft cache, fed or adopted from a finished
+    // request's entry; and no more than the tokens there are (nothing is fed twice: no drafts).
+    int64_t least = 0, most = 0;
+    for (const auto& p : prompts) {
+      least += static_cast<int64_t>(p.size()) + kMaxTokens - 2 - (kUpkeep - 1);
+      most += static_cast<int64_t>(p.size()) + kMaxTokens;
+    }
+    EXPECT_GE(st.spec_draft_upkeep_tokens + st.spec_draft_reused_tokens, least);
+    EXPECT_LE(st.spec_draft_upkeep_tokens, most);
+    EXPECT_GT(st.spec_draft_upkeep_seconds, 0.0);
+  }
+}
+
 // Non-adaptive speculation with overlap on: every decode step waits for the step in flight and
 // drafts (a draft model with the target's weights proposes min(k, room) tokens each time, all
 // accepted), exactly as with overlap off; prefill-only steps still overlap.

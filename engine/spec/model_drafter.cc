@@ -232,6 +232,16 @@ absl::Status ModelDrafter::Propose(int64_t seq_id, absl::Span<const int32_t> con
 
 absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
                                         std::vector<DraftProposal>* out) {
+  return Run(requests, /*feed_only=*/false, out);
+}
+
+absl::Status ModelDrafter::Feed(absl::Span<const DraftRequest> requests) {
+  std::vector<DraftProposal> unused;
+  return Run(requests, /*feed_only=*/true, &unused);
+}
+
+absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool feed_only,
+                               std::vector<DraftProposal>* out) {
   out->assign(requests.size(), DraftProposal());
   absl::Status first = absl::OkStatus();
   auto fail = [&](absl::Status s) {
@@ -261,12 +271,14 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
         in_range = false;
       }
     }
-    if (!in_range || r.k == 0 || r.context.empty()) continue;
+    // Feeding stops before the last context token (the next proposal feeds it for its logits),
+    // so a context of one token has nothing to feed.
+    if (!in_range || r.context.empty() || (feed_only ? r.context.size() < 2 : r.k == 0)) continue;
     Work w;
     w.index = i;
     w.seq_id = r.seq_id;
     w.context = r.context;
-    w.k = r.k;
+    w.k = feed_only ? 1 : r.k;  // one round: round 0 feeds, nothing is drawn
     w.temperature = r.temperature;
     if (r.keep_drafting) w.keep = &r.keep_drafting;
     work.push_back(w);
@@ -283,11 +295,14 @@ absl::Status ModelDrafter::ProposeBatch(absl::Span<const DraftRequest> requests,
     const int64_t len = static_cast<int64_t>(w.context.size());
     w.start = std::min(CommonPrefix(seq.tokens, w.context), len - 1);
     Truncate(&seq, w.start);
-    w.feed_end = len;
-    if (options_.max_catch_up > 0 && len - w.start > options_.max_catch_up) {
+    const int64_t end = feed_only ? len - 1 : len;
+    if (w.start >= end) continue;  // feeding only: already up to date
+    w.feed_end = end;
+    if (options_.max_catch_up > 0 && end - w.start > options_.max_catch_up) {
       w.feed_end = w.start + options_.max_catch_up;
-      w.catching_up = true;
     }
+    // Feeding only stops after round 0 as a catching-up proposal does.
+    w.catching_up = feed_only || w.feed_end < len;
     const int64_t positions = w.catching_up ? w.feed_end : len + w.k - 1;
     if (!Reserve(w.seq_id, &seq, positions, pinned)) continue;  // no room: no draft
     w.seq = &seq;

@@ -95,6 +95,13 @@ class ModelDrafter : public Drafter {
   absl::Status ProposeBatch(absl::Span<const DraftRequest> requests,
                             std::vector<DraftProposal>* out) override;
   void Release(int64_t seq_id) override;
+  // Brings each request's draft KV up to date with its context except the last token (which the
+  // next proposal feeds for its logits), at most `max_catch_up` tokens per sequence and call, in
+  // one ragged forward pass; nothing is drafted (`k`, `temperature` and `keep_drafting` are
+  // ignored). For an engine that is not drafting this step but may draft soon: a later proposal
+  // then feeds only what came since, not everything since the last draft. Requests are validated
+  // as by ProposeBatch (the first failure is returned; the others are still fed).
+  absl::Status Feed(absl::Span<const DraftRequest> requests);
 
   // The draft model's cost per drafting round, for the adaptive draft length (budget.h
   // PlanDraftLength): one forward pass of n sequences x 1 token (after a context of 32 tokens,
@@ -131,6 +138,9 @@ class ModelDrafter : public Drafter {
 
   ModelDrafter(Model* model, std::unique_ptr<Model> owned, std::unique_ptr<KvCache> cache,
                const ModelDrafterOptions& options);
+  // ProposeBatch, or with `feed_only` Feed (`out` then stays empty proposals).
+  absl::Status Run(absl::Span<const DraftRequest> requests, bool feed_only,
+                   std::vector<DraftProposal>* out);
   // Gives `seq` (no cached tokens) the retired entry sharing the longest prefix (>= one block)
   // with `context`, if any.
   void Adopt(absl::Span<const int32_t> context, SeqCache* seq);

@@ -221,6 +221,66 @@ TEST(ModelDrafterTest, LongCatchUpsAreSpreadOverCalls) {
   EXPECT_EQ(p.tokens, Reference(next, 2));
 }
 
+TEST(ModelDrafterTest, FeedKeepsTheCacheOneTokenBehindWithoutDrafting) {
+  ModelDrafterOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.max_catch_up = 6;
+  auto made = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ModelDrafter& d = **made;
+  std::vector<int32_t> ctx = Context(10, 4);
+  const std::vector<int32_t> other = Context(3, 5);
+  std::vector<DraftRequest> requests(3);
+  requests[0].seq_id = 1;
+  requests[0].context = ctx;
+  requests[1].seq_id = 2;
+  requests[1].context = other;
+  requests[2].seq_id = 3;  // one token: nothing to feed (the proposal feeds it for its logits)
+  const std::vector<int32_t> single = {42};
+  requests[2].context = single;
+  // At most 6 per call: 6 of seq 1's 9 feedable tokens and both of seq 2's.
+  ASSERT_TRUE(d.Feed(requests).ok());
+  EXPECT_EQ(d.cached_length(1), 6);
+  EXPECT_EQ(d.cached_length(2), 2);
+  EXPECT_EQ(d.cached_length(3), 0);
+  EXPECT_EQ(d.computed_tokens(), 6 + 2);
+  ASSERT_TRUE(d.Feed(requests).ok());
+  EXPECT_EQ(d.cached_length(1), 9);  // all but the last token
+  EXPECT_EQ(d.computed_tokens(), 6 + 2 + 3);
+  ASSERT_TRUE(d.Feed(requests).ok());  // up to date: no forward pass
+  EXPECT_EQ(d.computed_tokens(), 6 + 2 + 3);
+  // The proposal after feeding feeds only the last token, and drafts what it would have.
+  DraftProposal p;
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(ctx, 3));
+  EXPECT_EQ(d.computed_tokens(), 6 + 2 + 3 + 1 + 2);
+  // After rejected drafts, feeding drops them and feeds the accepted continuation.
+  ctx.push_back(p.tokens[0]);
+  ctx.push_back((p.tokens[1] + 1) % 700 + 3);
+  ctx.push_back(17);
+  requests.resize(1);
+  requests[0].context = ctx;
+  const int64_t before = d.computed_tokens();
+  ASSERT_TRUE(d.Feed(requests).ok());
+  EXPECT_EQ(d.computed_tokens() - before, 1);  // the correction: d_1 was cached, 17 is last
+  EXPECT_EQ(d.cached_length(1), static_cast<int64_t>(ctx.size()) - 1);
+  ASSERT_TRUE(d.Propose(1, ctx, 2, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(ctx, 2));
+  // Bad requests are refused by name; the others are still fed.
+  std::vector<int32_t> bad = {5, -1, 6};
+  std::vector<int32_t> fresh = Context(5, 6);
+  std::vector<DraftRequest> mixed(2);
+  mixed[0].seq_id = 9;
+  mixed[0].context = bad;
+  mixed[1].seq_id = 10;
+  mixed[1].context = fresh;
+  const absl::Status s = d.Feed(mixed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("context[1]"), std::string::npos) << s;
+  EXPECT_EQ(d.cached_length(10), 4);
+}
+
 TEST(ModelDrafterTest, SampledDraftsCarryTheirDistribution) {
   auto d = Make();
   std::vector<DraftRequest> requests(1);
