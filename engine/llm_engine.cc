@@ -1443,11 +1443,14 @@ void LlmEngine::Process(Step& step) {
     int64_t samples = 0;
     for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
     spdlog::debug(
-        "step-trace overlapped={} items={} samples={} tokens={} verified={} accepted={} "
+        "step-trace mode={} measured={} decoding={} overlapped={} items={} samples={} tokens={} "
+        "verified={} accepted={} "
         "period_us={} forward_us={} draft_us={} fit_scale={:.3f} fit_offset_us={:.0f} "
         "fit_per_request_us={:.0f} overhead_us={:.0f} overlap_overhead_us={:.0f} "
         "draft_scale={:.3f}",
-        step.spec_overlapped ? 1 : 0, step.items.size(), samples, tokens, spec_verified,
+        selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
+        step.spec_mode_measured ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
+        step.items.size(), samples, tokens, spec_verified,
         spec_accepted,
         have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
                              : 0,
