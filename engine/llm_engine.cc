@@ -155,6 +155,9 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   } else {
     DI_ASSIGN_OR_RETURN(cache, KvCache::Create(kv));
   }
+  if (options.backend != nullptr) {
+    DI_RETURN_IF_ERROR(CheckSameKvGeometry(options.backend->kv_config(), kv, "backend"));
+  }
   const SpecOptions& so = options.speculative;
   std::unique_ptr<spec::Drafter> drafter;
   spec::ModelDrafter* model_drafter = nullptr;  // drafter, when it is a draft model
@@ -281,6 +284,13 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   return engine;
 }
 
+absl::Status LlmEngine::RunForward(const std::vector<SequenceInput>& batch,
+                                   std::vector<float>* logits) {
+  ForwardBackend* backend = options_.backend;
+  return backend != nullptr ? backend->Forward(batch, logits)
+                            : model_->Forward(batch, cache_.get(), logits);
+}
+
 absl::Status LlmEngine::ProfileCost() {
   // Decode-like steps: `requests` sequences with a context of `kContext` tokens each feed
   // tokens / requests new tokens with logits for all of them, into scratch blocks (no sequence
@@ -328,7 +338,7 @@ absl::Status LlmEngine::ProfileCost() {
       offset += n;
     }
     const auto t0 = Clock::now();
-    DI_RETURN_IF_ERROR(model_->Forward(batch, cache_.get(), &logits));
+    DI_RETURN_IF_ERROR(RunForward(batch, &logits));
     return Seconds(t0, Clock::now());
   };
   (void)run_step(shapes.back().first, shapes.back().second);  // warm-up (buffers, rope tables)
@@ -642,6 +652,22 @@ absl::Status LlmEngine::CompleteRemotePrefill(const std::string& request_id,
     if (first.token < 0 || first.token >= model_->config().vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "first_token_id: expected [0, ", model_->config().vocab_size, "), got ", first.token));
+    }
+    if (options_.backend != nullptr) {
+      // The transfer wrote the host cache's blocks past the cached prefix: move them to the
+      // backend before anything reads them.
+      const std::vector<int32_t>& table = *blocks_.Table(seq->id);
+      const int64_t prompt_blocks =
+          (seq->prompt_len + options_.block_size - 1) / options_.block_size;
+      const int64_t cached_blocks = seq->usage.cached_prompt_tokens / options_.block_size;
+      absl::Status copied = options_.backend->Upload(
+          *cache_, absl::MakeConstSpan(table).subspan(cached_blocks, prompt_blocks - cached_blocks));
+      if (!copied.ok()) {
+        const absl::Status failed = absl::InternalError(absl::StrCat(
+            "backend ", options_.backend->name(), ": KV upload: ", copied.message()));
+        Finish(seq, FinishReason::kAborted, failed);
+        return failed;
+      }
     }
     // The KV is there either way; an abort that arrived meanwhile ends the request now.
     seq->computed = seq->scheduled_end = seq->prompt_len;
@@ -1252,7 +1278,7 @@ void LlmEngine::ExecuteStep(Step& step) {
     inputs.push_back(in);
   }
   std::vector<float> logits;
-  step.status = model_->Forward(inputs, cache_.get(), &logits);
+  step.status = RunForward(inputs, &logits);
   if (step.status.ok()) {
     const int vocab = model_->config().vocab_size;
     int64_t row = 0;
@@ -1369,6 +1395,17 @@ void LlmEngine::Process(Step& step) {
       const std::vector<int32_t>& table = *blocks_.Table(seq->id);
       result.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
       result.cached_tokens = seq->usage.cached_prompt_tokens;
+      if (options_.backend != nullptr) {
+        // The transfer reads the host cache: bring the whole prompt there (cached blocks too:
+        // the destination decides which it already holds).
+        absl::Status copied = options_.backend->Download(result.block_ids, cache_.get());
+        if (!copied.ok()) {
+          Finish(seq, FinishReason::kAborted,
+                 absl::InternalError(absl::StrCat("backend ", options_.backend->name(),
+                                                  ": KV download: ", copied.message())));
+          continue;
+        }
+      }
       auto it = std::find_if(running_.begin(), running_.end(),
                              [&](const auto& s) { return s.get() == seq; });
       held_.push_back(std::move(*it));

@@ -67,6 +67,7 @@
 #include "absl/status/statusor.h"
 #include "engine/block_manager.h"
 #include "engine/generate.h"
+#include "engine/forward_backend.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -203,6 +204,14 @@ struct EngineOptions {
   // kv_transfer::TransferAgent::AllocateMemory, so peers can write blocks straight into them).
   // Unset: the engine allocates them itself.
   std::function<absl::StatusOr<std::pair<void*, void*>>(size_t pool_bytes)> kv_memory;
+  // Optional (not owned; outlives the engine): run every forward pass on this backend (a GPU:
+  // engine/cuda/cuda_backend.h) over its own KV pools, which must have the host cache's geometry
+  // (kInvalidArgument "backend: <field> ..." otherwise). The host cache above stays the transfer
+  // surface: a finished SubmitPrefill's prompt blocks are downloaded into it before the
+  // PrefillCallback runs, and CompleteRemotePrefill uploads the transferred blocks from it
+  // (engine/forward_backend.h). Unset: the CPU model over the host cache. A draft model
+  // (SpecOptions::draft_model_path) runs on the CPU either way.
+  ForwardBackend* backend = nullptr;
   const ChatTemplate* chat_template = nullptr;
   nlohmann::ordered_json template_context = nlohmann::ordered_json::object();
   SpecOptions speculative;
@@ -499,6 +508,8 @@ class LlmEngine {
   void RecordOutputToken(Sequence* seq, int32_t token);
   // Profiles the model's step cost for the adaptive budget (called by Create).
   absl::Status ProfileCost();
+  // One forward pass on EngineOptions::backend, or on the CPU model over the host cache.
+  absl::Status RunForward(const std::vector<SequenceInput>& batch, std::vector<float>* logits);
 
   Model* const model_;
   const EngineOptions options_;

@@ -391,12 +391,28 @@ TEST(SlidingWindowEngineTest, ReleasesBlocksBehindTheWindowWithoutChangingOutput
 // the prompt's KV, the "transfer" copies the blocks into the decode engine's reservation (only
 // blocks the decode engine does not already have cached), and the decode engine continues.
 // Outputs must equal the single-engine reference; no block may stay reserved.
-TEST_F(LlmEngineTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) {
+// Disaggregation with the prompt's KV copied between the two engines' host caches (standing in
+// for kv_transfer). With `mirrored`, each engine runs on a backend with KV pools of its own
+// (HostMirrorBackend): the prefill engine must download the prompt's blocks into its host cache
+// before reporting them, the decode engine upload the copied ones before decoding, or the
+// outputs change (the host caches would hold zeros, the backends' pools stale blocks).
+class RemotePrefillTest : public LlmEngineTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RemotePrefillTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) {
+  const bool mirrored = GetParam();
   EngineOptions o;
   o.num_blocks = 128;
   o.block_size = 4;
-  auto prefill = LlmEngine::Create(model_, o).value();
-  auto decode = LlmEngine::Create(model_, o).value();
+  std::unique_ptr<HostMirrorBackend> prefill_backend, decode_backend;
+  EngineOptions po = o, dopt = o;
+  if (mirrored) {
+    prefill_backend = HostMirrorBackend::Create(model_, o.num_blocks, o.block_size).value();
+    decode_backend = HostMirrorBackend::Create(model_, o.num_blocks, o.block_size).value();
+    po.backend = prefill_backend.get();
+    dopt.backend = decode_backend.get();
+  }
+  auto prefill = LlmEngine::Create(model_, po).value();
+  auto decode = LlmEngine::Create(model_, dopt).value();
   ASSERT_TRUE(prefill->Start().ok());
   ASSERT_TRUE(decode->Start().ok());
   KvCache* src = prefill->kv_cache();
@@ -441,6 +457,41 @@ TEST_F(LlmEngineTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) {
     }
     EXPECT_EQ(s.blocks.used_blocks, 0);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostOrBackendKv, RemotePrefillTest, ::testing::Bool());
+
+// Colocated serving on a backend with its own KV pools gives the reference outputs, with the
+// prefix cache, preemption and chunked prefill (no block enters or leaves the node: no copies).
+TEST_F(LlmEngineTest, BackendWithItsOwnKvGivesTheReferenceOutput) {
+  for (bool small : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << (small ? "preempting" : "roomy"));
+    EngineOptions o;
+    o.num_blocks = small ? 24 : 128;
+    o.block_size = 4;
+    o.max_batch_tokens = 16;
+    auto backend = HostMirrorBackend::Create(model_, o.num_blocks, o.block_size).value();
+    o.backend = backend.get();
+    RunAndCompare(o, /*expect_preemption=*/small);
+  }
+}
+
+TEST_F(LlmEngineTest, RefusesABackendOfAnotherKvGeometry) {
+  EngineOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  auto fewer = HostMirrorBackend::Create(model_, 32, 4).value();
+  o.backend = fewer.get();
+  absl::StatusOr<std::unique_ptr<LlmEngine>> e = LlmEngine::Create(model_, o);
+  ASSERT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("backend: num_blocks 32 differs from the engine's 64"),
+            std::string::npos)
+      << e.status();
+  auto wider = HostMirrorBackend::Create(model_, 64, 8).value();
+  o.backend = wider.get();
+  e = LlmEngine::Create(model_, o);
+  ASSERT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("block_size 8"), std::string::npos) << e.status();
 }
 
 TEST_F(LlmEngineTest, FailedOrAbortedRemotePrefillFreesTheReservation) {
