@@ -30,6 +30,9 @@ ABSL_FLAG(int, max_waiting, 4096,
           "Queued requests (> 0); beyond it requests are refused with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, prefix_cache, true, "Reuse cached KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, threads, 0, "Forward-pass threads (>= 0); 0 = all cores.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where forward passes run: cpu, cuda (GPU 0; fails at start-up naming why it cannot) "
+          "or auto (cuda when it can, else cpu with the reason logged).");
 ABSL_FLAG(uint64_t, hash_seed, 0,
           "Seed of the prefix-cache block hashes; must match the cluster's other workers.");
 ABSL_FLAG(std::string, kv_transport, "ucx",
@@ -121,6 +124,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   if (o.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: expected >= 0 (0 = all cores), got ", o.threads));
+  }
+  o.device = absl::GetFlag(FLAGS_device);
+  if (o.device != "cpu" && o.device != "cuda" && o.device != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: expected cpu, cuda or auto, got \"", o.device, "\""));
   }
   o.hash_seed = absl::GetFlag(FLAGS_hash_seed);
   const std::string transport = absl::GetFlag(FLAGS_kv_transport);

@@ -37,6 +37,13 @@ TEST_F(WorkerFlagsTest, DefaultsBecomeOptions) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->metrics_listen, "0.0.0.0:9091");
   EXPECT_FALSE(o->speculative.enabled);  // off by default
+  EXPECT_EQ(o->device, "cpu");
+  for (const char* device : {"cuda", "auto"}) {
+    absl::SetFlag(&FLAGS_device, device);
+    o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_PREFILL);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->device, device);
+  }
 }
 
 TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
@@ -98,6 +105,8 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
+      {[] { absl::SetFlag(&FLAGS_device, "gpu"); },
+       "--device: expected cpu, cuda or auto, got \"gpu\""},
       {[] { absl::SetFlag(&FLAGS_listen, "no-port"); }, "--listen:"},
       {[] { absl::SetFlag(&FLAGS_router, "127.0.0.1:0"); }, "--router:"},
       {[] { absl::SetFlag(&FLAGS_kv_transport, "tcp"); }, "--kv_transport:"},

@@ -15,6 +15,7 @@
 #include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
+#include "engine/cuda/cuda_backend.h"
 #include "kv_transfer/agent_factory.h"
 #include "node/worker_identity.h"
 #include "node/worker_link.h"
@@ -290,6 +291,10 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
     return absl::InvalidArgumentError(
         absl::StrCat("--worker_id: expected 1..128 bytes, got ", options.worker_id.size()));
   }
+  if (options.device != "cpu" && options.device != "cuda" && options.device != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: expected cpu, cuda or auto, got \"", options.device, "\""));
+  }
   if (options.model_id.empty()) options.model_id = LastPathComponent(options.model_path);
 
   auto rt = std::unique_ptr<WorkerRuntime>(new WorkerRuntime(std::move(options)));
@@ -331,6 +336,25 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
     self->pool_layout_.set_v_region(v.region);
     return std::make_pair(k.base, v.base);
   };
+  if (o.device != "cpu") {
+    // Graphs for one-token decode steps of up to the running batch (at most 256 sequences) over
+    // contexts up to the model's length (or what the KV pools hold, if less).
+    const int64_t positions = rt->model_->config().max_position_embeddings;
+    const int64_t pooled = static_cast<int64_t>(o.kv_blocks) * o.block_size;
+    const int max_context = static_cast<int>(positions > 0 ? std::min(positions, pooled) : pooled);
+    absl::StatusOr<std::unique_ptr<engine::CudaBackend>> cuda = engine::CudaBackend::Create(
+        *rt->model_, o.kv_blocks, o.block_size, std::min(o.max_running, 256), max_context);
+    if (cuda.ok()) {
+      rt->backend_ = *std::move(cuda);
+      rt->device_ = "cuda";
+      eo.backend = rt->backend_.get();
+    } else if (o.device == "cuda") {
+      return absl::Status(cuda.status().code(),
+                          absl::StrCat("--device=cuda: ", cuda.status().message()));
+    } else {
+      spdlog::warn("--device=auto: running on the CPU: {}", cuda.status().ToString());
+    }
+  }
   DI_ASSIGN_OR_RETURN(rt->engine_, engine::LlmEngine::Create(rt->model_.get(), eo));
 
   rt->pool_layout_.set_num_layers(static_cast<uint32_t>(rt->model_->config().num_layers));
@@ -347,10 +371,10 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   DI_RETURN_IF_ERROR(rt->engine_->Start());
   spdlog::info(
       "worker {} ({}) loaded {}: {} layers, {} KV blocks of {} tokens ({} bytes/block), "
-      "incarnation {}, kv backend {}",
+      "incarnation {}, kv backend {}, device {}",
       o.worker_id, std::string(WorkerRoleName(o.role)), o.model_id, rt->pool_layout_.num_layers(),
       o.kv_blocks, o.block_size, rt->pool_layout_.block_bytes(), rt->incarnation_,
-      std::string(kv_transfer::BackendName(o.kv_backend)));
+      std::string(kv_transfer::BackendName(o.kv_backend)), rt->device_);
   return rt;
 }
 

@@ -50,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_server.h"
+#include "engine/forward_backend.h"
 #include "engine/llm_engine.h"
 #include "engine/model.h"
 #include "engine/model_assets.h"
@@ -85,6 +86,11 @@ struct WorkerOptions {
   uint64_t hash_seed = 0;
   // Forward threads; 0 = all cores.
   int threads = 0;
+  // Where forward passes run (--device): "cpu" (the CPU model), "cuda" (GPU 0: weights and KV
+  // pools on the device, engine/cuda/cuda_backend.h; start-up fails with the reason when the
+  // device or the model's shapes are not usable) or "auto" (cuda when that works, else cpu, the
+  // reason logged). The KV pools registered for transfer stay in host memory either way.
+  std::string device = "cpu";
   // "ucx" (between processes) or "loopback" (one process: tests).
   kv_transfer::Backend kv_backend = kv_transfer::Backend::kUcx;
   // Decode nodes that may also prefill locally (colocated mode).
@@ -136,6 +142,8 @@ class WorkerRuntime {
   engine::Model* model() const { return model_.get(); }
   const engine::ModelAssets& assets() const { return *assets_; }
   engine::LlmEngine* engine() const { return engine_.get(); }
+  // Where forward passes run: "cpu" or "cuda" (--device=auto resolved).
+  const std::string& device() const { return device_; }
   kv_transfer::TransferAgent* agent() const { return agent_.get(); }
   // This node's KV pools (regions as its agent metadata lists them).
   const internal::v1::KvPoolLayout& pool_layout() const { return pool_layout_; }
@@ -199,6 +207,9 @@ class WorkerRuntime {
   WorkerOptions options_;
   uint64_t incarnation_ = 0;
   std::unique_ptr<engine::Model> model_;
+  // --device cuda/auto: the engine's forward backend (declared before engine_: outlives it).
+  std::unique_ptr<engine::ForwardBackend> backend_;
+  std::string device_ = "cpu";  // where forward passes run: "cpu" or "cuda"
   std::unique_ptr<engine::ModelAssets> assets_;
   std::unique_ptr<kv_transfer::TransferAgent> agent_;
   std::unique_ptr<engine::LlmEngine> engine_;

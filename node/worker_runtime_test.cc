@@ -82,6 +82,40 @@ TEST(WorkerRuntimeTest, RejectsBadOptionsNamingTheFlag) {
   EXPECT_FALSE(WorkerRuntime::Create(o).ok());
 }
 
+// --device: cuda runs on the GPU or refuses to start, naming why (no device here; or the test
+// model's shapes, which the CUDA kernels do not cover); auto runs wherever cuda could.
+TEST(WorkerRuntimeTest, DeviceCudaFailsNamingWhyAndAutoFallsBackToTheCpu) {
+  WorkerOptions o = TestOptions("w-dev");
+  o.device = "tpu";
+  auto rt = WorkerRuntime::Create(o);
+  ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt.status().message(), "--device: expected cpu, cuda or auto, got \"tpu\"");
+
+  o.device = "cuda";
+  auto cuda = WorkerRuntime::Create(o);
+  if (!cuda.ok()) {
+    EXPECT_TRUE(cuda.status().code() == absl::StatusCode::kUnavailable ||
+                cuda.status().code() == absl::StatusCode::kUnimplemented)
+        << cuda.status();
+    EXPECT_EQ(cuda.status().message().rfind("--device=cuda: ", 0), 0u) << cuda.status();
+  } else {
+    EXPECT_EQ((*cuda)->device(), "cuda");
+  }
+  const bool gpu = cuda.ok();
+  cuda = absl::UnknownError("released");  // one runtime at a time
+
+  o.device = "auto";
+  o.worker_id = "w-auto";
+  auto any = WorkerRuntime::Create(o);
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_EQ((*any)->device(), gpu ? "cuda" : "cpu");
+  o.device = "cpu";
+  o.worker_id = "w-cpu";
+  auto cpu = WorkerRuntime::Create(o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->device(), "cpu");
+}
+
 TEST(WorkerRuntimeTest, StandaloneServesStatsAndHealthThenDrains) {
   WorkerOptions o = TestOptions("prefill-standalone");
   o.port_file = TmpPath("standalone.port");

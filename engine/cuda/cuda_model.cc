@@ -406,6 +406,60 @@ absl::Status CudaModel::WriteBlock(int layer, bool value, int block, const void*
   return Check(cuda_raw::StreamSynchronize(stream_), "write KV block");
 }
 
+absl::Status CudaModel::CopyBlocks(bool to_device, const KvCache& host,
+                                   absl::Span<const int32_t> blocks) {
+  const KvCacheConfig& h = host.config();
+  const char* field = h.num_layers != kv_.num_layers       ? "num_layers"
+                      : h.num_kv_heads != kv_.num_kv_heads ? "num_kv_heads"
+                      : h.head_dim != kv_.head_dim         ? "head_dim"
+                      : h.block_size != kv_.block_size     ? "block_size"
+                      : h.num_blocks != kv_.num_blocks     ? "num_blocks"
+                      : h.dtype != kv_.dtype               ? "dtype"
+                                                           : nullptr;
+  if (field != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda model: the host cache's ", field, " differs from the device pools'"));
+  }
+  for (int32_t b : blocks) {
+    if (b >= kv_.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda model: block ", b, " is outside the ", kv_.num_blocks, " KV blocks"));
+    }
+  }
+  const size_t bytes = static_cast<size_t>(block_elements_) * DTypeSize(dtype_);
+  for (int layer = 0; layer < kv_.num_layers; ++layer) {
+    for (bool value : {false, true}) {
+      char* dev = static_cast<char*>(KvPool(layer, value));
+      char* hst = static_cast<char*>(value ? host.v_layer(layer) : host.k_layer(layer));
+      for (size_t i = 0; i < blocks.size();) {
+        if (blocks[i] < 0) {
+          ++i;
+          continue;
+        }
+        size_t j = i + 1;  // a run of consecutive ids is one copy
+        while (j < blocks.size() && blocks[j] == blocks[j - 1] + 1) ++j;
+        const size_t offset = static_cast<size_t>(blocks[i]) * bytes;
+        const size_t n = (j - i) * bytes;
+        DI_RETURN_IF_ERROR(Check(
+            to_device ? cuda_raw::MemcpyAsync(dev + offset, hst + offset, n, 1, stream_)
+                      : cuda_raw::MemcpyAsync(hst + offset, dev + offset, n, 2, stream_),
+            to_device ? "upload KV blocks" : "download KV blocks"));
+        i = j;
+      }
+    }
+  }
+  return Check(cuda_raw::StreamSynchronize(stream_),
+               to_device ? "upload KV blocks" : "download KV blocks");
+}
+
+absl::Status CudaModel::UploadBlocks(const KvCache& host, absl::Span<const int32_t> blocks) {
+  return CopyBlocks(/*to_device=*/true, host, blocks);
+}
+
+absl::Status CudaModel::DownloadBlocks(absl::Span<const int32_t> blocks, KvCache* host) {
+  return CopyBlocks(/*to_device=*/false, *host, blocks);
+}
+
 absl::Status CudaModel::Linear(const DeviceLinear& l, const void* x, int64_t m, void* y) const {
   kernels::LinearCudaParams p;
   p.x = x;

@@ -40,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
@@ -98,6 +99,11 @@ class CudaModel {
   // and host tiers.
   absl::Status ReadBlock(int layer, bool value, int block, void* dst) const;
   absl::Status WriteBlock(int layer, bool value, int block, const void* src);
+  // Every layer's K and V of `blocks` (negative ids skipped) between the device pools and a host
+  // cache of the same geometry (kv_config(); kInvalidArgument naming the field otherwise): one
+  // copy per run of consecutive ids per pool, all queued on the model's stream, one wait.
+  absl::Status UploadBlocks(const KvCache& host, absl::Span<const int32_t> blocks);
+  absl::Status DownloadBlocks(absl::Span<const int32_t> blocks, KvCache* host);
 
  private:
   // A weight in device memory (an offset into weights_) and its shape.
@@ -174,6 +180,8 @@ class CudaModel {
   // Lays out and fills every weight: from `host`, or synthetic (CreateRandom) when null.
   absl::Status Upload(const Model* host, uint64_t seed);
   void* KvPool(int layer, bool value) const;
+  // UploadBlocks (to_device) and DownloadBlocks.
+  absl::Status CopyBlocks(bool to_device, const KvCache& host, absl::Span<const int32_t> blocks);
   // Grows `buffer` to at least `bytes` (contents are not kept).
   static absl::Status Reserve(std::unique_ptr<kernels::DeviceBuffer>* buffer, size_t bytes,
                               const char* what);
