@@ -110,6 +110,11 @@ class WorkerRuntime::Metrics {
         r.AddCounter("deepinfer_spec_draft_evictions_total",
                      "Sequences whose draft-model KV was evicted for room (--draft_kv_blocks)."));
     DI_ASSIGN_OR_RETURN(
+        m->spec_draft_upkeep_,
+        r.AddCounter("deepinfer_spec_draft_upkeep_tokens_total",
+                     "Context tokens fed to the draft model on adaptive steps that drafted "
+                     "nothing, keeping it close to every decoding sequence."));
+    DI_ASSIGN_OR_RETURN(
         auto* modes,
         r.AddCounterFamily("deepinfer_spec_mode_steps_total",
                            "Adaptive decode steps by the drafting mode the measured selector ran "
@@ -159,6 +164,7 @@ class WorkerRuntime::Metrics {
     Mirror(spec_verified_, s.spec_verified_tokens());
     Mirror(spec_accepted_, s.spec_accepted_tokens());
     Mirror(spec_draft_evictions_, s.spec_draft_evictions());
+    Mirror(spec_draft_upkeep_, s.spec_draft_upkeep_tokens());
     Mirror(spec_mode_plan_, s.spec_select_plan_steps());
     Mirror(spec_mode_fixed_, s.spec_select_fixed_steps());
     Mirror(spec_mode_off_, s.spec_select_off_steps());
@@ -183,6 +189,7 @@ class WorkerRuntime::Metrics {
   Counter* spec_verified_ = nullptr;
   Counter* spec_accepted_ = nullptr;
   Counter* spec_draft_evictions_ = nullptr;
+  Counter* spec_draft_upkeep_ = nullptr;
   Counter* spec_mode_plan_ = nullptr;
   Counter* spec_mode_fixed_ = nullptr;
   Counter* spec_mode_off_ = nullptr;
@@ -727,12 +734,13 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     spdlog::info(
         "worker {}: engine ran {} steps ({} overlapped); speculative: {} synced, {} without "
         "drafts, {} probes, {} drafted / {} verified / {} accepted tokens, {} draft-cache "
-        "evictions, {} draft tokens reused; modes: {} plan / {} fixed-length / {} no-draft "
-        "steps, {} exploring epochs",
+        "evictions, {} draft tokens reused, {} fed while not drafting; modes: {} plan / {} "
+        "fixed-length / {} no-draft steps, {} exploring epochs",
         options_.worker_id, st.engine_steps(), st.overlapped_steps(), st.spec_synced_steps(),
         st.spec_no_draft_steps(), st.spec_probe_steps(), st.spec_draft_tokens(),
         st.spec_verified_tokens(), st.spec_accepted_tokens(), st.spec_draft_evictions(),
-        st.spec_draft_reused_tokens(), st.spec_select_plan_steps(), st.spec_select_fixed_steps(),
+        st.spec_draft_reused_tokens(), st.spec_draft_upkeep_tokens(), st.spec_select_plan_steps(),
+        st.spec_select_fixed_steps(),
         st.spec_select_off_steps(), st.spec_select_explorations());
   }
   if (agent_ != nullptr) agent_->Stop();
@@ -788,6 +796,7 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_spec_select_fixed_steps(static_cast<uint64_t>(e.spec_select_fixed_steps));
     s.set_spec_select_off_steps(static_cast<uint64_t>(e.spec_select_off_steps));
     s.set_spec_select_explorations(static_cast<uint64_t>(e.spec_select_explorations));
+    s.set_spec_draft_upkeep_tokens(static_cast<uint64_t>(e.spec_draft_upkeep_tokens));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -280,6 +280,9 @@ TEST(WorkerRuntimeTest, SpeculativeDecodeNodeExportsSpecMetrics) {
             static_cast<double>(s.spec_verified_tokens()));
   EXPECT_EQ(SampleValue(*text, "deepinfer_spec_accepted_tokens_total"),
             static_cast<double>(s.spec_accepted_tokens()));
+  // n-gram drafts: no draft model to keep fed.
+  EXPECT_EQ(s.spec_draft_upkeep_tokens(), 0u);
+  EXPECT_EQ(SampleValue(*text, "deepinfer_spec_draft_upkeep_tokens_total"), 0.0) << *text;
   rt->Drain(absl::Seconds(1));
 }
 
