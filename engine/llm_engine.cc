@@ -136,6 +136,10 @@ struct LlmEngine::Step {
   // sequences when it was planned.
   int spec_mode = -1;
   bool spec_mode_measured = false;
+  // The draft model caught up on a whole prompt in this step (a new request, or one whose draft
+  // KV was evicted): a cost every drafting mode and the upkeep pay once per request, left out of
+  // the selector's comparison of modes, where whichever epoch met the arrival paid all of it.
+  bool spec_prompt_catch_up = false;
   int spec_mode_decoding = 0;
 };
 
@@ -1164,7 +1168,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
         options_.speculative.draft_upkeep_tokens > 0) {
       bool drafted = false;
       for (const Sequence* seq : decodes) drafted = drafted || !seq->draft.empty();
-      if (!drafted) UpkeepDrafter(decodes);
+      if (!drafted) UpkeepDrafter(decodes, step.get());
     }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.
@@ -1486,7 +1490,7 @@ void LlmEngine::Process(Step& step) {
         "fit_per_request_us={:.0f} overhead_us={:.0f} overlap_overhead_us={:.0f} "
         "draft_scale={:.3f}",
         selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
-        step.spec_mode_measured ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
+        step.spec_mode_measured && !step.spec_prompt_catch_up ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
         step.items.size(), samples, tokens, spec_verified,
         spec_accepted,
         have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
@@ -1538,7 +1542,9 @@ void LlmEngine::Process(Step& step) {
       length_check_.Observe(step.spec_decoding, step.spec_long_draft == 1, emitted, measured);
     }
     if (selector_.has_value() && step.spec_mode >= 0) {
-      selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.spec_mode_measured, emitted,
+      if (step.spec_prompt_catch_up) ++stats_.spec_prompt_catch_up_steps;
+      selector_->Observe(step.spec_mode_decoding, step.spec_mode,
+                         step.spec_mode_measured && !step.spec_prompt_catch_up, emitted,
                          measured);
       const int length = selector_->length(step.spec_mode);
       if (length == spec::DraftModeSelector::kPlan) {
@@ -1586,7 +1592,13 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
   }
 }
 
-void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes) {
+int64_t LlmEngine::PromptCatchUpLag() const {
+  const SpecOptions& so = options_.speculative;
+  return 2 * static_cast<int64_t>(std::max(so.draft_upkeep_tokens, 0)) +
+         so.num_speculative_tokens + 1;
+}
+
+void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   std::vector<spec::DraftRequest> requests;
   for (const Sequence* seq : decodes) {
@@ -1594,6 +1606,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes) {
     const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
                         model_drafter_->cached_length(static_cast<int64_t>(seq->id));
     if (lag < lag_min) continue;
+    if (lag > PromptCatchUpLag()) step->spec_prompt_catch_up = true;
     spec::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
     r.context = seq->tokens;
@@ -1733,6 +1746,13 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   if (!requests.empty()) {
     std::vector<spec::DraftProposal> proposals;
     const int64_t fed_before = model_drafter_ != nullptr ? model_drafter_->computed_tokens() : 0;
+    if (model_drafter_ != nullptr) {
+      for (const spec::DraftRequest& r : requests) {
+        const int64_t lag =
+            static_cast<int64_t>(r.context.size()) - model_drafter_->cached_length(r.seq_id);
+        if (lag > PromptCatchUpLag()) step->spec_prompt_catch_up = true;
+      }
+    }
     const auto t0 = Clock::now();
     absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
     draft_seconds = Seconds(t0, Clock::now());

@@ -346,6 +346,9 @@ struct EngineStats {
   // (SpecOptions::draft_upkeep_tokens), and the time spent feeding them.
   int64_t spec_draft_upkeep_tokens = 0;
   double spec_draft_upkeep_seconds = 0.0;
+  // Adaptive with select_mode and a draft model: steps in which the draft model caught up on a
+  // whole prompt, left out of the selector's measurements (a per-request cost of every mode).
+  int64_t spec_prompt_catch_up_steps = 0;
   int64_t spec_probe_steps = 0;  // adaptive steps that probed (probe_interval)
   // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
   // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
@@ -501,7 +504,10 @@ class LlmEngine {
   // budget) and verify all, as without adaptive verification; -1: the adaptive plan.
   // Draft model, adaptive, a step that drafts nothing: feeds the draft model the decoding
   // sequences whose draft KV lags by SpecOptions::draft_upkeep_tokens or more.
-  void UpkeepDrafter(const std::vector<Sequence*>& decodes);
+  void UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step);
+  // Draft model: a sequence whose draft KV lags its context by more than this is catching up on
+  // a whole prompt (Step::spec_prompt_catch_up), not on what steady drafting or upkeep leaves.
+  int64_t PromptCatchUpLag() const;
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
              int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.

@@ -592,7 +592,11 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     EngineOptions o =
         WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
     o.speculative.cost_table = &cheap;
-    if (mode == 2) o = WithSelector(o);
+    if (mode == 2) {
+      o = WithSelector(o);
+      // A prompt lagging by more than 2 x 4 + k + 1 = 12 tokens is a whole-prompt catch-up.
+      o.speculative.draft_upkeep_tokens = 4;
+    }
     const RunResult got = RunAll(model.get(), o, reqs);
     for (const EngineRequest& r : reqs) {
       EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
@@ -603,6 +607,12 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
       EXPECT_GT(got.stats.spec_select_plan_steps, 0);
       EXPECT_GT(got.stats.spec_select_fixed_steps, 0);
       EXPECT_GT(got.stats.spec_select_off_steps, 0);
+      // Each new request's prompt (most are longer than 12 tokens) is fed to the draft model in
+      // a step the selector leaves out of its measurements.
+      EXPECT_GT(got.stats.spec_prompt_catch_up_steps, 0);
+      EXPECT_LE(got.stats.spec_prompt_catch_up_steps, 2 * static_cast<int64_t>(reqs.size()));
+    } else {
+      EXPECT_EQ(got.stats.spec_prompt_catch_up_steps, 0);
     }
     EXPECT_GT(got.stats.spec_verified_tokens, 0);
     EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
