@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/forward_backend.h"
 #include "kernels/cuda/decode_attention_cuda.h"
 #include "kernels/cuda/embedding_cuda.h"
 #include "kernels/cuda/kv_write_cuda.h"
@@ -408,18 +409,8 @@ absl::Status CudaModel::WriteBlock(int layer, bool value, int block, const void*
 
 absl::Status CudaModel::CopyBlocks(bool to_device, const KvCache& host,
                                    absl::Span<const int32_t> blocks) {
-  const KvCacheConfig& h = host.config();
-  const char* field = h.num_layers != kv_.num_layers       ? "num_layers"
-                      : h.num_kv_heads != kv_.num_kv_heads ? "num_kv_heads"
-                      : h.head_dim != kv_.head_dim         ? "head_dim"
-                      : h.block_size != kv_.block_size     ? "block_size"
-                      : h.num_blocks != kv_.num_blocks     ? "num_blocks"
-                      : h.dtype != kv_.dtype               ? "dtype"
-                                                           : nullptr;
-  if (field != nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda model: the host cache's ", field, " differs from the device pools'"));
-  }
+  // The host cache is the engine's (engine/forward_backend.h).
+  DI_RETURN_IF_ERROR(CheckSameKvGeometry(kv_, host.config(), "cuda model"));
   for (int32_t b : blocks) {
     if (b >= kv_.num_blocks) {
       return absl::InvalidArgumentError(
