@@ -140,6 +140,8 @@ struct LlmEngine::Step {
   // KV was evicted): a cost every drafting mode and the upkeep pay once per request, left out of
   // the selector's comparison of modes, where whichever epoch met the arrival paid all of it.
   bool spec_prompt_catch_up = false;
+  // Whether the selector counts this step (a measured step of its mode, no prompt catch-up).
+  bool SelectorMeasured() const { return spec_mode_measured && !spec_prompt_catch_up; }
   int spec_mode_decoding = 0;
 };
 
@@ -1490,7 +1492,7 @@ void LlmEngine::Process(Step& step) {
         "fit_per_request_us={:.0f} overhead_us={:.0f} overlap_overhead_us={:.0f} "
         "draft_scale={:.3f}",
         selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
-        step.spec_mode_measured && !step.spec_prompt_catch_up ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
+        step.SelectorMeasured() ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
         step.items.size(), samples, tokens, spec_verified,
         spec_accepted,
         have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
@@ -1543,8 +1545,7 @@ void LlmEngine::Process(Step& step) {
     }
     if (selector_.has_value() && step.spec_mode >= 0) {
       if (step.spec_prompt_catch_up) ++stats_.spec_prompt_catch_up_steps;
-      selector_->Observe(step.spec_mode_decoding, step.spec_mode,
-                         step.spec_mode_measured && !step.spec_prompt_catch_up, emitted,
+      selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
                          measured);
       const int length = selector_->length(step.spec_mode);
       if (length == spec::DraftModeSelector::kPlan) {
@@ -1592,10 +1593,10 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
   }
 }
 
-int64_t LlmEngine::PromptCatchUpLag() const {
+bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const {
   const SpecOptions& so = options_.speculative;
-  return 2 * static_cast<int64_t>(std::max(so.draft_upkeep_tokens, 0)) +
-         so.num_speculative_tokens + 1;
+  return lag > 2 * static_cast<int64_t>(std::max(so.draft_upkeep_tokens, 0)) +
+                   so.num_speculative_tokens + 1;
 }
 
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step) {
@@ -1606,7 +1607,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step)
     const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
                         model_drafter_->cached_length(static_cast<int64_t>(seq->id));
     if (lag < lag_min) continue;
-    if (lag > PromptCatchUpLag()) step->spec_prompt_catch_up = true;
+    if (CatchesUpOnPrompt(lag)) step->spec_prompt_catch_up = true;
     spec::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
     r.context = seq->tokens;
@@ -1750,7 +1751,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       for (const spec::DraftRequest& r : requests) {
         const int64_t lag =
             static_cast<int64_t>(r.context.size()) - model_drafter_->cached_length(r.seq_id);
-        if (lag > PromptCatchUpLag()) step->spec_prompt_catch_up = true;
+        if (CatchesUpOnPrompt(lag)) step->spec_prompt_catch_up = true;
       }
     }
     const auto t0 = Clock::now();

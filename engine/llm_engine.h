@@ -505,9 +505,10 @@ class LlmEngine {
   // Draft model, adaptive, a step that drafts nothing: feeds the draft model the decoding
   // sequences whose draft KV lags by SpecOptions::draft_upkeep_tokens or more.
   void UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step);
-  // Draft model: a sequence whose draft KV lags its context by more than this is catching up on
-  // a whole prompt (Step::spec_prompt_catch_up), not on what steady drafting or upkeep leaves.
-  int64_t PromptCatchUpLag() const;
+  // Draft model: whether a sequence whose draft KV lags its context by `lag` tokens is catching
+  // up on a whole prompt (Step::spec_prompt_catch_up), beyond what steady drafting or the upkeep
+  // leaves behind (2 x draft_upkeep_tokens + k + 1).
+  bool CatchesUpOnPrompt(int64_t lag) const;
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
              int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
