@@ -117,7 +117,8 @@ absl::Status CheckSupported(const ModelConfig& c, const CudaModelOptions& option
         " per token: the CUDA routing takes at most ", kernels::kMoeMaxExperts, " experts and ",
         kernels::kMoeMaxTopK, " per token; run it with --device=cpu"));
   }
-  return kernels::CudaAvailable();
+  if (absl::Status device = kernels::CudaAvailable(); !device.ok()) return device;
+  return kernels::CublasLtAvailable();
 }
 
 DType ActivationDType(const ModelConfig& c) {

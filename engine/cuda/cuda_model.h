@@ -63,7 +63,7 @@ struct CudaModelOptions {
 
 class CudaModel {
  public:
-  // kUnavailable without a usable device (the runtime's reason); kUnimplemented for what the
+  // kUnavailable without a usable device or without cuBLASLt (the reason); kUnimplemented for what the
   // CUDA path cannot run yet (see above); kInvalidArgument for bad options; kResourceExhausted
   // when device memory runs out (naming what was being allocated).
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const Model& host,

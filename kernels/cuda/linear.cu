@@ -2,18 +2,114 @@
 // is computed as the column-major D[n, m] = op(A) · B with A = W seen column-major as [k, n]
 // (lda = k) transposed, B = x seen column-major as [k, m] (ldb = ldx), D with ldd = ldy: no data
 // is moved, only the views change.
+//
+// cuBLASLt is loaded at run time (dlopen), not linked: a worker built with the CUDA backend then
+// starts on a machine without the CUDA toolkit's libraries (serving on the CPU), and only
+// --device=cuda needs them (refused with CublasLtLoadError's reason when they are missing).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "kernels/cuda/linear_launch.h"
 
 namespace deepinfer::kernels::cuda_raw {
 namespace {
+
+#define DI_STR2(x) #x
+#define DI_STR(x) DI_STR2(x)
+// The soname of the cuBLASLt these headers belong to, e.g. libcublasLt.so.13.
+constexpr const char* kCublasLtSoname = "libcublasLt.so." DI_STR(CUBLAS_VER_MAJOR);
+// Tried when the soname is not found through LD_LIBRARY_PATH, the executable's run path or the
+// loader's cache: where the CUDA toolkit installs it (third_party/bazel/cuda.bzl's CUDA_HOME).
+constexpr const char* kCublasLtInToolkit = "/usr/local/cuda/lib64/libcublasLt.so." DI_STR(
+    CUBLAS_VER_MAJOR);
+
+// Every cuBLASLt entry point this file calls.
+struct Api {
+  decltype(&cublasLtCreate) Create = nullptr;
+  decltype(&cublasLtGetStatusName) GetStatusName = nullptr;
+  decltype(&cublasLtGetStatusString) GetStatusString = nullptr;
+  decltype(&cublasLtMatmul) Matmul = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+};
+
+// Opens `path` and resolves every entry point into `api`; the handle, or null with `error` set.
+void* Open(const char* path, Api* api, std::string* error) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    *error = std::string("cannot load ") + path + ": " + (why != nullptr ? why : "unknown error");
+    return nullptr;
+  }
+  bool ok = true;
+  auto resolve = [&](auto* fn, const char* name) {
+    if (!ok) return;
+    void* sym = dlsym(lib, name);
+    if (sym == nullptr) {
+      *error = std::string(path) + " has no " + name;
+      ok = false;
+      return;
+    }
+    *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(sym);
+  };
+  resolve(&api->Create, "cublasLtCreate");
+  resolve(&api->GetStatusName, "cublasLtGetStatusName");
+  resolve(&api->GetStatusString, "cublasLtGetStatusString");
+  resolve(&api->Matmul, "cublasLtMatmul");
+  resolve(&api->MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+  resolve(&api->MatmulDescCreate, "cublasLtMatmulDescCreate");
+  resolve(&api->MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+  resolve(&api->MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+  resolve(&api->MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+  resolve(&api->MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+  resolve(&api->MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+  resolve(&api->MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+  resolve(&api->MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+  if (!ok) {
+    dlclose(lib);
+    *api = Api();
+    return nullptr;
+  }
+  return lib;
+}
+
+// The process's cuBLASLt (loaded once, never unloaded) and why it is not there ("" when it is).
+struct Loaded {
+  Api api;
+  std::string error;
+};
+
+const Loaded& Library() {
+  static const Loaded* loaded = [] {
+    auto* out = new Loaded();
+    std::string first;
+    if (Open(kCublasLtSoname, &out->api, &first) != nullptr) return out;
+    std::string second;
+    if (Open(kCublasLtInToolkit, &out->api, &second) != nullptr) return out;
+    out->error = "cuBLASLt: " + first + "; " + second +
+                 " (install the CUDA toolkit's cuBLAS, or add the directory holding " +
+                 kCublasLtSoname + " to LD_LIBRARY_PATH)";
+    return out;
+  }();
+  return *loaded;
+}
+
+const Api& Lt() { return Library().api; }
 
 struct Handle {
   cublasLtHandle_t handle = nullptr;
@@ -23,7 +119,7 @@ struct Handle {
 const Handle& SharedHandle() {
   static const Handle h = [] {
     Handle out;
-    out.status = cublasLtCreate(&out.handle);
+    if (Library().error.empty()) out.status = Lt().Create(&out.handle);
     return out;
   }();
   return h;
@@ -56,11 +152,11 @@ struct Descriptors {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~Descriptors() {
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (pref != nullptr) Lt().MatmulPreferenceDestroy(pref);
+    if (d != nullptr) Lt().MatrixLayoutDestroy(d);
+    if (b != nullptr) Lt().MatrixLayoutDestroy(b);
+    if (a != nullptr) Lt().MatrixLayoutDestroy(a);
+    if (op != nullptr) Lt().MatmulDescDestroy(op);
   }
 };
 
@@ -97,27 +193,27 @@ int LaunchLinearCublasLt(const LinearCudaParams& p, void* stream) {
   const cudaDataType_t type = DataType(p.dtype);
 
   Descriptors desc;
-  DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-  DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA,
+  DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA,
                                                            &transa, sizeof(transa)));
-  DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB,
+  DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB,
                                                            &transb, sizeof(transb)));
   if (p.bias != nullptr) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const int32_t bias_type = static_cast<int32_t>(type);
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                              &epilogue, sizeof(epilogue)));
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(
         desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(
         desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
   }
-  DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&desc.a, type, static_cast<uint64_t>(p.k),
+  DI_CUBLAS_RETURN_IF_ERROR(Lt().MatrixLayoutCreate(&desc.a, type, static_cast<uint64_t>(p.k),
                                                        static_cast<uint64_t>(p.n), p.k));
-  DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&desc.b, type, static_cast<uint64_t>(p.k),
+  DI_CUBLAS_RETURN_IF_ERROR(Lt().MatrixLayoutCreate(&desc.b, type, static_cast<uint64_t>(p.k),
                                                        static_cast<uint64_t>(p.m), ldx));
-  DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&desc.d, type, static_cast<uint64_t>(p.n),
+  DI_CUBLAS_RETURN_IF_ERROR(Lt().MatrixLayoutCreate(&desc.d, type, static_cast<uint64_t>(p.n),
                                                        static_cast<uint64_t>(p.m), ldy));
 
   const uint32_t align_x = Alignment(p.x), align_w = Alignment(p.weight), align_y = Alignment(p.y);
@@ -143,21 +239,21 @@ int LaunchLinearCublasLt(const LinearCudaParams& p, void* stream) {
     }
   }
   if (!have) {
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&desc.pref));
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceCreate(&desc.pref));
     const uint64_t workspace = p.workspace_bytes;
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w)));
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof(align_x)));
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y, sizeof(align_y)));
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y, sizeof(align_y)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    DI_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+    DI_CUBLAS_RETURN_IF_ERROR(Lt().MatmulAlgoGetHeuristic(
         h.handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result, &found));
     if (found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
       return static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED);
@@ -167,17 +263,29 @@ int LaunchLinearCublasLt(const LinearCudaParams& p, void* stream) {
     Plans().emplace(key, algo);
   }
   const float alpha = 1.0f, beta = 0.0f;
-  return static_cast<int>(cublasLtMatmul(h.handle, desc.op, &alpha, p.weight, desc.a, p.x, desc.b,
+  return static_cast<int>(Lt().Matmul(h.handle, desc.op, &alpha, p.weight, desc.a, p.x, desc.b,
                                          &beta, p.y, desc.d, p.y, desc.d, &algo, p.workspace,
                                          p.workspace_bytes, static_cast<cudaStream_t>(stream)));
 }
 
+const char* CublasLtLoadError() { return Library().error.c_str(); }
+
+std::string ProbeCublasLt(const char* path) {
+  Api api;
+  std::string error;
+  void* lib = Open(path, &api, &error);
+  if (lib != nullptr) dlclose(lib);
+  return error;
+}
+
 const char* CublasStatusName(int status) {
-  return cublasLtGetStatusName(static_cast<cublasStatus_t>(status));
+  if (!Library().error.empty()) return "CUBLAS_STATUS_NOT_INITIALIZED";
+  return Lt().GetStatusName(static_cast<cublasStatus_t>(status));
 }
 
 const char* CublasStatusString(int status) {
-  return cublasLtGetStatusString(static_cast<cublasStatus_t>(status));
+  if (!Library().error.empty()) return Library().error.c_str();
+  return Lt().GetStatusString(static_cast<cublasStatus_t>(status));
 }
 
 }  // namespace deepinfer::kernels::cuda_raw

@@ -42,10 +42,17 @@ absl::Status Validate(const LinearCudaParams& p) {
 
 }  // namespace
 
+absl::Status CublasLtAvailable() {
+  const char* error = cuda_raw::CublasLtLoadError();
+  if (error[0] == '\0') return absl::OkStatus();
+  return absl::UnavailableError(error);
+}
+
 absl::Status LinearCuda(const LinearCudaParams& p, void* stream) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (absl::Status available = CudaAvailable(); !available.ok()) return available;
   if (p.m == 0) return absl::OkStatus();
+  if (absl::Status loaded = CublasLtAvailable(); !loaded.ok()) return loaded;
   const int status = cuda_raw::LaunchLinearCublasLt(p, stream);
   if (status == 0) return absl::OkStatus();
   return absl::InternalError(

@@ -10,8 +10,12 @@
 
 namespace deepinfer::kernels {
 
+// kUnavailable with the reason when cuBLASLt cannot be loaded (it is loaded at run time, not
+// linked, so that binaries with the CUDA backend run on machines without the CUDA libraries).
+absl::Status CublasLtAvailable();
+
 // kInvalidArgument naming the field for bad parameters (checked first); kUnavailable without a
-// device; kInternal with cuBLASLt's status name when the matmul is refused (e.g. no algorithm for
+// device or without cuBLASLt (CublasLtAvailable); kInternal with cuBLASLt's status name when the matmul is refused (e.g. no algorithm for
 // the shape within the workspace).
 absl::Status LinearCuda(const LinearCudaParams& p, void* stream);
 
