@@ -30,19 +30,37 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.cost_decay < 1.0) || !(options.content_decay >= 0.0) ||
       !(options.content_decay < 1.0) || !(options.switch_margin >= 0.0) ||
       !(options.explore_cost > 0.0) || options.min_gap_epochs < 1 ||
-      options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1) {
+      options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1 ||
+      !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) ||
+      !(options.prior_log_sd >= 0.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
         "warmup_steps <= max_warmup_steps, 0 <= cost_decay, content_decay < 1, switch_margin "
         ">= 0, "
-        "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1");
+        "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
+        "switch_z, explore_z, prior_log_sd >= 0");
   }
   return DraftModeSelector(std::move(modes), options);
 }
 
 DraftModeSelector::DraftModeSelector(std::vector<int> lengths, const Options& options)
     : lengths_(std::move(lengths)), options_(options) {}
+
+void DraftModeSelector::Spread::Add(double x, double decay) {
+  weight = weight * decay + 1.0;
+  weight2 = weight2 * decay * decay + 1.0;
+  m2 *= decay;
+  const double delta = x - mean;
+  mean += delta / weight;
+  m2 += delta * (x - mean);
+}
+
+double DraftModeSelector::Spread::MeanVariance(double prior_var) const {
+  if (weight <= 0.0) return prior_var;
+  const double var = (prior_var + std::max(m2, 0.0)) / (1.0 + weight);
+  return var * weight2 / (weight * weight);
+}
 
 int DraftModeSelector::Bucket(int decoding) {
   int b = 0;
@@ -74,6 +92,12 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         const ModeStats& from = near->modes[m];
         to.cost = from.cost;
         to.weight = std::min(from.weight, 1.0);
+        // One comparison's worth of what the neighbour knew, of the neighbour's spread.
+        to.cost_spread = from.cost_spread;
+        if (to.cost_spread.weight > 1.0) {
+          to.cost_spread.m2 /= to.cost_spread.weight;
+          to.cost_spread.weight = to.cost_spread.weight2 = 1.0;
+        }
         // Each loser is compared here once more before a long gap is set on inherited data.
         to.comparisons = std::min(from.comparisons, options_.min_comparisons - 1);
         to.has_prior = from.seq_steps > 0.0 || from.has_prior;
@@ -99,17 +123,30 @@ double DraftModeSelector::Score(const BucketStats& bucket, int mode) const {
   return log_tps - s.cost;
 }
 
+double DraftModeSelector::ScoreError(const BucketStats& bucket, int mode) const {
+  if (mode == bucket.incumbent) return 0.0;
+  const double prior = options_.prior_log_sd * options_.prior_log_sd;
+  const ModeStats& s = bucket.modes[mode];
+  const ModeStats& inc = bucket.modes[bucket.incumbent];
+  double var = s.cost_spread.MeanVariance(prior);
+  // Tokens per step: each side's own epochs, or one epoch's worth when inherited.
+  var += s.content_spread.MeanVariance(prior);
+  var += inc.content_spread.MeanVariance(prior);
+  return std::sqrt(var);
+}
+
 void DraftModeSelector::Compare(BucketStats& bucket, int mode, double observed_cost) {
   ModeStats& s = bucket.modes[mode];
   const double old = s.weight * options_.cost_decay;
   s.cost = (s.cost * old + observed_cost) / (old + 1.0);
   s.weight = old + 1.0;
+  s.cost_spread.Add(observed_cost, options_.cost_decay);
   ++s.comparisons;
 }
 
 void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
   int best = bucket.incumbent;
-  double best_score = options_.switch_margin;
+  double best_score = options_.switch_margin;  // the pessimistic score to beat
   for (int m = 0; m < num_modes(); ++m) {
     // One or two pairs of epochs are too noisy to hand a bucket to (a quarter-second's text
     // moves tokens per step by +-30%): a challenger takes over once compared min_comparisons
@@ -118,7 +155,7 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
         bucket.modes[m].comparisons < options_.min_comparisons) {
       continue;
     }
-    const double score = Score(bucket, m);
+    const double score = Score(bucket, m) - options_.switch_z * ScoreError(bucket, m);
     if (score > best_score) {
       best = m;
       best_score = score;
@@ -133,6 +170,7 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
   ModeStats& old = bucket.modes[bucket.incumbent];
   old.weight = s.weight;
   old.comparisons = s.comparisons;
+  old.cost_spread = s.cost_spread;  // the same comparisons, seen from the other side
   bucket.incumbent = best;
   s.cost = 0.0;
   ++switches_;
@@ -151,6 +189,8 @@ void DraftModeSelector::FinishEpoch() {
   ModeStats& mine = bucket.modes[current_];
   mine.tokens = mine.tokens * options_.content_decay + epoch_rate_tokens_;
   mine.seq_steps = mine.seq_steps * options_.content_decay + epoch_rate_seq_steps_;
+  mine.content_spread.Add(std::log(std::max(epoch_rate_tokens_ / epoch_rate_seq_steps_, 1e-9)),
+                          options_.content_decay);
   if (last_.epoch == epochs_ - 1 && last_.bucket == epoch_bucket_ && last_.mode != current_) {
     // Back-to-back epochs of one bucket: c_current - c_last = log(t_current / t_last).
     const double x = std::clamp(std::log(seconds_per_step / last_.seconds_per_step), -5.0, 5.0);
@@ -190,7 +230,8 @@ int DraftModeSelector::Decide(int b) {
       for (int m = 0; m < num_modes(); ++m) {
         if (m == inc) continue;
         const ModeStats& s = bucket.modes[m];
-        const double deficit = std::max(0.0, 1.0 - std::exp(Score(bucket, m)));
+        const double optimistic = Score(bucket, m) + options_.explore_z * ScoreError(bucket, m);
+        const double deficit = std::max(0.0, 1.0 - std::exp(optimistic));
         const double gap = s.comparisons < options_.min_comparisons
                                ? static_cast<double>(options_.min_gap_epochs)
                                : std::clamp(deficit / options_.explore_cost,

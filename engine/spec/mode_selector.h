@@ -38,17 +38,27 @@ namespace deepinfer::engine::spec {
 // on older ones): two epochs of the bucket back to back, modes a then b, observe c_b - c_a =
 // log(t_b / t_a), an observation of c_b if a is the incumbent, of c_a if b is, otherwise (a new
 // bucket's first tour) of c_b = c_a + log(t_b / t_a). A mode's score is s = log(its tokens per
-// step / the incumbent's) - c, its estimated rate relative to the incumbent's in log; one whose
-// score exceeds `switch_margin`, once compared `min_comparisons` times, becomes the incumbent (the
-// costs are rebased on it).
+// step / the incumbent's) - c, its estimated rate relative to the incumbent's in log.
+//
+// Both factors are noisy: a CPU's speed swings by tens of percent within a second (measured on
+// these VMs: the same loop 1.7x slower for a second, then not), so one comparison of two
+// quarter-second epochs is off by about +-25%, and so is one epoch's tokens per step. A score
+// therefore comes with its standard error se: the spread of the comparisons (and of each epoch's
+// log tokens per sequence-step, for the mode and the incumbent), from their decayed sample
+// variances blended with one pseudo-observation of sd `prior_log_sd`, over their effective
+// numbers. A mode takes over the bucket only when even its pessimistic score s - switch_z x se
+// exceeds `switch_margin` (and it was compared `min_comparisons` times): a few lucky epochs no
+// longer hand a bucket to a mode that is not faster, and a wrong incumbent is rare, since one is
+// left only slowly. The costs are then rebased on the new incumbent.
 //
 // At each epoch's start, for its bucket: the incumbent runs, except that (only right after an
 // epoch of the same bucket, so that the comparison is fresh) a mode never compared runs next (in
-// the order given), and a loser with deficit d = 1 - exp(s) is revisited once clamp(d /
-// explore_cost, min_gap_epochs, max_gap_epochs) epochs of the bucket have passed since it last
-// ran (most overdue first): each loser then costs about explore_cost of the run, modes close to
-// the incumbent are re-compared often (they may have overtaken it), bad ones rarely (but none
-// before it was compared min_comparisons times). The first bucket starts with the first mode
+// the order given), and a loser with deficit d = 1 - exp(s + explore_z x se) (optimistic: an
+// uncertain estimate is re-measured sooner) is revisited once clamp(d / explore_cost,
+// min_gap_epochs, max_gap_epochs) epochs of the bucket have passed since it last ran (most
+// overdue first): each loser then costs about explore_cost of the run, modes close to the
+// incumbent are re-compared often (they may have overtaken it), bad ones rarely (but none
+// before it was compared min_comparisons times). switch_z = explore_z = 0: point estimates only. The first bucket starts with the first mode
 // given as incumbent; a later one inherits the nearest bucket's incumbent and estimates (costs,
 // and tokens per step per decoding sequence until it measures its own, each mode needing one
 // comparison of its own before a long gap), touring only the modes that bucket never compared.
@@ -71,9 +81,15 @@ class DraftModeSelector {
     double short_epoch_sequence_steps = 128.0;  // >= 0
     int warmup_steps = 2;                       // >= 0
     int max_warmup_steps = 16;                  // >= warmup_steps: with StillWarming
-    double cost_decay = 0.7;                    // in [0, 1)
+    double cost_decay = 0.9;                    // in [0, 1)
     double content_decay = 0.95;                // in [0, 1)
     double switch_margin = 0.01;                // >= 0
+    // Uncertainty (see above): standard errors in a switch's pessimistic score and a revisit's
+    // optimistic one, and the sd of one observation assumed before (and blended with) the
+    // measured spread.
+    double switch_z = 2.0;       // >= 0
+    double explore_z = 1.0;      // >= 0
+    double prior_log_sd = 0.25;  // >= 0
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                     // >= 1
     int max_gap_epochs = 128;                   // >= min_gap_epochs
@@ -126,10 +142,24 @@ class DraftModeSelector {
   std::string DebugString() const;
 
  private:
+  // Exponentially weighted mean and spread of observations (weighted Welford), each new one of
+  // weight 1, older ones decayed.
+  struct Spread {
+    double weight = 0.0;   // sum of weights
+    double weight2 = 0.0;  // sum of squared weights (the mean's effective number: w^2 / w2)
+    double mean = 0.0;
+    double m2 = 0.0;  // sum of weight x (x - mean)^2
+    void Add(double x, double decay);
+    // Squared standard error of the mean, the variance blended with one pseudo-observation of
+    // `prior_var`; prior_var when empty.
+    double MeanVariance(double prior_var) const;
+  };
   struct ModeStats {
     double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
     double weight = 0.0;     // decayed number of comparisons (0: never compared)
     int comparisons = 0;     // undecayed
+    Spread cost_spread;      // of the comparisons (its mean shifts with rebasing; not used)
+    Spread content_spread;   // of its epochs' log(tokens per sequence-step)
     double tokens = 0.0;     // emitted tokens and sequence-steps (steps x decoding sequences)
     double seq_steps = 0.0;  // of its epochs (content_decay)
     // Inherited from a neighbouring bucket (until own data): log(tokens per sequence-step)
@@ -158,6 +188,8 @@ class DraftModeSelector {
   void Compare(BucketStats& bucket, int mode, double observed_cost);
   void MaybeSwitch(BucketStats& bucket);
   double Score(const BucketStats& bucket, int mode) const;
+  // The standard error of Score (0 for the incumbent).
+  double ScoreError(const BucketStats& bucket, int mode) const;
 
   std::vector<int> lengths_;
   Options options_;
