@@ -32,14 +32,15 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.explore_cost > 0.0) || options.min_gap_epochs < 1 ||
       options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1 ||
       !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) ||
-      !(options.prior_log_sd >= 0.0)) {
+      !(options.prior_log_sd >= 0.0) || !(options.prune_below >= 0.0) ||
+      !(options.prune_below <= 1.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
         "warmup_steps <= max_warmup_steps, 0 <= cost_decay, content_decay < 1, switch_margin "
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
-        "switch_z, explore_z, prior_log_sd >= 0");
+        "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below <= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -211,6 +212,49 @@ void DraftModeSelector::FinishEpoch() {
   last_.seconds_per_step = seconds_per_step;
 }
 
+bool DraftModeSelector::Pruned(const BucketStats& bucket, int mode) const {
+  const int length = lengths_[mode];
+  if (length == kPlan || options_.prune_below <= 0.0 || bucket.incumbent < 0) return false;
+  // The best draft length (none = 0 included) by its point estimate, among those with one.
+  int best = -1;
+  double best_score = 0.0;
+  for (int m = 0; m < num_modes(); ++m) {
+    if (lengths_[m] == kPlan) continue;
+    if (m != bucket.incumbent && bucket.modes[m].weight <= 0.0) continue;
+    const double score = Score(bucket, m);
+    if (best < 0 || score > best_score) {
+      best = m;
+      best_score = score;
+    }
+  }
+  if (best < 0 || mode == best) return false;
+  // The neighbour on the way to the best length: the next shorter length above it, the next
+  // longer one below it.
+  const int best_length = lengths_[best];
+  int neighbour = -1;
+  for (int m = 0; m < num_modes(); ++m) {
+    const int l = lengths_[m];
+    if (l == kPlan) continue;
+    const bool between = length > best_length ? (l >= best_length && l < length)
+                                              : (l <= best_length && l > length);
+    if (!between) continue;
+    if (neighbour < 0 || (length > best_length ? l > lengths_[neighbour]
+                                               : l < lengths_[neighbour])) {
+      neighbour = m;
+    }
+  }
+  // The neighbour must lie strictly between: being slower than the best, it shows that the
+  // peak is not beyond it (and the mode, further out, is slower still).
+  if (neighbour < 0 || neighbour == best || neighbour == bucket.incumbent) return false;
+  // Past a pruned neighbour, pruned too (slower than it).
+  if (Pruned(bucket, neighbour)) return true;
+  const ModeStats& n = bucket.modes[neighbour];
+  if (n.weight <= 0.0 || n.comparisons < options_.min_comparisons) return false;
+  const double optimistic =
+      Score(bucket, neighbour) + options_.explore_z * ScoreError(bucket, neighbour);
+  return optimistic < std::log(options_.prune_below);
+}
+
 int DraftModeSelector::Decide(int b) {
   BucketStats& bucket = BucketAt(b);
   const int64_t epoch = bucket.epochs++;
@@ -222,13 +266,13 @@ int DraftModeSelector::Decide(int b) {
   if (fresh) {
     // First tour: modes never compared, in order, each against the epoch before it.
     for (int m = 0; m < num_modes() && pick == inc; ++m) {
-      if (m != inc && bucket.modes[m].weight <= 0.0) pick = m;
+      if (m != inc && bucket.modes[m].weight <= 0.0 && !Pruned(bucket, m)) pick = m;
     }
     if (pick == inc && last_.mode == inc) {
       // Revisits (after an epoch of the incumbent, which then also follows them).
       double most_overdue = -1.0;
       for (int m = 0; m < num_modes(); ++m) {
-        if (m == inc) continue;
+        if (m == inc || Pruned(bucket, m)) continue;
         const ModeStats& s = bucket.modes[m];
         const double optimistic = Score(bucket, m) + options_.explore_z * ScoreError(bucket, m);
         const double deficit = std::max(0.0, 1.0 - std::exp(optimistic));

@@ -58,7 +58,18 @@ namespace deepinfer::engine::spec {
 // min_gap_epochs, max_gap_epochs) epochs of the bucket have passed since it last ran (most
 // overdue first): each loser then costs about explore_cost of the run, modes close to the
 // incumbent are re-compared often (they may have overtaken it), bad ones rarely (but none
-// before it was compared min_comparisons times). switch_z = explore_z = 0: point estimates only. The first bucket starts with the first mode
+// before it was compared min_comparisons times). switch_z = explore_z = 0: point estimates only.
+//
+// Draft lengths are unimodal in rate (each longer draft adds a verified position whose survival
+// only falls, and a draft round's cost): past the best length, a longer one is slower than the
+// next shorter one; below it, a shorter one is slower than the next longer one. So a fixed length
+// (none = 0 among them) is *pruned*, neither toured nor revisited, while its neighbour on the way
+// to the best measured length (by point estimates), itself not that best, is, even optimistically
+// (+ explore_z x se) and after min_comparisons comparisons, below `prune_below` of the
+// incumbent (slower than the best, the neighbour shows that the peak is not beyond it), or is
+// pruned itself: a draft model's k = 4 and 8,
+// 25-50% behind, are no longer measured in every bucket once k = 2 is known to be behind. The
+// plan is never pruned. The first bucket starts with the first mode
 // given as incumbent; a later one inherits the nearest bucket's incumbent and estimates (costs,
 // and tokens per step per decoding sequence until it measures its own, each mode needing one
 // comparison of its own before a long gap), touring only the modes that bucket never compared.
@@ -90,6 +101,7 @@ class DraftModeSelector {
     double switch_z = 2.0;       // >= 0
     double explore_z = 1.0;      // >= 0
     double prior_log_sd = 0.25;  // >= 0
+    double prune_below = 0.95;   // in [0, 1]; 0: no pruning
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                     // >= 1
     int max_gap_epochs = 128;                   // >= min_gap_epochs
@@ -188,6 +200,8 @@ class DraftModeSelector {
   void Compare(BucketStats& bucket, int mode, double observed_cost);
   void MaybeSwitch(BucketStats& bucket);
   double Score(const BucketStats& bucket, int mode) const;
+  // Whether a fixed length is pruned (see above) in this bucket.
+  bool Pruned(const BucketStats& bucket, int mode) const;
   // The standard error of Score (0 for the incumbent).
   double ScoreError(const BucketStats& bucket, int mode) const;
 

@@ -116,6 +116,7 @@ TEST(DraftModeSelectorTest, LosersCostAboutExploreCostEach) {
   o.warmup_steps = 0;
   o.explore_cost = 0.005;
   o.switch_z = o.explore_z = 0.0;  // point estimates: the gaps below are d / explore_cost
+  o.prune_below = 0.0;             // every loser revisited (pruning: LengthsPastAClearLoser...)
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
   ASSERT_TRUE(s.ok());
   // Deficits 0.1, 0.3, 0.5, 0.2, 0.6 against mode 3 (500 tokens/s): gaps 20, 60, 100, 40, 120
@@ -239,6 +240,7 @@ TEST(DraftModeSelectorTest, NewBucketsStartFromTheirNeighbour) {
   o.epoch_seconds = 0.0;
   o.warmup_steps = 0;
   o.min_gap_epochs = 4;
+  o.prune_below = 0.0;  // mode 3 (length 3) would be pruned past mode 2
   auto s = DraftModeSelector::Create({0, 1, 2, 3}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {200.0, 400.0, 300.0, 100.0};
@@ -438,6 +440,64 @@ TEST(DraftModeSelectorTest, MachineNoiseDoesNotHandTheBucketAround) {
   }
   EXPECT_GT(realised[0], 0.965);
   EXPECT_GT(realised[0], realised[1] + 0.01) << realised[1];
+}
+
+// A draft model's rates (the plan best, then k = 1; k = 2 15% behind, k = 4 and 8 far behind):
+// once k = 2 is known to be behind, k = 4 and 8 are no longer measured (they are past it, and
+// lengths are unimodal). "Off" and k = 2 stay losers revisited by their deficits (their
+// neighbour towards the best length is k = 1, the best itself). Without pruning, the same run
+// keeps revisiting k = 4 and 8.
+TEST(DraftModeSelectorTest, LengthsPastAClearLoserAreNotMeasured) {
+  const std::vector<double> rate = {100.0, 80.0, 97.0, 85.0, 65.0, 45.0};
+  int far[2];
+  double realised[2];
+  for (int prune : {1, 0}) {
+    Options o;
+    o.epoch_steps = 16;
+    o.epoch_seconds = 0.0;
+    o.warmup_steps = 0;
+    if (prune == 0) o.prune_below = 0.0;
+    auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
+    ASSERT_TRUE(s.ok());
+    RunSteps(*s, 2, rate, 16 * 100);
+    const std::vector<int> ran = RunSteps(*s, 2, rate, 16 * 3000);
+    far[prune] = ran[4] + ran[5];
+    double tokens = 0.0;
+    for (size_t m = 0; m < rate.size(); ++m) tokens += rate[m] * ran[m];
+    realised[prune] = tokens / (rate[0] * 16 * 3000);
+    if (prune == 1) {
+      EXPECT_EQ(far[1], 0);
+      EXPECT_GT(ran[3], 0);  // k = 2 itself is still revisited
+      EXPECT_EQ(s->Incumbent(2), 0);
+    }
+  }
+  EXPECT_GT(far[0], 16 * 40);
+  EXPECT_GT(realised[1], realised[0]);
+}
+
+// Lengths are pruned only past a neighbour that is slower than the best measured length: with
+// only "off" and the plan measured (k = 1 and 2 not yet), off being behind the plan says nothing
+// about k = 1, which is toured.
+TEST(DraftModeSelectorTest, NoPruningBeforeTheBestLengthIsBracketed) {
+  Options o;
+  o.epoch_steps = 4;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = 0;
+  o.min_comparisons = 1;
+  o.switch_z = o.explore_z = 0.0;
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
+  ASSERT_TRUE(s.ok());
+  std::vector<int> modes;
+  const std::vector<double> rate = {300.0, 150.0, 400.0, 350.0};
+  for (int e = 0; e < 4; ++e) {
+    for (int i = 0; i < 4; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(1);
+      if (i == 0) modes.push_back(c.mode);
+      s->Observe(1, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+    }
+  }
+  EXPECT_EQ(modes, std::vector<int>({0, 1, 2, 3}));
+  EXPECT_EQ(s->Incumbent(1), 2);
 }
 
 // Under the same noise a mode that is 20% faster than the incumbent still takes over, within a
