@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# step_trace_summary.py on hand-made step-trace lines: the figures are checked against the
+# arithmetic done by hand (see the lines in testdata/step_trace*.log).
+set -euo pipefail
+tool=$1
+dir=$(dirname "$2")
+cd "$dir"
+got=$(python3 "$OLDPWD/$tool" step_trace.log step_trace_node.log)
+want='step_trace.log: 5 steps, 0.023 s, 12 tokens, 521.7 tokens/s
+mode     n  steps  time%   period  forward    draft verified accepted tok/step  ms/tok
+-1       1      1   13.0     3.00     2.50     0.40     1.00     1.00     2.00    1.50
+0        2      2   34.8     4.00     3.00     0.00     0.00     0.00     2.00    2.00
+1        2      2   52.2     6.00     5.00     0.60     2.00     1.00     3.00    2.00
+step_trace_node.log: 1 steps, 0.009 s, 6 tokens, 666.7 tokens/s
+mode     n  steps  time%   period  forward    draft verified accepted tok/step  ms/tok
+node     3      1  100.0     9.00     8.00     0.70     3.00     3.00     6.00    1.50'
+if [ "$got" != "$want" ]; then
+  diff <(echo "$want") <(echo "$got") || true
+  echo "FAIL: summary differs"
+  exit 1
+fi
+# --skip 0.5 drops the first 3 of the 6 step lines (the period-0 one and both of mode 0).
+got=$(python3 "$OLDPWD/$tool" --skip 0.5 step_trace.log | sed -n 1p)
+[ "$got" = "step_trace.log: 3 steps, 0.015 s, 8 tokens, 533.3 tokens/s" ] || { echo "FAIL: --skip: $got"; exit 1; }
+if python3 "$OLDPWD/$tool" --skip 1 step_trace.log 2>/dev/null; then echo "FAIL: --skip 1 accepted"; exit 1; fi
+echo PASS
