@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -405,6 +406,15 @@ TEST(DraftModeSelectorTest, StillWarmingLeavesOutTheChangesCatchUp) {
   EXPECT_NEAR(s->Relative(1, 1), 0.5, 1e-9);
 }
 
+// The machine's speed for RunSteps: each block of 16 steps at a random speed, log-normal with sd
+// 0.3 (a function of `seed`).
+std::function<double(int)> NoisySpeed(int seed) {
+  std::mt19937 rng(seed);
+  auto noise = std::make_shared<std::vector<double>>(4096);
+  for (double& f : *noise) f = std::exp(std::normal_distribution<double>(0.0, 0.3)(rng));
+  return [noise](int step) { return (*noise)[(step / 16) % noise->size()]; };
+}
+
 // The machine's speed swings within a second (each 16-step block runs at a random speed,
 // log-normal with sd 0.3: measured on these VMs, the same loop 1.7x slower for a second, then
 // not), so one comparison of two epochs is off by +-40%. Six modes 4-45% apart (as a draft
@@ -418,10 +428,7 @@ TEST(DraftModeSelectorTest, MachineNoiseDoesNotHandTheBucketAround) {
   const int runs = 20, steps = 16 * 1000;
   for (int exact : {0, 1}) {
     for (int seed = 0; seed < runs; ++seed) {
-      std::mt19937 rng(seed);
-      std::vector<double> noise(steps / 16 + 1);
-      for (double& f : noise) f = std::exp(std::normal_distribution<double>(0.0, 0.3)(rng));
-      auto speed = [&](int step) { return noise[step / 16]; };
+      const std::function<double(int)> speed = NoisySpeed(seed);
       Options o;
       o.epoch_steps = 16;
       o.epoch_seconds = 0.0;
@@ -503,10 +510,7 @@ TEST(DraftModeSelectorTest, NoPruningBeforeTheBestLengthIsBracketed) {
 // Under the same noise a mode that is 20% faster than the incumbent still takes over, within a
 // few hundred epochs, and then runs nearly all the time.
 TEST(DraftModeSelectorTest, MachineNoiseStillLetsAFasterModeTakeOver) {
-  std::mt19937 rng(12);
-  std::vector<double> noise(20000);
-  for (double& f : noise) f = std::exp(std::normal_distribution<double>(0.0, 0.3)(rng));
-  auto speed = [&](int step) { return noise[(step / 16) % noise.size()]; };
+  const std::function<double(int)> speed = NoisySpeed(12);
   Options o;
   o.epoch_steps = 16;
   o.epoch_seconds = 0.0;

@@ -31,21 +31,26 @@ constexpr const char* kCublasLtSoname = "libcublasLt.so." DI_STR(CUBLAS_VER_MAJO
 constexpr const char* kCublasLtInToolkit = "/usr/local/cuda/lib64/libcublasLt.so." DI_STR(
     CUBLAS_VER_MAJOR);
 
-// Every cuBLASLt entry point this file calls.
+// Every cuBLASLt entry point this file calls (X(name) for cublasLt<name>).
+#define DI_CUBLASLT_ENTRY_POINTS(X)                                                            \
+  X(Create)                                                                                    \
+  X(GetStatusName)                                                                             \
+  X(GetStatusString)                                                                           \
+  X(Matmul)                                                                                    \
+  X(MatmulAlgoGetHeuristic)                                                                    \
+  X(MatmulDescCreate)                                                                          \
+  X(MatmulDescDestroy)                                                                         \
+  X(MatmulDescSetAttribute)                                                                    \
+  X(MatmulPreferenceCreate)                                                                    \
+  X(MatmulPreferenceDestroy)                                                                   \
+  X(MatmulPreferenceSetAttribute)                                                              \
+  X(MatrixLayoutCreate)                                                                        \
+  X(MatrixLayoutDestroy)
+
 struct Api {
-  decltype(&cublasLtCreate) Create = nullptr;
-  decltype(&cublasLtGetStatusName) GetStatusName = nullptr;
-  decltype(&cublasLtGetStatusString) GetStatusString = nullptr;
-  decltype(&cublasLtMatmul) Matmul = nullptr;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
-  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
-  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
-  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
-  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
-  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
-  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
-  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+#define DI_API_FIELD(name) decltype(&cublasLt##name) name = nullptr;
+  DI_CUBLASLT_ENTRY_POINTS(DI_API_FIELD)
+#undef DI_API_FIELD
 };
 
 // Opens `path` and resolves every entry point into `api`; the handle, or null with `error` set.
@@ -67,19 +72,9 @@ void* Open(const char* path, Api* api, std::string* error) {
     }
     *fn = reinterpret_cast<std::remove_reference_t<decltype(*fn)>>(sym);
   };
-  resolve(&api->Create, "cublasLtCreate");
-  resolve(&api->GetStatusName, "cublasLtGetStatusName");
-  resolve(&api->GetStatusString, "cublasLtGetStatusString");
-  resolve(&api->Matmul, "cublasLtMatmul");
-  resolve(&api->MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-  resolve(&api->MatmulDescCreate, "cublasLtMatmulDescCreate");
-  resolve(&api->MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  resolve(&api->MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  resolve(&api->MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  resolve(&api->MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  resolve(&api->MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  resolve(&api->MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  resolve(&api->MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+#define DI_RESOLVE(name) resolve(&api->name, "cublasLt" #name);
+  DI_CUBLASLT_ENTRY_POINTS(DI_RESOLVE)
+#undef DI_RESOLVE
   if (!ok) {
     dlclose(lib);
     *api = Api();
