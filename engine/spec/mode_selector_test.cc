@@ -33,6 +33,13 @@ std::vector<int> RunSteps(DraftModeSelector& s, int decoding, const std::vector<
   return ran;
 }
 
+// The uncertainty-aware options tried in session 10 (see the header's "Defaults").
+void Uncertain(Options* o) {
+  o->switch_z = 2.0;
+  o->explore_z = 1.0;
+  o->cost_decay = 0.9;
+}
+
 TEST(DraftModeSelectorTest, RefusesBadModesAndOptions) {
   EXPECT_FALSE(DraftModeSelector::Create({}, Options()).ok());
   EXPECT_FALSE(DraftModeSelector::Create({0, 1, 1}, Options()).ok());
@@ -210,7 +217,7 @@ TEST(DraftModeSelectorTest, OneLuckyEpochDoesNotTakeOver) {
     o.min_gap_epochs = 3;
     o.min_comparisons = std::max(min_comparisons, 1);
     o.explore_cost = 0.005;
-    if (min_comparisons != 1) o.switch_z = o.explore_z = 0.0;
+    if (min_comparisons == 1) Uncertain(&o);
     auto s = DraftModeSelector::Create({0, 1}, o);
     ASSERT_TRUE(s.ok());
     int mode1_epochs = 0;
@@ -433,10 +440,7 @@ TEST(DraftModeSelectorTest, MachineNoiseDoesNotHandTheBucketAround) {
       o.epoch_steps = 16;
       o.epoch_seconds = 0.0;
       o.warmup_steps = 0;
-      if (exact == 1) {
-        o.switch_z = o.explore_z = 0.0;
-        o.cost_decay = 0.7;
-      }
+      if (exact == 0) Uncertain(&o);
       auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
       ASSERT_TRUE(s.ok());
       const std::vector<int> ran = RunSteps(*s, 4, rate, steps, 0.01, speed);
@@ -463,7 +467,8 @@ TEST(DraftModeSelectorTest, LengthsPastAClearLoserAreNotMeasured) {
     o.epoch_steps = 16;
     o.epoch_seconds = 0.0;
     o.warmup_steps = 0;
-    if (prune == 0) o.prune_below = 0.0;
+    Uncertain(&o);
+    o.prune_below = prune == 1 ? 0.95 : 0.0;
     auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
     ASSERT_TRUE(s.ok());
     RunSteps(*s, 2, rate, 16 * 100);
@@ -492,6 +497,7 @@ TEST(DraftModeSelectorTest, NoPruningBeforeTheBestLengthIsBracketed) {
   o.warmup_steps = 0;
   o.min_comparisons = 1;
   o.switch_z = o.explore_z = 0.0;
+  o.prune_below = 0.95;
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
   std::vector<int> modes;
@@ -515,6 +521,7 @@ TEST(DraftModeSelectorTest, MachineNoiseStillLetsAFasterModeTakeOver) {
   o.epoch_steps = 16;
   o.epoch_seconds = 0.0;
   o.warmup_steps = 0;
+  Uncertain(&o);
   auto s = DraftModeSelector::Create({0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {300.0, 360.0, 250.0};
