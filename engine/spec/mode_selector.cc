@@ -103,6 +103,7 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         to.comparisons = std::min(from.comparisons, options_.min_comparisons - 1);
         to.has_prior = from.seq_steps > 0.0 || from.has_prior;
         to.prior_log_tps = Score(*near, static_cast<int>(m)) + from.cost;
+        to.epoch_seconds = from.epoch_seconds;
       }
     }
     buckets_[b] = std::move(fresh);
@@ -178,6 +179,11 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
 }
 
 void DraftModeSelector::FinishEpoch() {
+  if (epoch_wall_seconds_ > 0.0) {
+    double& mean = BucketAt(epoch_bucket_).modes[current_].epoch_seconds;
+    mean = mean > 0.0 ? mean + kEpochTimeWeight * (epoch_wall_seconds_ - mean)
+                      : epoch_wall_seconds_;
+  }
   const int need = std::max(1, (epoch_steps_ + 1) / 2);  // half the epoch in its bucket
   if (epoch_rate_steps_ < need || epoch_rate_seconds_ <= 0.0 || epoch_rate_seq_steps_ <= 0.0) {
     last_ = LastEpoch();  // too little of the bucket to compare: the chain breaks here
@@ -276,9 +282,15 @@ int DraftModeSelector::Decide(int b) {
         const ModeStats& s = bucket.modes[m];
         const double optimistic = Score(bucket, m) + options_.explore_z * ScoreError(bucket, m);
         const double deficit = std::max(0.0, 1.0 - std::exp(optimistic));
+        // A revisit costs the deficit over the loser's epoch, in the incumbent's epochs.
+        double duration = 1.0;
+        const double inc_seconds = bucket.modes[inc].epoch_seconds;
+        if (options_.explore_by_time && s.epoch_seconds > 0.0 && inc_seconds > 0.0) {
+          duration = std::clamp(s.epoch_seconds / inc_seconds, 0.25, 4.0);
+        }
         const double gap = s.comparisons < options_.min_comparisons
                                ? static_cast<double>(options_.min_gap_epochs)
-                               : std::clamp(deficit / options_.explore_cost,
+                               : std::clamp(deficit * duration / options_.explore_cost,
                                             static_cast<double>(options_.min_gap_epochs),
                                             static_cast<double>(options_.max_gap_epochs));
         const double overdue = static_cast<double>(epoch - s.last_epoch) - gap;
@@ -313,6 +325,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     epoch_steps_ = 0;
     epoch_seq_steps_ = 0.0;
     epoch_seconds_ = 0.0;
+    epoch_wall_seconds_ = 0.0;
     epoch_rate_tokens_ = 0.0;
     epoch_rate_seconds_ = 0.0;
     epoch_rate_steps_ = 0;
@@ -342,6 +355,7 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
       !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
   }
+  if (mode == current_) epoch_wall_seconds_ += seconds;
   if (!measured || mode != current_) return;
   ++epoch_steps_;
   epoch_seq_steps_ += decoding;

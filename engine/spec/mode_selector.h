@@ -58,6 +58,13 @@ namespace deepinfer::engine::spec {
 // overdue first): each loser then costs about explore_cost of the run, modes close to the
 // incumbent are re-compared often (they may have overtaken it), bad ones rarely (but none
 // before it was compared min_comparisons times). switch_z = explore_z = 0: point estimates only.
+// With `explore_by_time` (default) the deficit is weighed by how long the loser's epochs last
+// against the incumbent's (each mode's mean wall time per epoch in the bucket, warm-up steps
+// included; clamped to [1/4, 4]): a long draft's steps at many decoding sequences take several
+// times an incumbent's, and so do its epochs (they end after a number of steps), so a revisit
+// costs that much more of the run. Measured live (issue 12, session 11, draft model at
+// concurrency 32): without it a quarter of the time went to revisits (k = 4 and 8 epochs of
+// 1.1-1.6 s against k = 1's 0.47 s), where the gaps meant about 1%.
 //
 // Draft lengths are unimodal in rate (each longer draft adds a verified position whose survival
 // only falls, and a draft round's cost): past the best length, a longer one is slower than the
@@ -112,6 +119,7 @@ class DraftModeSelector {
     double explore_z = 0.0;      // >= 0
     double prior_log_sd = 0.25;  // >= 0
     double prune_below = 0.0;    // in [0, 1]; 0: no pruning (tried: 0.95)
+    bool explore_by_time = true;  // revisit gaps weighed by the epochs' wall time (above)
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                     // >= 1
     int max_gap_epochs = 128;                   // >= min_gap_epochs
@@ -176,6 +184,7 @@ class DraftModeSelector {
     // `prior_var`; prior_var when empty.
     double MeanVariance(double prior_var) const;
   };
+  static constexpr double kEpochTimeWeight = 0.3;
   struct ModeStats {
     double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
     double weight = 0.0;     // decayed number of comparisons (0: never compared)
@@ -189,6 +198,9 @@ class DraftModeSelector {
     bool has_prior = false;
     double prior_log_tps = 0.0;
     int64_t last_epoch = -1;  // the bucket's epoch count when the mode last ran an epoch
+    // Mean wall time of its epochs begun in this bucket (every step of the epoch's mode, warm-up
+    // included; weight kEpochTimeWeight on the newest), 0 before the first.
+    double epoch_seconds = 0.0;
   };
   struct BucketStats {
     std::vector<ModeStats> modes;
@@ -227,6 +239,7 @@ class DraftModeSelector {
   double epoch_rate_seconds_ = 0.0;
   int epoch_rate_steps_ = 0;
   double epoch_rate_seq_steps_ = 0.0;
+  double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
   int warmup_left_ = 0;           // Choose calls left unmeasured after a change
   int warmup_taken_ = 0;          // of them, returned since the change
   bool last_unmeasured_ = false;  // the latest Choose returned measured = false

@@ -67,6 +67,9 @@ TEST(DraftModeSelectorTest, FirstTourThenTheFastestRuns) {
   o.min_comparisons = 1;  // (MinComparisons below)
   o.explore_cost = 0.005;
   o.switch_z = o.explore_z = 0.0;  // point estimates (noiseless rates; see MachineNoise... below)
+  // Gaps in epochs (the warm-up steps make a revisit's epoch 12 steps against the incumbent's
+  // 10: by time, 1.2 times as far apart; LongEpochsAreRevisitedLessOften).
+  o.explore_by_time = false;
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {300.0, 250.0, 400.0, 350.0};
@@ -142,6 +145,48 @@ TEST(DraftModeSelectorTest, LosersCostAboutExploreCostEach) {
   EXPECT_NEAR(ran[0] / 16.0, epochs / 20.0, epochs / 20.0 * 0.15);
   EXPECT_NEAR(ran[5] / 16.0, epochs / 120.0, epochs / 120.0 * 0.15 + 1);
   EXPECT_EQ(s->Incumbent(8), 3);
+}
+
+// A loser whose steps take four times as long as the incumbent's (a long draft at many
+// decoding sequences) runs epochs four times as long: with explore_by_time its revisits are
+// four times as far apart, so it still costs about explore_cost of the run's time; without,
+// about four times that.
+TEST(DraftModeSelectorTest, LongEpochsAreRevisitedLessOften) {
+  const std::vector<double> rate = {500.0, 450.0};  // mode 1: deficit 0.1
+  const std::vector<double> step_seconds = {0.01, 0.04};
+  for (bool by_time : {true, false}) {
+    SCOPED_TRACE(by_time ? "by time" : "by epochs");
+    Options o;
+    o.epoch_steps = 16;
+    o.epoch_seconds = 0.0;
+    o.warmup_steps = 0;
+    o.explore_cost = 0.005;  // gap 0.1 x 4 / 0.005 = 80 epochs (20 without)
+    o.explore_by_time = by_time;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    double seconds = 0.0;
+    double tokens = 0.0;
+    double loser_epochs = 0.0;
+    for (int i = 0; i < 16 * 4000; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(8);
+      const double t = step_seconds[c.mode];
+      s->Observe(8, c.mode, c.measured, rate[c.mode] * t, t);
+      if (i >= 16 * 400) {  // after the first comparisons
+        seconds += t;
+        tokens += rate[c.mode] * t;
+        if (c.mode == 1) loser_epochs += 1.0 / 16;
+      }
+    }
+    EXPECT_EQ(s->Incumbent(8), 0);
+    const double lost = 1.0 - tokens / (seconds * rate[0]);
+    if (by_time) {
+      EXPECT_NEAR(loser_epochs, 3600.0 / 81.0, 3.0);
+      EXPECT_NEAR(lost, 0.005, 0.001);
+    } else {
+      EXPECT_NEAR(loser_epochs, 3600.0 / 21.0, 5.0);
+      EXPECT_GT(lost, 0.015);
+    }
+  }
 }
 
 TEST(DraftModeSelectorTest, FollowsAChangeOfTheBestMode) {
