@@ -289,7 +289,7 @@ int DraftModeSelector::Decide(int b) {
           duration = std::clamp(s.epoch_seconds / inc_seconds, 0.25, 4.0);
         }
         const double gap = s.comparisons < options_.min_comparisons
-                               ? static_cast<double>(options_.min_gap_epochs)
+                               ? options_.min_gap_epochs * std::max(duration, 1.0)
                                : std::clamp(deficit * duration / options_.explore_cost,
                                             static_cast<double>(options_.min_gap_epochs),
                                             static_cast<double>(options_.max_gap_epochs));

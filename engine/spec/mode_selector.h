@@ -62,7 +62,8 @@ namespace deepinfer::engine::spec {
 // against the incumbent's (each mode's mean wall time per epoch in the bucket, warm-up steps
 // included; clamped to [1/4, 4]): a long draft's steps at many decoding sequences take several
 // times an incumbent's, and so do its epochs (they end after a number of steps), so a revisit
-// costs that much more of the run. Measured live (issue 12, session 11, draft model at
+// costs that much more of the run; a loser still short of min_comparisons comparisons then waits
+// min_gap_epochs x that ratio (when above 1). Measured live (issue 12, session 11, draft model at
 // concurrency 32): without it a quarter of the time went to revisits (k = 4 and 8 epochs of
 // 1.1-1.6 s against k = 1's 0.47 s), where the gaps meant about 1%.
 //

@@ -167,8 +167,12 @@ TEST(DraftModeSelectorTest, LongEpochsAreRevisitedLessOften) {
     double seconds = 0.0;
     double tokens = 0.0;
     double loser_epochs = 0.0;
+    std::vector<int64_t> loser_starts;  // the epochs (numbered from 1) in which the loser ran
+    int last_mode = -1;
     for (int i = 0; i < 16 * 4000; ++i) {
       const DraftModeSelector::Choice c = s->Choose(8);
+      if (c.mode == 1 && last_mode != 1) loser_starts.push_back(s->epochs());
+      last_mode = c.mode;
       const double t = step_seconds[c.mode];
       s->Observe(8, c.mode, c.measured, rate[c.mode] * t, t);
       if (i >= 16 * 400) {  // after the first comparisons
@@ -178,6 +182,10 @@ TEST(DraftModeSelectorTest, LongEpochsAreRevisitedLessOften) {
       }
     }
     EXPECT_EQ(s->Incumbent(8), 0);
+    // Before min_comparisons (3) comparisons: min_gap_epochs (4) epochs apart, x 4 by time.
+    ASSERT_GE(loser_starts.size(), 3u);
+    EXPECT_EQ(loser_starts[0], 2);  // the tour
+    EXPECT_EQ(loser_starts[1] - loser_starts[0], by_time ? 16 : 4);
     const double lost = 1.0 - tokens / (seconds * rate[0]);
     if (by_time) {
       EXPECT_NEAR(loser_epochs, 3600.0 / 81.0, 3.0);
