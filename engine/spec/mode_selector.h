@@ -79,17 +79,19 @@ namespace deepinfer::engine::spec {
 // (prune_below = 0).
 //
 // Defaults: point estimates, every loser revisited (switch_z = explore_z = prune_below = 0,
-// cost_decay 0.7). With switch_z 2, explore_z 1, cost_decay 0.9 and prune_below 0.95 the
-// selector realised 1-3 points more of the best mode's rate in simulations whose first mode was
-// (nearly) the best, but the live sweep (issue 12, session 10) measured it behind the best fixed
-// length in four cells of six, its n-gram node keeping the plan in buckets where it rated k = 4
-// 8-24% faster: decayed estimates never grow certain (their effective number stays below
-// (1 + decay) / (1 - decay)), so two standard errors of +-30% epochs are a permanent ~20%
-// barrier, and buckets stay with their first incumbent. The options stay for further work.
+// cost_decay 0.7), the gaps weighed by epoch duration (explore_by_time). With switch_z 2, explore_z
+// 1, cost_decay 0.9 and prune_below 0.95 the selector realised 1-3 points more of the best mode's
+// rate in simulations whose first mode was (nearly) the best, but the live sweep (issue 12, session
+// 10) measured it behind the best fixed length in four cells of six, its n-gram node keeping the
+// plan in buckets where it rated k = 4 8-24% faster: decayed estimates never grow certain (their
+// effective number stays below (1 + decay) / (1 - decay)), so two standard errors of +-30% epochs
+// are a permanent ~20% barrier, and buckets stay with their first incumbent. The options stay for
+// further work.
 //
-// The first bucket starts with the first mode given as incumbent; a later one inherits the nearest bucket's incumbent and estimates (costs,
-// and tokens per step per decoding sequence until it measures its own, each mode needing one
-// comparison of its own before a long gap), touring only the modes that bucket never compared.
+// The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
+// bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
+// measures its own, each mode needing one comparison of its own before a long gap), touring only
+// the modes that bucket never compared.
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
