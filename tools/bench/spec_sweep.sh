@@ -179,4 +179,5 @@ def table(path, title):
 table(sys.argv[2], "cold rounds (left out of the table below):")
 table(sys.argv[1], "measured rounds (medians; x/off: median of the per-round ratios to off):")
 PY
+python3 "$(dirname "$0")/spec_verdict.py" "$RESULTS"
 echo "raw results: $RESULTS (cold rounds: $COLD)"
