@@ -191,6 +191,9 @@ struct EngineOptions {
   int max_waiting = 4096;      // queue bound; beyond it Submit returns kResourceExhausted
   bool enable_prefix_cache = true;
   bool chunked_prefill = true;
+  // Prepare step N+1 on the scheduler thread while step N runs on the executor thread. Worth it
+  // with a CPU for each; on one (a pinned process) the two threads only take turns, and the
+  // steps measured 10-19% slower (issue 12, session 11): workers turn it off there (--overlap).
   bool overlap = true;
   uint64_t hash_seed = 0;
   std::vector<int32_t> eos_token_ids;

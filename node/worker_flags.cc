@@ -30,6 +30,10 @@ ABSL_FLAG(int, max_waiting, 4096,
           "Queued requests (> 0); beyond it requests are refused with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(bool, prefix_cache, true, "Reuse cached KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, threads, 0, "Forward-pass threads (>= 0); 0 = all cores.");
+ABSL_FLAG(std::string, overlap, "auto",
+          "Prepare the next engine step while the current one runs (a second thread): on, off, or "
+          "auto (on when the process may run on at least two CPUs; pinned to one, the two threads "
+          "would only take turns on it).");
 ABSL_FLAG(std::string, device, "cpu",
           "Where forward passes run: cpu, cuda (GPU 0; fails at start-up naming why it cannot) "
           "or auto (cuda when it can, else cpu with the reason logged).");
@@ -124,6 +128,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   if (o.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: expected >= 0 (0 = all cores), got ", o.threads));
+  }
+  o.overlap = absl::GetFlag(FLAGS_overlap);
+  if (o.overlap != "auto" && o.overlap != "on" && o.overlap != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--overlap: expected auto, on or off, got \"", o.overlap, "\""));
   }
   o.device = absl::GetFlag(FLAGS_device);
   if (o.device != "cpu" && o.device != "cuda" && o.device != "auto") {

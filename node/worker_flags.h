@@ -28,6 +28,7 @@ ABSL_DECLARE_FLAG(int, max_running);
 ABSL_DECLARE_FLAG(int, max_waiting);
 ABSL_DECLARE_FLAG(bool, prefix_cache);
 ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, overlap);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(uint64_t, hash_seed);
 ABSL_DECLARE_FLAG(std::string, kv_transport);

@@ -38,6 +38,11 @@ TEST_F(WorkerFlagsTest, DefaultsBecomeOptions) {
   EXPECT_EQ(o->metrics_listen, "0.0.0.0:9091");
   EXPECT_FALSE(o->speculative.enabled);  // off by default
   EXPECT_EQ(o->device, "cpu");
+  EXPECT_EQ(o->overlap, "auto");
+  absl::SetFlag(&FLAGS_overlap, "off");
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->overlap, "off");
   for (const char* device : {"cuda", "auto"}) {
     absl::SetFlag(&FLAGS_device, device);
     o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_PREFILL);
@@ -107,6 +112,8 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
       {[] { absl::SetFlag(&FLAGS_device, "gpu"); },
        "--device: expected cpu, cuda or auto, got \"gpu\""},
+      {[] { absl::SetFlag(&FLAGS_overlap, "yes"); },
+       "--overlap: expected auto, on or off, got \"yes\""},
       {[] { absl::SetFlag(&FLAGS_listen, "no-port"); }, "--listen:"},
       {[] { absl::SetFlag(&FLAGS_router, "127.0.0.1:0"); }, "--router:"},
       {[] { absl::SetFlag(&FLAGS_kv_transport, "tcp"); }, "--kv_transport:"},

@@ -1,5 +1,6 @@
 #include "node/worker_runtime.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +33,14 @@ constexpr absl::Duration kTick = absl::Milliseconds(50);
 // Unacknowledged KV-event batches kept for resending; beyond it the worker starts over with
 // KIND_ALL_CLEARED.
 constexpr size_t kMaxUnackedKvBatches = 256;
+
+// CPUs this process may run on (its affinity mask); 0 when unknown.
+int AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
 
 absl::Status Positive(absl::string_view flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
@@ -225,6 +234,10 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
   return absl::OkStatus();
 }
 
+bool OverlapEnabled(absl::string_view overlap, int allowed_cpus) {
+  return overlap == "on" || (overlap == "auto" && allowed_cpus != 1);
+}
+
 internal::v1::SpeculativeConfig ToSpeculativeConfig(const engine::SpecOptions& spec) {
   internal::v1::SpeculativeConfig c;
   if (!spec.enabled) {
@@ -288,6 +301,10 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
     return absl::InvalidArgumentError(absl::StrCat("wedged_after: expected > 0, got ",
                                                    absl::FormatDuration(options.wedged_after)));
   }
+  if (options.overlap != "auto" && options.overlap != "on" && options.overlap != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--overlap: expected auto, on or off, got \"", options.overlap, "\""));
+  }
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(options.speculative));
   if (options.speculative.cost_table != nullptr) {
     return absl::InvalidArgumentError(
@@ -327,6 +344,10 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   eo.max_waiting = o.max_waiting;
   eo.enable_prefix_cache = o.enable_prefix_cache;
   eo.hash_seed = o.hash_seed;
+  const int cpus = AllowedCpus();
+  eo.overlap = OverlapEnabled(o.overlap, cpus);
+  spdlog::info("overlapped scheduling {} (--overlap={}, {} CPUs allowed)", eo.overlap ? "on" : "off",
+               o.overlap, cpus);
   eo.eos_token_ids = rt->assets_->eos_token_ids();
   eo.tokenizer = &rt->assets_->tokenizer();
   eo.chat_template = rt->assets_->chat_template();

@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_server.h"
@@ -86,6 +87,10 @@ struct WorkerOptions {
   uint64_t hash_seed = 0;
   // Forward threads; 0 = all cores.
   int threads = 0;
+  // Overlapped scheduling (--overlap): "on", "off" or "auto" (on when the process's CPU affinity
+  // allows at least two CPUs: on one, preparing the next step while the current one runs only
+  // time-slices the core between the two threads).
+  std::string overlap = "auto";
   // Where forward passes run (--device): "cpu" (the CPU model), "cuda" (GPU 0: weights and KV
   // pools on the device, engine/cuda/cuda_backend.h; start-up fails with the reason when the
   // device or the model's shapes are not usable) or "auto" (cuda when that works, else cpu, the
@@ -116,6 +121,11 @@ struct WorkerOptions {
 // [1, 64], --draft_kv_blocks < 0, --ngram_min < 1, --ngram_max outside [--ngram_min, 64]. OK
 // when speculation is off (the other fields are then ignored).
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec);
+
+// Whether the engine overlaps scheduling with the step in flight for --overlap=`overlap` ("on",
+// "off", "auto": on unless the process may run on exactly one CPU) when its affinity allows
+// `allowed_cpus` CPUs (0: unknown, taken as several).
+bool OverlapEnabled(absl::string_view overlap, int allowed_cpus);
 
 // What a worker registers (WorkerInfo.speculative) for `spec`: method "off" and nothing else
 // when disabled; with a draft model, draft_model_id is the last component of its directory.

@@ -82,6 +82,21 @@ TEST(WorkerRuntimeTest, RejectsBadOptionsNamingTheFlag) {
   EXPECT_FALSE(WorkerRuntime::Create(o).ok());
 }
 
+// --overlap: auto overlaps unless the process is pinned to one CPU (where the scheduler and the
+// executor would only take turns); a bad value is refused naming the flag.
+TEST(WorkerRuntimeTest, OverlapFollowsTheFlagAndTheAffinity) {
+  EXPECT_TRUE(OverlapEnabled("on", 1));
+  EXPECT_FALSE(OverlapEnabled("off", 16));
+  EXPECT_FALSE(OverlapEnabled("auto", 1));
+  EXPECT_TRUE(OverlapEnabled("auto", 2));
+  EXPECT_TRUE(OverlapEnabled("auto", 0));  // affinity unknown
+  WorkerOptions o = TestOptions("w-overlap");
+  o.overlap = "sometimes";
+  auto rt = WorkerRuntime::Create(o);
+  ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt.status().message(), "--overlap: expected auto, on or off, got \"sometimes\"");
+}
+
 // --device: cuda runs on the GPU or refuses to start, naming why (no device here; or the test
 // model's shapes, which the CUDA kernels do not cover); auto runs wherever cuda could.
 TEST(WorkerRuntimeTest, DeviceCudaFailsNamingWhyAndAutoFallsBackToTheCpu) {
