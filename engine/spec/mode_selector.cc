@@ -312,9 +312,13 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
       (epoch_steps_ >= std::min(options_.short_epoch_steps, options_.epoch_steps) &&
        epoch_seq_steps_ >= options_.short_epoch_sequence_steps);
   const bool epoch_over = enough_steps && epoch_seconds_ >= options_.epoch_seconds;
-  if (epoch_bucket_ < 0 || epoch_over) {
+  const int b = Bucket(std::max(decoding, 1));
+  // The count moved to a bucket that runs another mode: its incumbent takes over at once.
+  const bool left = options_.follow_bucket && epoch_bucket_ >= 0 && b != epoch_bucket_ &&
+                    static_cast<size_t>(b) < buckets_.size() && buckets_[b].incumbent >= 0 &&
+                    buckets_[b].incumbent != current_;
+  if (epoch_bucket_ < 0 || epoch_over || left) {
     if (epoch_bucket_ >= 0) FinishEpoch();
-    const int b = Bucket(std::max(decoding, 1));
     const int mode = Decide(b);
     if (epoch_bucket_ < 0 || mode != current_) {
       warmup_left_ = options_.warmup_steps;

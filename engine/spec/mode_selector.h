@@ -67,6 +67,12 @@ namespace deepinfer::engine::spec {
 // concurrency 32): without it a quarter of the time went to revisits (k = 4 and 8 epochs of
 // 1.1-1.6 s against k = 1's 0.47 s), where the gaps meant about 1%.
 //
+// An epoch also ends early (too short to compare, then) when a step's decoding count falls in
+// another bucket whose incumbent is not the epoch's mode (`follow_bucket`, default on): without
+// it, epochs begun at 1-4 decoding sequences ran the plan on at 5-8, where k = 1 was the incumbent,
+// and took 22% of the draft-model node's time there (issue 12, session 11, concurrency 8). A
+// bucket not yet run, or run by the epoch's mode, lets the epoch go on.
+//
 // Draft lengths are unimodal in rate (each longer draft adds a verified position whose survival
 // only falls, and a draft round's cost): past the best length, a longer one is slower than the
 // next shorter one; below it, a shorter one is slower than the next longer one. So a fixed length
@@ -123,6 +129,9 @@ class DraftModeSelector {
     double prior_log_sd = 0.25;  // >= 0
     double prune_below = 0.0;    // in [0, 1]; 0: no pruning (tried: 0.95)
     bool explore_by_time = true;  // revisit gaps weighed by the epochs' wall time (above)
+    // An epoch ends early when the decoding count enters a bucket whose incumbent is another
+    // mode (above).
+    bool follow_bucket = true;
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                     // >= 1
     int max_gap_epochs = 128;                   // >= min_gap_epochs

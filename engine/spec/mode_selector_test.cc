@@ -399,6 +399,50 @@ TEST(DraftModeSelectorTest, BucketsOfDecodingCountsChooseApart) {
   EXPECT_EQ(DraftModeSelector::Bucket(32), 5);
 }
 
+// A step whose count falls in a bucket run by another mode ends the epoch: that bucket's
+// incumbent takes over at once (follow_bucket); a bucket run by the same mode lets it go on.
+TEST(DraftModeSelectorTest, AnotherBucketsIncumbentTakesOverAtOnce) {
+  for (const bool follow : {true, false}) {
+    Options o;
+    o.epoch_steps = 8;
+    o.epoch_seconds = 0.0;
+    o.follow_bucket = follow;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    // One or two sequences: drafting (mode 1) pays; 32: it does not.
+    RunSteps(*s, 1, {100.0, 200.0}, 400);
+    RunSteps(*s, 2, {100.0, 200.0}, 400);
+    RunSteps(*s, 32, {900.0, 600.0}, 400);
+    ASSERT_EQ(s->Incumbent(1), 1);
+    ASSERT_EQ(s->Incumbent(2), 1);
+    ASSERT_EQ(s->Incumbent(32), 0);
+    // Into an epoch of mode 1 at one sequence.
+    int64_t begun = -1;
+    for (int i = 0; i < 400 && begun < 0; ++i) {
+      const int64_t before = s->epochs();
+      const DraftModeSelector::Choice c = s->Choose(1);
+      if (s->epochs() > before && c.mode == 1) begun = s->epochs();
+      s->Observe(1, c.mode, c.measured, 2.0, 0.01);
+    }
+    ASSERT_GT(begun, 0);
+    // Two sequences: the same incumbent, the epoch goes on.
+    DraftModeSelector::Choice c = s->Choose(2);
+    EXPECT_EQ(c.mode, 1);
+    EXPECT_EQ(s->epochs(), begun);
+    s->Observe(2, c.mode, c.measured, 4.0, 0.01);
+    // 32 sequences: mode 0's bucket.
+    c = s->Choose(32);
+    if (follow) {
+      EXPECT_EQ(c.mode, 0);
+      EXPECT_FALSE(c.measured);  // a change of mode: warm-up
+      EXPECT_EQ(s->epochs(), begun + 1);
+    } else {
+      EXPECT_EQ(c.mode, 1);
+      EXPECT_EQ(s->epochs(), begun);
+    }
+  }
+}
+
 // An epoch needs its measured steps and seconds; only its bucket's steps give its rate, and an
 // epoch with too few of them (under half) is not compared.
 TEST(DraftModeSelectorTest, EpochsLastTheirSecondsAndCountTheirBucket) {
