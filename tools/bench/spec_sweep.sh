@@ -36,6 +36,8 @@
 #   (the selector's mode and decoding sequences, shape, drafts verified and accepted, period,
 #   forward and drafting time) for offline fits.
 #   SWEEP_LOG_LEVEL: the other processes' log level (default info).
+#   SWEEP_EXTRA="NAME=FLAGS ...": more configurations beside the methods', NAME running every
+#   worker with FLAGS (comma-separated), e.g. SWEEP_EXTRA="off-overlap=--overlap=on".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-models/demo}
@@ -106,6 +108,8 @@ for m in $METHODS; do
     fi
   done
 done
+# More configurations, each worker flag list comma-separated: an A/B of one flag in the same rounds.
+for spec in ${SWEEP_EXTRA:-}; do start_config "${spec%%=*}" "${spec#*=}"; done
 echo "started ${#NAMES[@]} clusters; logs in $WORK" >&2
 
 # Rounds 1-WARMUP_ROUNDS..0 are the cold ones.
