@@ -77,6 +77,10 @@ ABSL_FLAG(bool, spec_select, true,
           "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
           "tokens per second at the current number of decoding requests (each losing mode is "
           "revisited at about 0.2% of the run's cost). --nospec_select: the plan alone.");
+ABSL_FLAG(bool, spec_interleave, true,
+          "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
+          "with the current mode's, so both see the same machine speed and text; "
+          "--nospec_interleave: whole epochs of each mode are compared back to back.");
 
 namespace deepinfer::node {
 namespace {
@@ -173,6 +177,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.max_n = absl::GetFlag(FLAGS_ngram_max);
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
+  o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
   o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   o.speculative.draft_threads = o.threads;
   o.speculative.draft_num_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);

@@ -71,6 +71,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(c.min_n(), 2u);
   EXPECT_EQ(c.max_n(), 3u);
   EXPECT_TRUE(c.adaptive());
+  EXPECT_TRUE(o->speculative.select_options.interleave);  // trials alternate by default
+  absl::SetFlag(&FLAGS_spec_interleave, false);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->speculative.select_options.interleave);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
   absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");

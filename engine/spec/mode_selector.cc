@@ -95,9 +95,12 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         to.weight = std::min(from.weight, 1.0);
         // One comparison's worth of what the neighbour knew, of the neighbour's spread.
         to.cost_spread = from.cost_spread;
-        if (to.cost_spread.weight > 1.0) {
-          to.cost_spread.m2 /= to.cost_spread.weight;
-          to.cost_spread.weight = to.cost_spread.weight2 = 1.0;
+        to.paired = from.paired;
+        for (Spread* spread : {&to.cost_spread, &to.paired}) {
+          if (spread->weight > 1.0) {
+            spread->m2 /= spread->weight;
+            spread->weight = spread->weight2 = 1.0;
+          }
         }
         // Each loser is compared here once more before a long gap is set on inherited data.
         to.comparisons = std::min(from.comparisons, options_.min_comparisons - 1);
@@ -114,6 +117,7 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
 double DraftModeSelector::Score(const BucketStats& bucket, int mode) const {
   if (mode == bucket.incumbent) return 0.0;
   const ModeStats& s = bucket.modes[mode];
+  if (options_.interleave) return s.paired.weight > 0.0 ? s.paired.mean : 0.0;
   const ModeStats& inc = bucket.modes[bucket.incumbent];
   double log_tps = 0.0;  // log(tokens per sequence-step / the incumbent's)
   if (s.seq_steps > 0.0 && inc.seq_steps > 0.0) {
@@ -129,6 +133,7 @@ double DraftModeSelector::ScoreError(const BucketStats& bucket, int mode) const 
   if (mode == bucket.incumbent) return 0.0;
   const double prior = options_.prior_log_sd * options_.prior_log_sd;
   const ModeStats& s = bucket.modes[mode];
+  if (options_.interleave) return std::sqrt(s.paired.MeanVariance(prior));
   const ModeStats& inc = bucket.modes[bucket.incumbent];
   double var = s.cost_spread.MeanVariance(prior);
   // Tokens per step: each side's own epochs, or one epoch's worth when inherited.
@@ -143,6 +148,13 @@ void DraftModeSelector::Compare(BucketStats& bucket, int mode, double observed_c
   s.cost = (s.cost * old + observed_cost) / (old + 1.0);
   s.weight = old + 1.0;
   s.cost_spread.Add(observed_cost, options_.cost_decay);
+  ++s.comparisons;
+}
+
+void DraftModeSelector::ComparePaired(BucketStats& bucket, int mode, double log_ratio) {
+  ModeStats& s = bucket.modes[mode];
+  s.paired.Add(log_ratio, options_.cost_decay);
+  s.weight = s.paired.weight;
   ++s.comparisons;
 }
 
@@ -167,6 +179,20 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
   // The mode is estimated faster than the incumbent: it becomes the incumbent, and every cost is
   // rebased on it (the old incumbent's on this mode's comparisons).
   ModeStats& s = bucket.modes[best];
+  if (options_.interleave) {
+    // Scores are relative to the incumbent: rebased on the new one.
+    const double shift = s.paired.mean;
+    for (ModeStats& m : bucket.modes) m.paired.mean -= shift;
+    ModeStats& old = bucket.modes[bucket.incumbent];
+    old.paired = s.paired;
+    old.paired.mean = -shift;
+    old.weight = s.weight;
+    old.comparisons = s.comparisons;
+    s.paired = Spread();
+    bucket.incumbent = best;
+    ++switches_;
+    return;
+  }
   const double shift = s.cost;
   for (ModeStats& m : bucket.modes) m.cost -= shift;
   ModeStats& old = bucket.modes[bucket.incumbent];
@@ -184,37 +210,56 @@ void DraftModeSelector::FinishEpoch() {
     mean = mean > 0.0 ? mean + kEpochTimeWeight * (epoch_wall_seconds_ - mean)
                       : epoch_wall_seconds_;
   }
-  const int need = std::max(1, (epoch_steps_ + 1) / 2);  // half the epoch in its bucket
-  if (epoch_rate_steps_ < need || epoch_rate_seconds_ <= 0.0 || epoch_rate_seq_steps_ <= 0.0) {
-    last_ = LastEpoch();  // too little of the bucket to compare: the chain breaks here
-    return;
+  const int sides = partner_ >= 0 ? 2 : 1;
+  for (int i = 0; i < sides; ++i) {
+    const Side& side = side_[i];
+    const int need = std::max(1, (side.steps + 1) / 2);  // half the epoch in its bucket
+    if (side.rate_steps < need || side.rate_seconds <= 0.0 || side.rate_seq_steps <= 0.0) {
+      last_ = LastEpoch();  // too little of the bucket to compare: the chain breaks here
+      return;
+    }
+  }
+  BucketStats& bucket = BucketAt(epoch_bucket_);
+  for (int i = 0; i < sides; ++i) {
+    const Side& side = side_[i];
+    ModeStats& stats = bucket.modes[i == 0 ? current_ : partner_];
+    stats.tokens = stats.tokens * options_.content_decay + side.rate_tokens;
+    stats.seq_steps = stats.seq_steps * options_.content_decay + side.rate_seq_steps;
+    stats.content_spread.Add(std::log(std::max(side.rate_tokens / side.rate_seq_steps, 1e-9)),
+                             options_.content_decay);
   }
   // Time per sequence-step, as tokens are counted: rate = (tokens / sequence-step) / (seconds /
   // sequence-step) exactly, whatever the number of decoding sequences in each epoch.
-  const double seconds_per_step = epoch_rate_seconds_ / epoch_rate_seq_steps_;
-  BucketStats& bucket = BucketAt(epoch_bucket_);
-  ModeStats& mine = bucket.modes[current_];
-  mine.tokens = mine.tokens * options_.content_decay + epoch_rate_tokens_;
-  mine.seq_steps = mine.seq_steps * options_.content_decay + epoch_rate_seq_steps_;
-  mine.content_spread.Add(std::log(std::max(epoch_rate_tokens_ / epoch_rate_seq_steps_, 1e-9)),
-                          options_.content_decay);
-  if (last_.epoch == epochs_ - 1 && last_.bucket == epoch_bucket_ && last_.mode != current_) {
-    // Back-to-back epochs of one bucket: c_current - c_last = log(t_current / t_last).
-    const double x = std::clamp(std::log(seconds_per_step / last_.seconds_per_step), -5.0, 5.0);
-    const int inc = bucket.incumbent;
-    if (last_.mode == inc) {
-      Compare(bucket, current_, x);
-    } else if (current_ == inc) {
-      Compare(bucket, last_.mode, -x);
-    } else if (bucket.modes[last_.mode].weight > 0.0) {
-      Compare(bucket, current_, bucket.modes[last_.mode].cost + x);
+  const Side& mine = side_[0];
+  const double seconds_per_step = mine.rate_seconds / mine.rate_seq_steps;
+  if (options_.interleave) {
+    if (partner_ >= 0 && partner_ == bucket.incumbent) {
+      // The trial: both modes' rates over the same stretch of time and text.
+      const Side& theirs = side_[1];
+      const double x = std::log(std::max(mine.rate_tokens, 1e-9) / mine.rate_seconds /
+                                (std::max(theirs.rate_tokens, 1e-9) / theirs.rate_seconds));
+      ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0));
+      MaybeSwitch(bucket);
     }
+  } else {
+    if (last_.epoch == epochs_ - 1 && last_.bucket == epoch_bucket_ && last_.mode != current_) {
+      // Back-to-back epochs of one bucket: c_current - c_last = log(t_current / t_last).
+      const double x = std::clamp(std::log(seconds_per_step / last_.seconds_per_step), -5.0, 5.0);
+      const int inc = bucket.incumbent;
+      if (last_.mode == inc) {
+        Compare(bucket, current_, x);
+      } else if (current_ == inc) {
+        Compare(bucket, last_.mode, -x);
+      } else if (bucket.modes[last_.mode].weight > 0.0) {
+        Compare(bucket, current_, bucket.modes[last_.mode].cost + x);
+      }
+    }
+    MaybeSwitch(bucket);
   }
-  MaybeSwitch(bucket);
   last_.epoch = epochs_;
   last_.bucket = epoch_bucket_;
   last_.mode = current_;
-  last_.rate = epoch_rate_tokens_ / epoch_rate_seconds_;
+  last_.rate = mine.rate_tokens / mine.rate_seconds;
   last_.seconds_per_step = seconds_per_step;
 }
 
@@ -306,34 +351,38 @@ int DraftModeSelector::Decide(int b) {
   return pick;
 }
 
+bool DraftModeSelector::EpochOver() const {
+  for (int i = 0; i < (partner_ >= 0 ? 2 : 1); ++i) {
+    const Side& side = side_[i];
+    const bool enough_steps =
+        side.steps >= options_.epoch_steps ||
+        (side.steps >= std::min(options_.short_epoch_steps, options_.epoch_steps) &&
+         side.seq_steps >= options_.short_epoch_sequence_steps);
+    if (!enough_steps || side.seconds < options_.epoch_seconds) return false;
+  }
+  return true;
+}
+
 DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
-  const bool enough_steps =
-      epoch_steps_ >= options_.epoch_steps ||
-      (epoch_steps_ >= std::min(options_.short_epoch_steps, options_.epoch_steps) &&
-       epoch_seq_steps_ >= options_.short_epoch_sequence_steps);
-  const bool epoch_over = enough_steps && epoch_seconds_ >= options_.epoch_seconds;
   const int b = Bucket(std::max(decoding, 1));
   // The count moved to a bucket that runs another mode: its incumbent takes over at once.
   const bool left = options_.follow_bucket && epoch_bucket_ >= 0 && b != epoch_bucket_ &&
                     static_cast<size_t>(b) < buckets_.size() && buckets_[b].incumbent >= 0 &&
                     buckets_[b].incumbent != current_;
-  if (epoch_bucket_ < 0 || epoch_over || left) {
+  if (epoch_bucket_ < 0 || EpochOver() || left) {
     if (epoch_bucket_ >= 0) FinishEpoch();
     const int mode = Decide(b);
     if (epoch_bucket_ < 0 || mode != current_) {
       warmup_left_ = options_.warmup_steps;
       warmup_taken_ = 0;
     }
+    const int incumbent = BucketAt(b).incumbent;
+    partner_ = options_.interleave && mode != incumbent ? incumbent : -1;
+    partner_next_ = false;
     current_ = mode;
     epoch_bucket_ = b;
-    epoch_steps_ = 0;
-    epoch_seq_steps_ = 0.0;
-    epoch_seconds_ = 0.0;
+    side_[0] = side_[1] = Side();
     epoch_wall_seconds_ = 0.0;
-    epoch_rate_tokens_ = 0.0;
-    epoch_rate_seconds_ = 0.0;
-    epoch_rate_steps_ = 0;
-    epoch_rate_seq_steps_ = 0.0;
     ++epochs_;
   }
   Choice choice;
@@ -342,6 +391,10 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   if (warmup_left_ > 0) {
     --warmup_left_;
     ++warmup_taken_;
+  } else if (partner_ >= 0) {
+    // A trial: the mode on trial and the incumbent take turns, step by step.
+    if (partner_next_) choice.mode = partner_;
+    partner_next_ = !partner_next_;
   }
   last_unmeasured_ = !choice.measured;
   return choice;
@@ -360,15 +413,17 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
     return;
   }
   if (mode == current_) epoch_wall_seconds_ += seconds;
-  if (!measured || mode != current_) return;
-  ++epoch_steps_;
-  epoch_seq_steps_ += decoding;
-  epoch_seconds_ += seconds;
+  if (!measured) return;
+  Side* side = mode == current_ ? &side_[0] : (mode == partner_ ? &side_[1] : nullptr);
+  if (side == nullptr) return;
+  ++side->steps;
+  side->seq_steps += decoding;
+  side->seconds += seconds;
   if (Bucket(decoding) == epoch_bucket_) {
-    epoch_rate_tokens_ += tokens;
-    epoch_rate_seconds_ += seconds;
-    ++epoch_rate_steps_;
-    epoch_rate_seq_steps_ += decoding;
+    side->rate_tokens += tokens;
+    side->rate_seconds += seconds;
+    ++side->rate_steps;
+    side->rate_seq_steps += decoding;
   }
 }
 

@@ -94,6 +94,23 @@ namespace deepinfer::engine::spec {
 // are a permanent ~20% barrier, and buckets stay with their first incumbent. The options stay for
 // further work.
 //
+// Interleaved trials (`interleave`, default on). The comparisons above pit epochs run at
+// different times against each other, so they carry the machine's drift and the text's: +-25% for
+// one pair of quarter-second epochs, and estimates that stay uncertain by ~10% (cost_decay 0.7),
+// which handed buckets to modes 10-15% slower (issue 12, session 12: k = 1 ran a third of the
+// draft-model node's time at 32 decoding sequences, rated 96% of the plan while its steps emitted
+// 15% fewer tokens per second). With `interleave` a revisit or tour of mode m is instead one
+// epoch of alternating steps, m then the incumbent then m ..., after m's warm-up steps: both
+// modes run under the same machine speed and on the same text, a step apart, so one such epoch
+// observes m's score itself, s = log(m's tokens per second / the incumbent's) over the epoch's
+// measured steps of its bucket (each side needs half the epoch's steps there). A mode's score is
+// the decayed mean of its observations (weight `cost_decay` on older ones; its standard error from
+// their spread as above); when a mode takes over, every score is rebased on it (s_k - s_new, the
+// old incumbent's -s_new). The epoch ends once each side has run the epoch's steps and seconds.
+// The incumbent's own epochs only measure (content, epoch time); the adjacency of epochs plays no
+// part. Alternation costs a draft model a little: a drafting step after a non-drafting one feeds
+// one token more.
+//
 // The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
 // bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
 // measures its own, each mode needing one comparison of its own before a long gap), touring only
@@ -132,6 +149,8 @@ class DraftModeSelector {
     // An epoch ends early when the decoding count enters a bucket whose incumbent is another
     // mode (above).
     bool follow_bucket = true;
+    // Revisits and tours are interleaved trials (above); false: adjacent epochs are compared.
+    bool interleave = true;
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                     // >= 1
     int max_gap_epochs = 128;                   // >= min_gap_epochs
@@ -169,8 +188,10 @@ class DraftModeSelector {
   // estimated rate relative to it, exp(score) (1 for the incumbent, 0 if never compared).
   int Incumbent(int decoding) const;
   double Relative(int decoding, int mode) const;
-  // The current epoch's mode.
+  // The current epoch's mode (in an interleaved trial the mode on trial).
   int current() const { return current_; }
+  // In an interleaved trial the incumbent it alternates with, else -1.
+  int partner() const { return partner_; }
   int64_t epochs() const { return epochs_; }
   int64_t explorations() const { return explorations_; }  // epochs run by a non-incumbent
   int64_t switches() const { return switches_; }          // changes of incumbent
@@ -203,6 +224,7 @@ class DraftModeSelector {
     int comparisons = 0;     // undecayed
     Spread cost_spread;      // of the comparisons (its mean shifts with rebasing; not used)
     Spread content_spread;   // of its epochs' log(tokens per sequence-step)
+    Spread paired;           // interleave: its trials' log(rate / the incumbent's)
     double tokens = 0.0;     // emitted tokens and sequence-steps (steps x decoding sequences)
     double seq_steps = 0.0;  // of its epochs (content_decay)
     // Inherited from a neighbouring bucket (until own data): log(tokens per sequence-step)
@@ -232,6 +254,10 @@ class DraftModeSelector {
   int Decide(int b);
   void FinishEpoch();
   void Compare(BucketStats& bucket, int mode, double observed_cost);
+  // Interleaved trials: one observation of `mode`'s log rate relative to the incumbent.
+  void ComparePaired(BucketStats& bucket, int mode, double log_ratio);
+  // Whether the epoch has run its steps and seconds (each side of a trial).
+  bool EpochOver() const;
   void MaybeSwitch(BucketStats& bucket);
   double Score(const BucketStats& bucket, int mode) const;
   // Whether a fixed length is pruned (see above) in this bucket.
@@ -244,13 +270,19 @@ class DraftModeSelector {
   std::vector<BucketStats> buckets_;
   int current_ = 0;
   int epoch_bucket_ = -1;           // -1 before the first epoch
-  int epoch_steps_ = 0;             // measured steps in the current epoch
-  double epoch_seq_steps_ = 0.0;    // their sequence-steps
-  double epoch_seconds_ = 0.0;      // their time
-  double epoch_rate_tokens_ = 0.0;  // tokens and seconds of its mode's steps in its bucket
-  double epoch_rate_seconds_ = 0.0;
-  int epoch_rate_steps_ = 0;
-  double epoch_rate_seq_steps_ = 0.0;
+  // One mode's measured steps in the current epoch.
+  struct Side {
+    int steps = 0;             // measured steps
+    double seq_steps = 0.0;    // their sequence-steps
+    double seconds = 0.0;      // their time
+    double rate_tokens = 0.0;  // tokens and seconds of those in the epoch's bucket
+    double rate_seconds = 0.0;
+    int rate_steps = 0;
+    double rate_seq_steps = 0.0;
+  };
+  Side side_[2];                     // the epoch's mode, and in a trial its partner
+  int partner_ = -1;                 // interleaved trial: the incumbent alternated with
+  bool partner_next_ = false;        // whose turn after the warm-up: the partner's
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
   int warmup_left_ = 0;           // Choose calls left unmeasured after a change
   int warmup_taken_ = 0;          // of them, returned since the change
