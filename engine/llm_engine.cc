@@ -974,6 +974,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     const spec::DraftModeSelector::Choice choice = selector_->Choose(static_cast<int>(n));
     gate.mode = choice.mode;
     gate.mode_measured = choice.measured;
+    gate.upkeep = choice.upkeep;
     const int length = selector_->length(choice.mode);
     if (length != spec::DraftModeSelector::kPlan) {
       gate.fixed_length = length;
@@ -1170,7 +1171,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
         options_.speculative.draft_upkeep_tokens > 0) {
       bool drafted = false;
       for (const Sequence* seq : decodes) drafted = drafted || !seq->draft.empty();
-      if (!drafted) UpkeepDrafter(decodes, step.get());
+      if (!drafted && gate.upkeep) UpkeepDrafter(decodes, step.get());
     }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.

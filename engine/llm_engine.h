@@ -120,7 +120,9 @@ struct SpecOptions {
   // not a prefill of everything since the last draft (a new request's whole prompt, for every
   // running sequence): without it the selector measured a drafting epoch after one without as
   // mostly catch-up, and non-drafting epochs did not pay for the work they left behind. The
-  // feeding runs in the step's period, so non-drafting modes' measured rates include it. 0: no
+  // feeding runs in the step's period, so non-drafting modes' measured rates include it. Not in
+  // the epochs of a bucket the selector froze (no drafting mode comes within its freeze_below of
+  // not drafting there: spec::DraftModeSelector), whose rare trials catch up instead. 0: no
   // feeding (the draft model catches up when it next drafts).
   int draft_upkeep_tokens = 16;
   // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
@@ -460,6 +462,9 @@ class LlmEngine {
     int mode = -1;
     bool mode_measured = false;
     int fixed_length = -1;
+    // Whether a step that drafts nothing feeds the draft model (UpkeepDrafter): not in a bucket
+    // the selector froze (spec::DraftModeSelector::Choice::upkeep).
+    bool upkeep = true;
   };
 
   void SchedulerLoop();

@@ -77,6 +77,10 @@ ABSL_FLAG(bool, spec_select, true,
           "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
           "tokens per second at the current number of decoding requests (each losing mode is "
           "revisited at about 0.2% of the run's cost). --nospec_select: the plan alone.");
+ABSL_FLAG(double, spec_freeze_below, 0.95,
+          "With --spec_select and a draft model: where not drafting measures fastest and every "
+          "drafting mode below this fraction of it, stop keeping the draft model's cache up to "
+          "date there and re-measure the drafting modes only every 512 epochs; 0: never.");
 ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
@@ -178,6 +182,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
+  o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
+  if (!(o.speculative.select_options.freeze_below >= 0.0 &&
+        o.speculative.select_options.freeze_below <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_freeze_below: expected a fraction in [0, 1], got ",
+                     o.speculative.select_options.freeze_below));
+  }
   o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   o.speculative.draft_threads = o.threads;
   o.speculative.draft_num_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);

@@ -76,6 +76,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.interleave);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.95);
+  absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
   absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");
@@ -113,6 +118,7 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_block_size, -1); }, "--block_size:"},
       {[] { absl::SetFlag(&FLAGS_max_batch_tokens, 0); }, "--max_batch_tokens:"},
       {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
+      {[] { absl::SetFlag(&FLAGS_spec_freeze_below, 1.5); }, "--spec_freeze_below:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
       {[] { absl::SetFlag(&FLAGS_device, "gpu"); },

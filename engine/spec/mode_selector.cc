@@ -33,14 +33,16 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1 ||
       !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) ||
       !(options.prior_log_sd >= 0.0) || !(options.prune_below >= 0.0) ||
-      !(options.prune_below <= 1.0)) {
+      !(options.prune_below <= 1.0) || !(options.freeze_below >= 0.0) ||
+      !(options.freeze_below <= 1.0) || options.freeze_epochs < 1) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
         "warmup_steps <= max_warmup_steps, 0 <= cost_decay, content_decay < 1, switch_margin "
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
-        "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below <= 1");
+        "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
+        "freeze_epochs >= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -306,6 +308,19 @@ bool DraftModeSelector::Pruned(const BucketStats& bucket, int mode) const {
   return optimistic < std::log(options_.prune_below);
 }
 
+bool DraftModeSelector::Frozen(const BucketStats& bucket) const {
+  const int inc = bucket.incumbent;
+  if (options_.freeze_below <= 0.0 || inc < 0 || lengths_[inc] != 0) return false;
+  for (int m = 0; m < num_modes(); ++m) {
+    if (m == inc || Pruned(bucket, m)) continue;
+    const ModeStats& s = bucket.modes[m];
+    if (s.weight <= 0.0 || s.comparisons < options_.min_comparisons) return false;
+    const double optimistic = Score(bucket, m) + options_.explore_z * ScoreError(bucket, m);
+    if (optimistic >= std::log(options_.freeze_below)) return false;
+  }
+  return true;
+}
+
 int DraftModeSelector::Decide(int b) {
   BucketStats& bucket = BucketAt(b);
   const int64_t epoch = bucket.epochs++;
@@ -313,13 +328,33 @@ int DraftModeSelector::Decide(int b) {
   const int inc = bucket.incumbent;
   // Another mode runs only right after an epoch of this bucket, so it is compared at once.
   const bool fresh = last_.epoch == epochs_ && last_.bucket == b;
+  const bool frozen = Frozen(bucket);
+  if (!frozen) bucket.thaw_round = -1;
   int pick = inc;
   if (fresh) {
     // First tour: modes never compared, in order, each against the epoch before it.
     for (int m = 0; m < num_modes() && pick == inc; ++m) {
       if (m != inc && bucket.modes[m].weight <= 0.0 && !Pruned(bucket, m)) pick = m;
     }
-    if (pick == inc && last_.mode == inc) {
+    if (pick == inc && last_.mode == inc && frozen) {
+      // A frozen bucket revisits its losers in rounds, one after another (each after an epoch of
+      // the incumbent), so the draft cache's catch-up at the first trial serves them all.
+      if (bucket.thaw_round < 0) {
+        bucket.thaw_round = epoch;  // just frozen: the comparisons that froze it were a round
+        bucket.thaw_start = false;
+      } else if (epoch - bucket.thaw_round >= options_.freeze_epochs) {
+        bucket.thaw_round = epoch;
+        bucket.thaw_start = true;
+      }
+      for (int m = 0; m < num_modes(); ++m) {
+        if (m == inc || Pruned(bucket, m) || bucket.modes[m].last_epoch >= bucket.thaw_round ||
+            !bucket.thaw_start) {
+          continue;
+        }
+        if (pick == inc || bucket.modes[m].last_epoch < bucket.modes[pick].last_epoch) pick = m;
+      }
+      if (pick == inc) bucket.thaw_start = false;  // the round is over
+    } else if (pick == inc && last_.mode == inc) {
       // Revisits (after an epoch of the incumbent, which then also follows them).
       double most_overdue = -1.0;
       for (int m = 0; m < num_modes(); ++m) {
@@ -348,6 +383,7 @@ int DraftModeSelector::Decide(int b) {
   }
   bucket.modes[pick].last_epoch = epoch;
   if (pick != inc) ++explorations_;
+  epoch_upkeep_ = pick != inc || !frozen;
   return pick;
 }
 
@@ -388,6 +424,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   Choice choice;
   choice.mode = current_;
   choice.measured = warmup_left_ <= 0;
+  choice.upkeep = epoch_upkeep_;
   if (warmup_left_ > 0) {
     --warmup_left_;
     ++warmup_taken_;
@@ -449,7 +486,8 @@ std::string DraftModeSelector::DebugString() const {
     const int hi = 1 << b;
     const int lo = b == 0 ? 1 : (1 << (b - 1)) + 1;
     absl::StrAppend(&out, out.empty() ? "" : "; ",
-                    lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi), ":");
+                    lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi),
+                    Frozen(bucket) ? " (frozen)" : "", ":");
     for (int m = 0; m < num_modes(); ++m) {
       const int l = lengths_[m];
       absl::StrAppend(&out, " ", l == kPlan ? "plan" : (l == 0 ? "off" : absl::StrCat("k", l)),

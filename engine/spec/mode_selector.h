@@ -111,6 +111,18 @@ namespace deepinfer::engine::spec {
 // part. Alternation costs a draft model a little: a drafting step after a non-drafting one feeds
 // one token more.
 //
+// A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
+// was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
+// `freeze_below` of it: its incumbent's steps then tell the engine not to keep a draft model's
+// cache up to date (Choice::upkeep false; that upkeep costs about 4% of a step at 32 decoding
+// sequences, issue 12, session 12, so without this a node whose drafting never pays stays that
+// much below one without speculation), and its losers are revisited no sooner than
+// `freeze_epochs` epochs of the bucket apart: each such trial first catches up on everything the
+// cache missed (its warm-up, StillWarming), about 7 steps' worth at 32 sequences, so it must be
+// rare, and is shared: every `freeze_epochs` epochs of the bucket its losers are revisited in a
+// round, one after another (each after an epoch of the incumbent; the comparisons that froze it
+// count as the first round). The bucket thaws when a trial measures a loser above freeze_below. 0: never freezes.
+//
 // The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
 // bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
 // measures its own, each mode needing one comparison of its own before a long gap), touring only
@@ -151,6 +163,8 @@ class DraftModeSelector {
     bool follow_bucket = true;
     // Revisits and tours are interleaved trials (above); false: adjacent epochs are compared.
     bool interleave = true;
+    double freeze_below = 0.95;  // in [0, 1]: frozen buckets (above); 0: none
+    int freeze_epochs = 512;     // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                     // >= 1
     int max_gap_epochs = 128;                   // >= min_gap_epochs
@@ -163,6 +177,9 @@ class DraftModeSelector {
   struct Choice {
     int mode = 0;          // index into the modes given to Create
     bool measured = true;  // false for the warm-up steps after a change of mode
+    // Whether a step that drafts nothing should keep a draft model's cache up to date: false
+    // in a frozen bucket's epochs of its incumbent (see above).
+    bool upkeep = true;
   };
 
   // `modes`: the modes' draft lengths (kPlan, 0 or a fixed length), distinct, non-empty.
@@ -240,6 +257,9 @@ class DraftModeSelector {
     std::vector<ModeStats> modes;
     int incumbent = -1;
     int64_t epochs = 0;  // epochs of this bucket
+    // Frozen: the epoch at which the latest round of revisits began, and whether it runs.
+    int64_t thaw_round = -1;
+    bool thaw_start = false;
   };
   // The last finished epoch whose rate could be compared (global epoch index).
   struct LastEpoch {
@@ -260,6 +280,8 @@ class DraftModeSelector {
   bool EpochOver() const;
   void MaybeSwitch(BucketStats& bucket);
   double Score(const BucketStats& bucket, int mode) const;
+  // Whether the bucket is frozen (see above).
+  bool Frozen(const BucketStats& bucket) const;
   // Whether a fixed length is pruned (see above) in this bucket.
   bool Pruned(const BucketStats& bucket, int mode) const;
   // The standard error of Score (0 for the incumbent).
@@ -283,6 +305,7 @@ class DraftModeSelector {
   Side side_[2];                     // the epoch's mode, and in a trial its partner
   int partner_ = -1;                 // interleaved trial: the incumbent alternated with
   bool partner_next_ = false;        // whose turn after the warm-up: the partner's
+  bool epoch_upkeep_ = true;         // Choice::upkeep of the epoch's steps
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
   int warmup_left_ = 0;           // Choose calls left unmeasured after a change
   int warmup_taken_ = 0;          // of them, returned since the change

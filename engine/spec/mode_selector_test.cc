@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -34,11 +35,12 @@ std::vector<int> RunSteps(DraftModeSelector& s, int decoding, const std::vector<
   return ran;
 }
 
-// The selector comparing adjacent epochs (interleave off): what the tests below up to the
-// interleaved ones were written for.
+// The selector comparing adjacent epochs (interleave off), no bucket freezing: what the tests
+// below up to the interleaved ones were written for.
 Options Adjacent() {
   Options o;
   o.interleave = false;
+  o.freeze_below = 0.0;
   return o;
 }
 
@@ -734,6 +736,94 @@ TEST(DraftModeSelectorTest, TrialsFindAFasterModeUnderDriftAndText) {
   const std::vector<int> ran = RunSteps(*s, 1, rate, 16 * 2000, 0.005, speed, text);
   EXPECT_EQ(s->Incumbent(1), 2);
   EXPECT_GT(ran[2], 16 * 2000 * 0.93);
+}
+
+// Steps of `decoding` sequences as RunSteps, counting those whose Choice said "no upkeep".
+int RunCountingNoUpkeep(DraftModeSelector& s, int decoding, const std::vector<double>& rate,
+                        int steps, std::vector<int>* ran, std::vector<int>* trial_steps = nullptr) {
+  int no_upkeep = 0;
+  ran->assign(rate.size(), 0);
+  for (int i = 0; i < steps; ++i) {
+    const DraftModeSelector::Choice c = s.Choose(decoding);
+    ++(*ran)[c.mode];
+    if (!c.upkeep) ++no_upkeep;
+    if (trial_steps != nullptr && s.partner() >= 0) trial_steps->push_back(i);
+    s.Observe(decoding, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+  }
+  return no_upkeep;
+}
+
+// Where not drafting is the incumbent and every drafting mode is more than 5% behind it, the
+// bucket freezes: its incumbent's steps skip the draft model's upkeep, and the losers are
+// revisited in rounds every freeze_epochs epochs, one after another, not each on its own gap.
+TEST(DraftModeSelectorTest, ABucketWhereDraftingNeverPaysFreezes) {
+  Options o;
+  o.epoch_steps = 4;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = 0;
+  o.freeze_epochs = 200;
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
+  ASSERT_TRUE(s.ok());
+  const std::vector<double> rate = {92.0, 100.0, 85.0, 70.0};
+  std::vector<int> ran;
+  RunCountingNoUpkeep(*s, 32, rate, 4 * 200, &ran);
+  EXPECT_EQ(s->Incumbent(32), 1);
+  EXPECT_NE(s->DebugString().find("(frozen)"), std::string::npos) << s->DebugString();
+  std::vector<int> trial_steps;
+  const int steps = 4 * 2000;
+  const int no_upkeep = RunCountingNoUpkeep(*s, 32, rate, steps, &ran, &trial_steps);
+  EXPECT_EQ(s->Incumbent(32), 1);
+  // Trials: about 2000 / 200 rounds of three losers, each trial 8 steps.
+  EXPECT_GT(no_upkeep, steps * 0.9);
+  EXPECT_GE(trial_steps.size(), 8u * 3 * 8);
+  EXPECT_LE(trial_steps.size(), 8u * 3 * 11);
+  // In rounds: the trials come in clusters of three (within 3 trials and 2 epochs of the
+  // incumbent between them: 8 x 3 + 4 x 2 + warm-ups = under 40 steps).
+  int clusters = 0;
+  for (size_t i = 0; i < trial_steps.size(); ++i) {
+    if (i == 0 || trial_steps[i] - trial_steps[i - 1] > 40) ++clusters;
+  }
+  EXPECT_LE(clusters, 11);
+  EXPECT_GE(clusters, 8);
+}
+
+// A frozen bucket thaws when a round's trial measures a drafting mode faster (the text became
+// predictable, say), and its steps keep the draft model up to date again.
+TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
+  Options o;
+  o.epoch_steps = 4;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = 0;
+  o.freeze_epochs = 100;
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, o);
+  ASSERT_TRUE(s.ok());
+  std::vector<int> ran;
+  RunCountingNoUpkeep(*s, 8, {90.0, 100.0, 85.0}, 4 * 200, &ran);
+  ASSERT_NE(s->DebugString().find("(frozen)"), std::string::npos) << s->DebugString();
+  RunCountingNoUpkeep(*s, 8, {90.0, 100.0, 130.0}, 4 * 1500, &ran);
+  EXPECT_EQ(s->Incumbent(8), 2);
+  EXPECT_EQ(s->DebugString().find("(frozen)"), std::string::npos) << s->DebugString();
+  EXPECT_EQ(RunCountingNoUpkeep(*s, 8, {90.0, 100.0, 130.0}, 400, &ran), 0);
+}
+
+// No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97%,
+// which may draft where it pays), nor with freeze_below = 0.
+TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
+  for (double freeze_below : {0.95, 0.0}) {
+    Options o;
+    o.epoch_steps = 4;
+    o.epoch_seconds = 0.0;
+    o.warmup_steps = 0;
+    o.freeze_below = freeze_below;
+    auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    std::vector<int> ran;
+    const std::vector<double> rate =
+        freeze_below > 0.0 ? std::vector<double>{97.0, 100.0, 80.0} : std::vector<double>{
+                                                                           80.0, 100.0, 80.0};
+    EXPECT_EQ(RunCountingNoUpkeep(*s, 8, rate, 4 * 1000, &ran), 0);
+    EXPECT_EQ(s->Incumbent(8), 1);
+  }
 }
 
 }  // namespace
