@@ -169,8 +169,9 @@ struct SpecOptions {
   // Adaptive: measure the plan above against fixed draft lengths (1, 2, 4, ... up to k) and no
   // drafting, and run whichever realises the most tokens per second at the current number of
   // decoding sequences (spec::DraftModeSelector: epochs of >= 16 steps, or 4 of many sequences, and
-  // 0.25 s compared with their neighbours, each losing mode revisited at a cost of about 0.2% of
-  // the run). Off: the plan decides every step.
+  // 0.25 s; each losing mode revisited, at a cost of about 0.2% of the run, in a trial whose steps
+  // alternate with the incumbent's; draft lengths past a clear loser pruned; buckets where no
+  // drafting mode pays frozen, without draft-model upkeep). Off: the plan decides every step.
   bool select_mode = true;
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5

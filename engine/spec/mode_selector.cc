@@ -34,7 +34,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) ||
       !(options.prior_log_sd >= 0.0) || !(options.prune_below >= 0.0) ||
       !(options.prune_below <= 1.0) || !(options.freeze_below >= 0.0) ||
-      !(options.freeze_below <= 1.0) || options.freeze_epochs < 1) {
+      !(options.freeze_below <= 1.0) || options.freeze_epochs < 1 ||
+      !(options.trial_stop_below >= 0.0) || !(options.trial_stop_below <= 1.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -42,7 +43,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
-        "freeze_epochs >= 1");
+        "freeze_epochs >= 1, 0 <= trial_stop_below <= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -388,6 +389,18 @@ int DraftModeSelector::Decide(int b) {
 }
 
 bool DraftModeSelector::EpochOver() const {
+  if (partner_ >= 0 && options_.trial_stop_below > 0.0) {
+    // A clear loser's trial ends once each side has its short epoch's steps in the bucket.
+    const int early = std::min(options_.short_epoch_steps, options_.epoch_steps);
+    const Side& mine = side_[0];
+    const Side& theirs = side_[1];
+    if (mine.rate_steps >= early && theirs.rate_steps >= early && mine.rate_seconds > 0.0 &&
+        theirs.rate_seconds > 0.0 && theirs.rate_tokens > 0.0 &&
+        mine.rate_tokens / mine.rate_seconds <
+            options_.trial_stop_below * theirs.rate_tokens / theirs.rate_seconds) {
+      return true;
+    }
+  }
   for (int i = 0; i < (partner_ >= 0 ? 2 : 1); ++i) {
     const Side& side = side_[i];
     const bool enough_steps =

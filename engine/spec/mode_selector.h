@@ -81,11 +81,12 @@ namespace deepinfer::engine::spec {
 // (+ explore_z x se) and after min_comparisons comparisons, below `prune_below` of the
 // incumbent (slower than the best, the neighbour shows that the peak is not beyond it), or is
 // pruned itself: a draft model's k = 4 and 8, 25-50% behind, are then no longer measured in
-// every bucket once k = 2 is known to be behind. The plan is never pruned. Off by default
-// (prune_below = 0).
+// every bucket once k = 2 is known to be behind. The plan is never pruned. Default 0.9 (with the
+// interleaved trials below, whose estimates are firm enough; adjacent epochs' were not, so it was
+// off by default until session 13).
 //
-// Defaults: point estimates, every loser revisited (switch_z = explore_z = prune_below = 0,
-// cost_decay 0.7), the gaps weighed by epoch duration (explore_by_time). With switch_z 2, explore_z
+// Defaults: point estimates (switch_z = explore_z = 0, cost_decay 0.7), the gaps weighed by epoch
+// duration (explore_by_time). With switch_z 2, explore_z
 // 1, cost_decay 0.9 and prune_below 0.95 the selector realised 1-3 points more of the best mode's
 // rate in simulations whose first mode was (nearly) the best, but the live sweep (issue 12, session
 // 10) measured it behind the best fixed length in four cells of six, its n-gram node keeping the
@@ -109,7 +110,12 @@ namespace deepinfer::engine::spec {
 // old incumbent's -s_new). The epoch ends once each side has run the epoch's steps and seconds.
 // The incumbent's own epochs only measure (content, epoch time); the adjacency of epochs plays no
 // part. Alternation costs a draft model a little: a drafting step after a non-drafting one feeds
-// one token more.
+// one token more. A trial also ends early, once each side has run min(short_epoch_steps,
+// epoch_steps) measured steps in the bucket, when the mode on trial realised less than
+// `trial_stop_below` of the incumbent's rate so far: a clear loser is clear by then, and its slow
+// steps are what its trial costs (measured at 8 concurrent requests, issue 12, session 13: a draft
+// model's k = 4 and 8 trials, 16 steps a side at 2-3 times the incumbent's time per token, took a
+// fifth of the node's time while the selector learnt).
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -156,13 +162,14 @@ class DraftModeSelector {
     double switch_z = 0.0;       // >= 0 (tried: 2, with explore_z 1, cost_decay 0.9)
     double explore_z = 0.0;      // >= 0
     double prior_log_sd = 0.25;  // >= 0
-    double prune_below = 0.0;    // in [0, 1]; 0: no pruning (tried: 0.95)
+    double prune_below = 0.9;    // in [0, 1]; 0: no pruning (tried with adjacent epochs: 0.95)
     bool explore_by_time = true;  // revisit gaps weighed by the epochs' wall time (above)
     // An epoch ends early when the decoding count enters a bucket whose incumbent is another
     // mode (above).
     bool follow_bucket = true;
     // Revisits and tours are interleaved trials (above); false: adjacent epochs are compared.
     bool interleave = true;
+    double trial_stop_below = 0.8;  // in [0, 1]: trials of clear losers end early; 0: never
     double freeze_below = 0.95;  // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;     // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run

@@ -41,6 +41,7 @@ Options Adjacent() {
   Options o;
   o.interleave = false;
   o.freeze_below = 0.0;
+  o.prune_below = 0.0;
   return o;
 }
 
@@ -762,6 +763,7 @@ TEST(DraftModeSelectorTest, ABucketWhereDraftingNeverPaysFreezes) {
   o.epoch_seconds = 0.0;
   o.warmup_steps = 0;
   o.freeze_epochs = 200;
+  o.prune_below = 0.0;  // k = 2 would be pruned (past k = 1): three losers
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {92.0, 100.0, 85.0, 70.0};
@@ -824,6 +826,50 @@ TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
     EXPECT_EQ(RunCountingNoUpkeep(*s, 8, rate, 4 * 1000, &ran), 0);
     EXPECT_EQ(s->Incumbent(8), 1);
   }
+}
+
+// A clear loser's trial ends once each side has run short_epoch_steps (4) steps: a mode at half
+// the incumbent's rate takes 4 + 4 steps after its warm-up, not 16 + 16; one 10% behind runs its
+// whole trial. Both are observed.
+TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
+  for (double loser : {50.0, 90.0}) {
+    Options o;
+    o.epoch_steps = 16;
+    o.epoch_seconds = 0.0;
+    o.warmup_steps = 1;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    const std::vector<double> rate = {100.0, loser};
+    int trial = 0;
+    for (int i = 0; i < 17 + 40; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(2);
+      if (s->partner() >= 0) ++trial;
+      s->Observe(2, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+    }
+    EXPECT_EQ(trial, loser < 80.0 ? 1 + 8 : 1 + 32) << loser;
+    EXPECT_NEAR(s->Relative(2, 1), loser / 100.0, 1e-9);
+  }
+}
+
+// The defaults (interleaved trials, prune_below 0.9) on a draft model's rates: once k = 2's
+// trials put it below 90%, k = 4 and 8 are no longer tried; the others are.
+TEST(DraftModeSelectorTest, DefaultsPruneLengthsPastAClearLoser) {
+  Options o;
+  o.epoch_steps = 16;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = 0;
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
+  ASSERT_TRUE(s.ok());
+  const std::vector<double> rate = {100.0, 80.0, 97.0, 85.0, 65.0, 45.0};
+  RunSteps(*s, 2, rate, 16 * 200);
+  const std::vector<int> ran = RunSteps(*s, 2, rate, 16 * 3000);
+  EXPECT_EQ(ran[4] + ran[5], 0);
+  EXPECT_GT(ran[2], 0);
+  EXPECT_GT(ran[3], 0);
+  EXPECT_EQ(s->Incumbent(2), 0);
+  double tokens = 0.0;
+  for (size_t m = 0; m < rate.size(); ++m) tokens += rate[m] * ran[m];
+  EXPECT_GT(tokens / (rate[0] * 16 * 3000), 0.99);
 }
 
 }  // namespace
