@@ -317,10 +317,7 @@ bool DraftModeSelector::Frozen(const BucketStats& bucket) const {
     const ModeStats& s = bucket.modes[m];
     if (s.weight <= 0.0 || s.comparisons < options_.min_comparisons) return false;
     const double optimistic = Score(bucket, m) + options_.explore_z * ScoreError(bucket, m);
-    // The plan drafts only where its models say it pays, and otherwise does not: where no fixed
-    // length pays it is close to not drafting, less the upkeep, and frozen once behind it.
-    const double below = lengths_[m] == kPlan ? 1.0 : options_.freeze_below;
-    if (optimistic >= std::log(below)) return false;
+    if (optimistic >= std::log(options_.freeze_below)) return false;
   }
   return true;
 }

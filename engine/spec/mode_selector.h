@@ -119,9 +119,7 @@ namespace deepinfer::engine::spec {
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
-// `freeze_below` of it, the plan below it at all (where no fixed length pays, the plan drafts
-// rarely and measures close to not drafting less the upkeep: 97% at 32 decoding sequences,
-// issue 12, session 13): its incumbent's steps then tell the engine not to keep a draft model's
+// `freeze_below` of it: its incumbent's steps then tell the engine not to keep a draft model's
 // cache up to date (Choice::upkeep false; that upkeep costs about 4% of a step at 32 decoding
 // sequences, issue 12, session 12, so without this a node whose drafting never pays stays that
 // much below one without speculation), and its losers are revisited no sooner than

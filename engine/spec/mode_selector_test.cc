@@ -766,8 +766,7 @@ TEST(DraftModeSelectorTest, ABucketWhereDraftingNeverPaysFreezes) {
   o.prune_below = 0.0;  // k = 2 would be pruned (past k = 1): three losers
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
-  // The plan at 97% (it drafts rarely, and pays the upkeep): behind, so the bucket freezes.
-  const std::vector<double> rate = {97.0, 100.0, 85.0, 70.0};
+  const std::vector<double> rate = {92.0, 100.0, 85.0, 70.0};
   std::vector<int> ran;
   RunCountingNoUpkeep(*s, 32, rate, 4 * 200, &ran);
   EXPECT_EQ(s->Incumbent(32), 1);
@@ -809,8 +808,8 @@ TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
   EXPECT_EQ(RunCountingNoUpkeep(*s, 8, {90.0, 100.0, 130.0}, 400, &ran), 0);
 }
 
-// No freezing while a fixed length is within freeze_below of not drafting (k = 1 at 97%), nor
-// with freeze_below = 0.
+// No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97%,
+// which may draft where it pays), nor with freeze_below = 0.
 TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
   for (double freeze_below : {0.95, 0.0}) {
     Options o;
@@ -822,7 +821,7 @@ TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
     ASSERT_TRUE(s.ok());
     std::vector<int> ran;
     const std::vector<double> rate =
-        freeze_below > 0.0 ? std::vector<double>{80.0, 100.0, 97.0} : std::vector<double>{
+        freeze_below > 0.0 ? std::vector<double>{97.0, 100.0, 80.0} : std::vector<double>{
                                                                            80.0, 100.0, 80.0};
     EXPECT_EQ(RunCountingNoUpkeep(*s, 8, rate, 4 * 1000, &ran), 0);
     EXPECT_EQ(s->Incumbent(8), 1);
