@@ -262,7 +262,7 @@ void DraftModeSelector::FinishEpoch() {
   last_.epoch = epochs_;
   last_.bucket = epoch_bucket_;
   last_.mode = current_;
-  last_.rate = mine.rate_tokens / mine.rate_seconds;
+  last_.rate = mine.Rate();
   last_.seconds_per_step = seconds_per_step;
 }
 
@@ -396,8 +396,7 @@ bool DraftModeSelector::EpochOver() const {
     const Side& theirs = side_[1];
     if (mine.rate_steps >= early && theirs.rate_steps >= early && mine.rate_seconds > 0.0 &&
         theirs.rate_seconds > 0.0 && theirs.rate_tokens > 0.0 &&
-        mine.rate_tokens / mine.rate_seconds <
-            options_.trial_stop_below * theirs.rate_tokens / theirs.rate_seconds) {
+        mine.Rate() < options_.trial_stop_below * theirs.Rate()) {
       return true;
     }
   }

@@ -308,6 +308,8 @@ class DraftModeSelector {
     double rate_seconds = 0.0;
     int rate_steps = 0;
     double rate_seq_steps = 0.0;
+    // Tokens per second in the epoch's bucket (rate_seconds > 0).
+    double Rate() const { return rate_tokens / rate_seconds; }
   };
   Side side_[2];                     // the epoch's mode, and in a trial its partner
   int partner_ = -1;                 // interleaved trial: the incumbent alternated with

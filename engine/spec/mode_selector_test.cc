@@ -641,13 +641,20 @@ TEST(DraftModeSelectorTest, MachineNoiseStillLetsAFasterModeTakeOver) {
   EXPECT_GT(ran[1], 16 * 2000 * 0.9);
 }
 
+// Default options (interleaved trials) with epochs of `epoch_steps` steps, no minimum time, and
+// `warmup_steps` warm-up steps: the tests below.
+Options Stepped(int epoch_steps, int warmup_steps) {
+  Options o;
+  o.epoch_steps = epoch_steps;
+  o.epoch_seconds = 0.0;
+  o.warmup_steps = warmup_steps;
+  return o;
+}
+
 // Interleaved trials (the default): a revisit is one epoch in which, after its warm-up, the mode
 // on trial and the incumbent take turns step by step, each side running the epoch's steps.
 TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
-  Options o;
-  o.epoch_steps = 4;
-  o.epoch_seconds = 0.0;
-  o.warmup_steps = 1;
+  Options o = Stepped(4, 1);
   o.min_comparisons = 1;
   auto s = DraftModeSelector::Create({0, 1}, o);
   ASSERT_TRUE(s.ok());
@@ -680,11 +687,8 @@ TEST(DraftModeSelectorTest, TrialsSeeThroughTheMachinesDrift) {
   for (int interleave : {0, 1}) {
     for (int seed = 0; seed < runs; ++seed) {
       const std::function<double(int)> speed = NoisySpeed(seed);
-      Options o;
+      Options o = Stepped(16, 0);
       o.interleave = interleave == 1;
-      o.epoch_steps = 16;
-      o.epoch_seconds = 0.0;
-      o.warmup_steps = 0;
       if (interleave == 0) Uncertain(&o);  // adjacent epochs' best options
       auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
       ASSERT_TRUE(s.ok());
@@ -706,11 +710,8 @@ TEST(DraftModeSelectorTest, TrialsSeeThroughTheMachinesDrift) {
 TEST(DraftModeSelectorTest, TrialsKeepASlowerModeOutUnderDriftAndText) {
   const std::function<double(int)> speed = NoisySpeed(3);
   const std::function<double(int)> text = NoisySpeed(4);
-  Options o;
-  o.epoch_steps = 4;
+  Options o = Stepped(4, 1);
   o.short_epoch_steps = 4;
-  o.epoch_seconds = 0.0;
-  o.warmup_steps = 1;
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {100.0, 100.0, 88.0};
@@ -725,10 +726,7 @@ TEST(DraftModeSelectorTest, TrialsKeepASlowerModeOutUnderDriftAndText) {
 TEST(DraftModeSelectorTest, TrialsFindAFasterModeUnderDriftAndText) {
   const std::function<double(int)> speed = NoisySpeed(5);
   const std::function<double(int)> text = NoisySpeed(6);
-  Options o;
-  o.epoch_steps = 16;
-  o.epoch_seconds = 0.0;
-  o.warmup_steps = 1;
+  Options o = Stepped(16, 1);
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {100.0, 80.0, 110.0, 95.0};
@@ -758,10 +756,7 @@ int RunCountingNoUpkeep(DraftModeSelector& s, int decoding, const std::vector<do
 // bucket freezes: its incumbent's steps skip the draft model's upkeep, and the losers are
 // revisited in rounds every freeze_epochs epochs, one after another, not each on its own gap.
 TEST(DraftModeSelectorTest, ABucketWhereDraftingNeverPaysFreezes) {
-  Options o;
-  o.epoch_steps = 4;
-  o.epoch_seconds = 0.0;
-  o.warmup_steps = 0;
+  Options o = Stepped(4, 0);
   o.freeze_epochs = 200;
   o.prune_below = 0.0;  // k = 2 would be pruned (past k = 1): three losers
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, o);
@@ -792,10 +787,7 @@ TEST(DraftModeSelectorTest, ABucketWhereDraftingNeverPaysFreezes) {
 // A frozen bucket thaws when a round's trial measures a drafting mode faster (the text became
 // predictable, say), and its steps keep the draft model up to date again.
 TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
-  Options o;
-  o.epoch_steps = 4;
-  o.epoch_seconds = 0.0;
-  o.warmup_steps = 0;
+  Options o = Stepped(4, 0);
   o.freeze_epochs = 100;
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, o);
   ASSERT_TRUE(s.ok());
@@ -812,10 +804,7 @@ TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
 // which may draft where it pays), nor with freeze_below = 0.
 TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
   for (double freeze_below : {0.95, 0.0}) {
-    Options o;
-    o.epoch_steps = 4;
-    o.epoch_seconds = 0.0;
-    o.warmup_steps = 0;
+    Options o = Stepped(4, 0);
     o.freeze_below = freeze_below;
     auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, o);
     ASSERT_TRUE(s.ok());
@@ -833,10 +822,7 @@ TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
 // whole trial. Both are observed.
 TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
   for (double loser : {50.0, 90.0}) {
-    Options o;
-    o.epoch_steps = 16;
-    o.epoch_seconds = 0.0;
-    o.warmup_steps = 1;
+    Options o = Stepped(16, 1);
     auto s = DraftModeSelector::Create({0, 1}, o);
     ASSERT_TRUE(s.ok());
     const std::vector<double> rate = {100.0, loser};
@@ -854,10 +840,7 @@ TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
 // The defaults (interleaved trials, prune_below 0.9) on a draft model's rates: once k = 2's
 // trials put it below 90%, k = 4 and 8 are no longer tried; the others are.
 TEST(DraftModeSelectorTest, DefaultsPruneLengthsPastAClearLoser) {
-  Options o;
-  o.epoch_steps = 16;
-  o.epoch_seconds = 0.0;
-  o.warmup_steps = 0;
+  Options o = Stepped(16, 0);
   auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
   ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {100.0, 80.0, 97.0, 85.0, 65.0, 45.0};
