@@ -36,6 +36,10 @@
 #   (the selector's mode and decoding sequences, shape, drafts verified and accepted, period,
 #   forward and drafting time) for offline fits.
 #   SWEEP_LOG_LEVEL: the other processes' log level (default info).
+#   SWEEP_LAUNCHER_FLAGS: more launcher flags for every cluster (space-separated), e.g.
+#   "--colocated --colocated_prefill_tokens=256": conditional disaggregation, where a later turn
+#   whose uncached part on the decode node is short (its history's KV is there) prefills there
+#   instead of re-prefilling the whole history on the prefill node.
 #   SWEEP_EXTRA="NAME=FLAGS ...": more configurations beside the methods', NAME running every
 #   worker with FLAGS (comma-separated), e.g. SWEEP_EXTRA="off-overlap=--overlap=on".
 set -euo pipefail
@@ -78,7 +82,7 @@ trap stop_all EXIT
 start_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready
   "${PINNED[@]}" "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
-    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" \
+    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" ${SWEEP_LAUNCHER_FLAGS:-} \
     ${flags:+--prefill_flags="$flags"} --decode_flags="$flags${SWEEP_TRACE:+${flags:+,}--log_level=debug}" \
     >"$WORK/$name.out" 2>&1 &
   PID[$name]=$!
