@@ -292,6 +292,21 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
   return placement;
 }
 
+void InferenceService::ExpectHistory(const Prepared& request,
+                                     const internal::v1::WorkerInfo& decode,
+                                     const std::vector<uint32_t>& completion) const {
+  if (completion.empty() || decode.block_size() <= 0) return;
+  // The last generated token was sampled, never fed: its KV is not there.
+  std::vector<uint32_t> tokens;
+  tokens.reserve(request.prompt_token_ids.size() + completion.size() - 1);
+  tokens.insert(tokens.end(), request.prompt_token_ids.begin(), request.prompt_token_ids.end());
+  tokens.insert(tokens.end(), completion.begin(), completion.end() - 1);
+  const std::vector<uint64_t> hashes =
+      PromptBlockHashes(tokens, decode.block_hash_seed(), request.cache_salt, decode.block_size(),
+                        request.image_spans);
+  registry_->ExpectStored(decode.worker_id(), decode.incarnation(), hashes);
+}
+
 std::unique_ptr<internal::v1::Decode::Stub> InferenceService::DecodeStub(
     const std::string& address) {
   std::shared_ptr<grpc::Channel> channel;
@@ -395,6 +410,7 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
     int64_t relayed = 0;
     bool client_gone = false;
     bool finished = false;
+    std::vector<uint32_t> completion;  // the generated tokens, for ExpectHistory
     absl::Time last_token;
     v1::GenerateChunk chunk;
     while (reader->Read(&chunk)) {
@@ -410,6 +426,7 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
         }
         last_token = now;
         outcome->completion_tokens += chunk.token_ids_size();
+        completion.insert(completion.end(), chunk.token_ids().begin(), chunk.token_ids().end());
       }
       if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         finished = true;
@@ -442,7 +459,10 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
     if (client_gone || context->IsCancelled()) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call");
     }
-    if (status.ok() && finished) return status;
+    if (status.ok() && finished) {
+      ExpectHistory(request, placement->decode.info, completion);
+      return status;
+    }
     if (aborted && !finished) return finish_aborted();
     if (status.ok()) {
       return grpc::Status(grpc::StatusCode::INTERNAL,

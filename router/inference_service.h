@@ -208,6 +208,12 @@ class InferenceService final : public v1::Inference::Service {
                              const std::vector<int32_t>& rendered, Prepared* prepared);
   std::string NewRequestId(absl::string_view prefix);
   absl::StatusOr<Placement> Place(const Prepared& request, absl::Span<const std::string> exclude);
+  // A request finished on `decode` having generated `completion`: tells the registry that the
+  // decode worker now holds the KV of the prompt and all but the last generated token
+  // (WorkerRegistry::ExpectStored), so that the conversation's next turn, which arrives before the
+  // worker's KV events, is placed where its history is.
+  void ExpectHistory(const Prepared& request, const internal::v1::WorkerInfo& decode,
+                     const std::vector<uint32_t>& completion) const;
   // One placement from the registry's current state; kAborted when a chosen worker vanished
   // before its placement was recorded (the caller tries again).
   absl::StatusOr<Placement> PlaceOnce(const Prepared& request,

@@ -889,6 +889,50 @@ TEST_F(InferenceServiceTest, CacheAwareLocalPrefillOnTheDecodeWorkerHoldingThePr
   EXPECT_EQ(d1->requests()[0].prefill_address(), "");
 }
 
+TEST_F(InferenceServiceTest, TheNextTurnPrefillsWhereTheLastAnswerIsBeforeTheEventsSaySo) {
+  // Threshold 64, two colocated decode workers and a prefill worker. Turn 1 (200 prompt tokens,
+  // nobody holds them) prefills remotely; turn 2 repeats it with the 40-token answer and 10 new
+  // tokens. No KV event has told the router of the answer's blocks, but the worker that served
+  // turn 1 holds 239 of turn 2's tokens (14 full blocks: 26 uncached), so turn 2 prefills there.
+  StartService(InferenceServiceOptions{.model_id = kModelId,
+                                       .placement = {.local_prefill_threshold_tokens = 64}});
+  FakeDecodeWorker* d0 = AddDecode("d0", /*can_prefill=*/true, 2000);
+  FakeDecodeWorker* d1 = AddDecode("d1", /*can_prefill=*/true, 1000);
+  AddPrefill("p0", 9);
+  // Both have a prefix cache (their events stored something once).
+  PublishStored(*registry_, "d0", {777});
+  PublishStored(*registry_, "d1", {778});
+  GenerateRequest turn1 = LongPrompt("turn-1", "");
+  turn1.mutable_sampling()->set_max_tokens(40);
+  const Result<GenerateChunk> answer = Generate(turn1);
+  ASSERT_TRUE(answer.status.ok()) << answer.status.error_message();
+  ASSERT_EQ(answer.Tokens().size(), 40u);
+  FakeDecodeWorker* first = d0->requests().size() == 1 ? d0 : d1;
+  FakeDecodeWorker* other = first == d0 ? d1 : d0;
+  ASSERT_EQ(first->requests().size(), 1u);
+  EXPECT_NE(first->requests()[0].prefill_address(), "");  // remote: 200 uncached
+
+  GenerateRequest turn2 = LongPrompt("turn-2", "");
+  for (uint32_t t : answer.Tokens()) turn2.add_prompt_token_ids(t);
+  for (int i = 0; i < 10; ++i) turn2.add_prompt_token_ids(static_cast<uint32_t>(100 + i));
+  ASSERT_TRUE(Generate(turn2).status.ok());
+  ASSERT_EQ(first->requests().size(), 2u);
+  EXPECT_TRUE(other->requests().empty());
+  EXPECT_EQ(first->requests()[1].prefill_address(), "");  // local: 26 uncached
+  // Turn 2 left 250 + 4 - 1 tokens: 15 full blocks, 14 of them turn 1's; none reported yet.
+  const std::string id = first == d0 ? "d0" : "d1";
+  const std::string other_id = first == d0 ? "d1" : "d0";
+  EXPECT_EQ(registry_->Get(id)->expected_blocks, 15);
+  EXPECT_EQ(registry_->Get(other_id)->expected_blocks, 0);
+
+  // A failed request leaves no expectation behind.
+  other->SetScript({.fail_code = grpc::StatusCode::INTERNAL});
+  first->SetScript({.fail_code = grpc::StatusCode::INTERNAL});
+  EXPECT_FALSE(Generate(LongPrompt("turn-x", "salt")).status.ok());
+  EXPECT_EQ(registry_->Get(id)->expected_blocks, 15);
+  EXPECT_EQ(registry_->Get(other_id)->expected_blocks, 0);
+}
+
 TEST_F(InferenceServiceTest, MetricsCountCallsTokensAndPlacementsOverHttp) {
   MetricsRegistry metrics_registry;
   std::unique_ptr<RouterMetrics> metrics = RouterMetrics::Create(&metrics_registry).value();

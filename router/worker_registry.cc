@@ -174,6 +174,10 @@ struct WorkerRegistry::Entry {
   bool kv_resync_pending = false;
   // Block hash -> bit mask of the tiers it is stored in.
   absl::flat_hash_map<uint64_t, uint8_t> blocks;
+  // Block hash -> until when it counts as held (ExpectStored), for blocks not in `blocks`.
+  absl::flat_hash_map<uint64_t, absl::Time> expected;
+  // Whether an event ever stored a block (the worker has a prefix cache).
+  bool stored_any = false;
   int64_t placed_requests = 0;
   int64_t placed_tokens = 0;
   int64_t placed_blocks = 0;
@@ -202,6 +206,11 @@ absl::StatusOr<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Create(Options o
     return absl::InvalidArgumentError(
         absl::StrCat("max_blocks_per_worker: expected >= 0; got ", options.max_blocks_per_worker));
   }
+  if (options.expected_block_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected_block_ttl: expected > 0; got ",
+                     absl::FormatDuration(options.expected_block_ttl)));
+  }
   return std::unique_ptr<WorkerRegistry>(new WorkerRegistry(std::move(options)));
 }
 
@@ -225,6 +234,7 @@ WorkerSnapshot WorkerRegistry::Snapshot(const Entry& e) {
   s.registered_at = e.registered_at;
   s.last_heartbeat = e.last_heartbeat;
   s.cached_blocks = static_cast<int64_t>(e.blocks.size());
+  s.expected_blocks = static_cast<int64_t>(e.expected.size());
   s.kv_resync_pending = e.kv_resync_pending;
   s.placed_requests = e.placed_requests;
   s.placed_tokens = e.placed_tokens;
@@ -505,6 +515,7 @@ absl::StatusOr<KvEventAck> WorkerRegistry::ApplyKvEventsLocked(const KvEventBatc
     spdlog::info("worker {}: KV event gap (expected sequence {}, got {}): asking for a snapshot",
                  batch.worker_id(), e.last_kv_sequence + 1, batch.sequence());
     e.blocks.clear();
+    e.expected.clear();
     e.kv_resync_pending = true;
   }
   for (const KvEvent& event : batch.events()) {
@@ -512,10 +523,13 @@ absl::StatusOr<KvEventAck> WorkerRegistry::ApplyKvEventsLocked(const KvEventBatc
     switch (event.kind()) {
       case KvEvent::KIND_ALL_CLEARED:
         e.blocks.clear();
+        e.expected.clear();
         e.kv_resync_pending = false;
         break;
       case KvEvent::KIND_STORED:
+        e.stored_any = true;
         for (uint64_t hash : event.block_hashes()) {
+          e.expected.erase(hash);
           auto found = e.blocks.find(hash);
           if (found != e.blocks.end()) {
             found->second |= bit;
@@ -526,6 +540,7 @@ absl::StatusOr<KvEventAck> WorkerRegistry::ApplyKvEventsLocked(const KvEventBatc
         break;
       case KvEvent::KIND_REMOVED:
         for (uint64_t hash : event.block_hashes()) {
+          e.expected.erase(hash);
           auto found = e.blocks.find(hash);
           if (found == e.blocks.end()) continue;
           found->second &= static_cast<uint8_t>(~bit);
@@ -546,13 +561,37 @@ int64_t WorkerRegistry::PrefixOverlap(absl::string_view worker_id,
   absl::ReaderMutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return 0;
-  const auto& blocks = it->second->blocks;
+  const Entry& e = *it->second;
+  const absl::Time now = e.expected.empty() ? absl::InfinitePast() : Now();
   int64_t n = 0;
   for (uint64_t hash : block_hashes) {
-    if (!blocks.contains(hash)) break;
+    if (!e.blocks.contains(hash)) {
+      auto expected = e.expected.find(hash);
+      if (expected == e.expected.end() || expected->second <= now) break;
+    }
     ++n;
   }
   return n;
+}
+
+void WorkerRegistry::ExpectStored(absl::string_view worker_id, uint64_t incarnation,
+                                  absl::Span<const uint64_t> block_hashes) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  Entry& e = *it->second;
+  if (e.info.incarnation() != incarnation || !e.stored_any) return;
+  const absl::Time until = Now() + options_.expected_block_ttl;
+  for (uint64_t hash : block_hashes) {
+    if (e.blocks.contains(hash)) continue;
+    auto found = e.expected.find(hash);
+    if (found != e.expected.end()) {
+      found->second = until;
+    } else if (static_cast<int64_t>(e.blocks.size() + e.expected.size()) <
+               options_.max_blocks_per_worker) {
+      e.expected.emplace(hash, until);
+    }
+  }
 }
 
 int WorkerRegistry::Sweep() {
@@ -563,6 +602,14 @@ int WorkerRegistry::Sweep() {
     std::vector<std::string> dead;
     for (const auto& [id, entry] : workers_) {
       if (!Alive(*entry, now)) dead.push_back(id);
+      auto& expected = entry->expected;
+      for (auto e = expected.begin(); e != expected.end();) {
+        if (e->second <= now) {
+          expected.erase(e++);
+        } else {
+          ++e;
+        }
+      }
     }
     for (const std::string& id : dead) ExpireIfDeadLocked(id, now, &removed);
   }

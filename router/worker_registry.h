@@ -25,6 +25,16 @@
 // (the start of the worker's snapshot) arrives. A batch at or below the last sequence is a
 // duplicate and is ignored. A block counts as held while it is stored in any tier.
 //
+// Expected blocks: a worker reports the blocks a request left in its cache with its next
+// heartbeat (up to heartbeat_interval later), but a chat's next turn arrives as soon as the
+// client has the previous answer, milliseconds after it. ExpectStored records what the router
+// knows the worker now holds (a request it finished there: prompt and answer), and PrefixOverlap
+// counts those blocks until the worker's events confirm them (STORED), drop them (REMOVED,
+// ALL_CLEARED, a gap) or Options::expected_block_ttl passes, so the next turn goes where its
+// history is (conditional disaggregation: a decode node that holds it prefills only the new
+// message). Only for a worker whose events have stored a block before (one without a prefix
+// cache publishes none, and would otherwise be credited for a history it never kept).
+//
 // Placement (the first policy; prefix-aware scoring builds on PrefixOverlap):
 //   PickPrefill: least queued input tokens, then shortest queue.
 //   PickDecode:  most free KV blocks, then fewest running sequences; only workers with room for
@@ -76,6 +86,9 @@ struct WorkerSnapshot {
   absl::Time last_heartbeat;
   // Block hashes this worker's prefix cache holds, as its KV events say.
   int64_t cached_blocks = 0;
+  // Blocks expected (ExpectStored) and not yet confirmed or dropped by its events, nor forgotten
+  // by Sweep after they expired.
+  int64_t expected_blocks = 0;
   // A KV-event gap was seen and no snapshot has arrived since.
   bool kv_resync_pending = false;
   // Placed by this router since the last accepted load report.
@@ -100,14 +113,17 @@ class WorkerRegistry {
     // Most block hashes remembered per worker; STORED events beyond it are not recorded (the
     // router then under-estimates that worker's cache, which costs hit rate, not correctness).
     int64_t max_blocks_per_worker = int64_t{1} << 22;
+    // How long an expected block (ExpectStored) counts without the worker confirming it; > 0.
+    // Its KV events come with each heartbeat, so a few intervals.
+    absl::Duration expected_block_ttl = absl::Seconds(3);
     // Called after a worker entry is removed, with the removed entry's info and why:
     // kAborted (replaced by a newer incarnation), kCancelled (deregistered) or kUnavailable
     // (missed heartbeats).
     std::function<void(const internal::v1::WorkerInfo&, const absl::Status&)> on_removed;
   };
 
-  // kInvalidArgument for a non-positive heartbeat interval, missed_heartbeats_allowed < 1 or
-  // max_blocks_per_worker < 0.
+  // kInvalidArgument for a non-positive heartbeat interval, missed_heartbeats_allowed < 1,
+  // max_blocks_per_worker < 0 or a non-positive expected_block_ttl.
   static absl::StatusOr<std::unique_ptr<WorkerRegistry>> Create(Options options);
 
   WorkerRegistry(const WorkerRegistry&) = delete;
@@ -142,10 +158,20 @@ class WorkerRegistry {
   absl::StatusOr<internal::v1::KvEventAck> PublishKvEvents(const internal::v1::KvEventBatch& batch);
 
   // How many of `block_hashes` (a prompt's hash chain, in order), counted from the first, the
-  // worker holds. 0 for an unknown worker.
+  // worker holds, by its KV events or as still-expected blocks (ExpectStored). 0 for an unknown
+  // worker.
   int64_t PrefixOverlap(absl::string_view worker_id, absl::Span<const uint64_t> block_hashes) const;
 
-  // Removes the workers past their heartbeat deadline; returns how many.
+  // The router knows that `worker_id` (at `incarnation`) now holds `block_hashes` (the full
+  // blocks of a request that just finished there: see the file comment), before the worker's KV
+  // events say so. Ignored for an unknown worker or incarnation, and for a worker whose events
+  // never stored a block. Blocks it already reported stay as they are; the others count as held
+  // for Options::expected_block_ttl unless its events drop or confirm them first.
+  void ExpectStored(absl::string_view worker_id, uint64_t incarnation,
+                    absl::Span<const uint64_t> block_hashes);
+
+  // Removes the workers past their heartbeat deadline; returns how many. Also forgets expired
+  // expected blocks.
   int Sweep();
 
   // The least loaded live prefill worker of `model` (see the file comment), recording

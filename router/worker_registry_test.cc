@@ -124,6 +124,10 @@ TEST(WorkerRegistryCreateTest, RejectsBadOptions) {
   o = {};
   o.max_blocks_per_worker = -1;
   EXPECT_EQ(WorkerRegistry::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.expected_block_ttl = absl::ZeroDuration();
+  EXPECT_EQ(WorkerRegistry::Create(o).status().message(),
+            "expected_block_ttl: expected > 0; got 0");
 }
 
 struct InfoCase {
@@ -420,6 +424,77 @@ TEST_F(WorkerRegistryTest, KvEventsMaintainTheBlockSet) {
   ASSERT_TRUE(registry_->PublishKvEvents(b4).ok());
   EXPECT_EQ(registry_->PrefixOverlap("p0", std::vector<uint64_t>{11}), 0);
   EXPECT_EQ(registry_->Get("p0")->cached_blocks, 0);
+}
+
+TEST_F(WorkerRegistryTest, ExpectedBlocksCountUntilConfirmedDroppedOrExpired) {
+  ASSERT_TRUE(registry_->Register(Decode("d0")).ok());
+  // Before any STORED event the worker may have no prefix cache: nothing is expected.
+  registry_->ExpectStored("d0", 100, std::vector<uint64_t>{1, 2});
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2}), 0);
+  EXPECT_EQ(registry_->Get("d0")->expected_blocks, 0);
+
+  KvEventBatch b1 = Batch("d0", 100, 1);
+  AddEvent(&b1, KvEvent::KIND_STORED, {1, 2});  // a prompt's blocks
+  ASSERT_TRUE(registry_->PublishKvEvents(b1).ok());
+  // The request finished: prompt 1, 2 and its answer 3, 4, 5 (not yet in any event).
+  registry_->ExpectStored("d0", 100, std::vector<uint64_t>{1, 2, 3, 4, 5});
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3, 4, 5, 6}), 5);
+  EXPECT_EQ(registry_->Get("d0")->cached_blocks, 2);
+  EXPECT_EQ(registry_->Get("d0")->expected_blocks, 3);
+  // Unknown worker or another incarnation: ignored.
+  registry_->ExpectStored("d0", 99, std::vector<uint64_t>{6});
+  registry_->ExpectStored("nobody", 100, std::vector<uint64_t>{6});
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3, 4, 5, 6}), 5);
+  EXPECT_EQ(registry_->PrefixOverlap("nobody", std::vector<uint64_t>{6}), 0);
+
+  // The worker's next batch confirms 3, says 4 was evicted and never mentions 5.
+  clock_.Advance(absl::Seconds(1));
+  KvEventBatch b2 = Batch("d0", 100, 2);
+  AddEvent(&b2, KvEvent::KIND_STORED, {3});
+  AddEvent(&b2, KvEvent::KIND_REMOVED, {4});
+  ASSERT_TRUE(registry_->PublishKvEvents(b2).ok());
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3, 4}), 3);
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{5}), 1);
+  EXPECT_EQ(registry_->Get("d0")->cached_blocks, 3);
+  EXPECT_EQ(registry_->Get("d0")->expected_blocks, 1);
+
+  // 5 expires three seconds after it was expected; 3 (confirmed) stays.
+  clock_.Advance(absl::Milliseconds(1999));
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{5}), 1);
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{5}), 0);
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3}), 3);
+  ASSERT_TRUE(registry_->ReportLoad(Load("d0", 100, 1)).known());  // keeps it alive
+  EXPECT_EQ(registry_->Sweep(), 0);
+  EXPECT_EQ(registry_->Get("d0")->expected_blocks, 0);  // forgotten
+
+  // Expecting again renews; a snapshot (ALL_CLEARED) drops what is expected with the rest.
+  registry_->ExpectStored("d0", 100, std::vector<uint64_t>{1, 2, 3, 7});
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3, 7}), 4);
+  KvEventBatch b3 = Batch("d0", 100, 3);
+  AddEvent(&b3, KvEvent::KIND_ALL_CLEARED, {});
+  AddEvent(&b3, KvEvent::KIND_STORED, {1});
+  ASSERT_TRUE(registry_->PublishKvEvents(b3).ok());
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3, 7}), 1);
+  EXPECT_EQ(registry_->Get("d0")->expected_blocks, 0);
+
+  // So does a gap in the batches.
+  registry_->ExpectStored("d0", 100, std::vector<uint64_t>{1, 8});
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 8}), 2);
+  KvEventBatch b5 = Batch("d0", 100, 5);
+  ASSERT_TRUE(registry_->PublishKvEvents(b5).ok());
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 8}), 0);
+}
+
+TEST_F(WorkerRegistryTest, ExpectedBlocksStayWithinTheLimit) {
+  registry_ = Make(/*seed=*/1, /*max_blocks=*/3);
+  ASSERT_TRUE(registry_->Register(Decode("d0")).ok());
+  KvEventBatch b1 = Batch("d0", 100, 1);
+  AddEvent(&b1, KvEvent::KIND_STORED, {1});
+  ASSERT_TRUE(registry_->PublishKvEvents(b1).ok());
+  registry_->ExpectStored("d0", 100, std::vector<uint64_t>{1, 2, 3, 4, 5});
+  EXPECT_EQ(registry_->Get("d0")->expected_blocks, 2);
+  EXPECT_EQ(registry_->PrefixOverlap("d0", std::vector<uint64_t>{1, 2, 3, 4, 5}), 3);
 }
 
 TEST_F(WorkerRegistryTest, KvEventGapAsksForSnapshotUntilItArrives) {
