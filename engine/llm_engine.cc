@@ -140,8 +140,16 @@ struct LlmEngine::Step {
   // KV was evicted): a cost every drafting mode and the upkeep pay once per request, left out of
   // the selector's comparison of modes, where whichever epoch met the arrival paid all of it.
   bool spec_prompt_catch_up = false;
-  // Whether the selector counts this step (a measured step of its mode, no prompt catch-up).
-  bool SelectorMeasured() const { return spec_mode_measured && !spec_prompt_catch_up; }
+  // The step also computes prompt tokens (a prefill chunk beside the decodes: a node that
+  // prefills locally, a recompute after preemption). Its period is mostly the prompt's, and
+  // whichever mode's step met it would pay for it in the selector's comparison (a trial's early
+  // stop cuts short a challenger that met one, not an incumbent): left out as well.
+  bool spec_prompt_tokens = false;
+  // Whether the selector counts this step (a measured step of its mode, no prompt catch-up, no
+  // prompt tokens).
+  bool SelectorMeasured() const {
+    return spec_mode_measured && !spec_prompt_catch_up && !spec_prompt_tokens;
+  }
   int spec_mode_decoding = 0;
 };
 
@@ -1219,6 +1227,12 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
     }
     plan(seq);
   }
+  for (const Planned& p : step->items) {
+    // A decode is one sampled token plus its drafts; anything else computes prompt tokens.
+    if (!p.sample || p.count - static_cast<int64_t>(p.draft.size()) > 1) {
+      step->spec_prompt_tokens = true;
+    }
+  }
   return step;
 }
 
@@ -1546,6 +1560,7 @@ void LlmEngine::Process(Step& step) {
     }
     if (selector_.has_value() && step.spec_mode >= 0) {
       if (step.spec_prompt_catch_up) ++stats_.spec_prompt_catch_up_steps;
+      if (step.spec_prompt_tokens) ++stats_.spec_select_prompt_steps;
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
                          measured);
       const int length = selector_->length(step.spec_mode);

@@ -369,6 +369,9 @@ struct EngineStats {
   int64_t spec_select_plan_steps = 0;
   int64_t spec_select_fixed_steps = 0;
   int64_t spec_select_off_steps = 0;
+  // Steps of the selector's modes that also computed prompt tokens (a local prefill's chunk):
+  // left out of its measurements.
+  int64_t spec_select_prompt_steps = 0;
   int64_t spec_select_epochs = 0;
   int64_t spec_select_explorations = 0;
   int64_t spec_select_mode = -1;

@@ -619,6 +619,36 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   }
 }
 
+// A node that prefills locally runs prompt chunks beside its decodes; such a step's period is
+// mostly the prompt's, so the selector leaves it out of its measurements (counted in
+// spec_select_prompt_steps). A lone request's prompt never runs beside a decode: none there.
+TEST(SpecEngineSelectorTest, StepsThatComputePromptTokensAreLeftOutOfTheSelectorsMeasurements) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 41);
+  const auto reqs = GreedyRequests(prompts, 24);
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+  EngineOptions o = WithSelector(WithSpec(BaseOptions(), 4, /*adaptive=*/true));
+  o.speculative.cost_table = &cheap;
+  o.max_running = 3;  // the others are admitted, and prefilled, while these decode
+  const RunResult got = RunAll(model.get(), o, reqs);
+  for (const EngineRequest& r : reqs) {
+    EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+        << r.request_id;
+  }
+  const int64_t selected = got.stats.spec_select_plan_steps + got.stats.spec_select_fixed_steps +
+                           got.stats.spec_select_off_steps;
+  EXPECT_GT(got.stats.spec_select_prompt_steps, 0);
+  EXPECT_LT(got.stats.spec_select_prompt_steps, selected);
+
+  const RunResult one = RunAll(model.get(), o, {reqs[0]});
+  EXPECT_EQ(one.results.at(reqs[0].request_id).tokens, ref.results.at(reqs[0].request_id).tokens);
+  EXPECT_GT(one.stats.spec_select_plan_steps + one.stats.spec_select_fixed_steps +
+                one.stats.spec_select_off_steps,
+            0);
+  EXPECT_EQ(one.stats.spec_select_prompt_steps, 0);
+}
+
 // Adaptive draft length: even a draft that is always accepted, if its round costs a second (1000
 // target steps), is not worth drafting with, so steps draft nothing but the probes' one token per
 // sequence (none without probes); one that costs a microsecond drafts every step. Outputs never

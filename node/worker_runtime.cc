@@ -756,13 +756,13 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
         "worker {}: engine ran {} steps ({} overlapped); speculative: {} synced, {} without "
         "drafts, {} probes, {} drafted / {} verified / {} accepted tokens, {} draft-cache "
         "evictions, {} draft tokens reused, {} fed while not drafting; modes: {} plan / {} "
-        "fixed-length / {} no-draft steps, {} exploring epochs",
+        "fixed-length / {} no-draft steps ({} with prompt tokens, unmeasured), {} exploring epochs",
         options_.worker_id, st.engine_steps(), st.overlapped_steps(), st.spec_synced_steps(),
         st.spec_no_draft_steps(), st.spec_probe_steps(), st.spec_draft_tokens(),
         st.spec_verified_tokens(), st.spec_accepted_tokens(), st.spec_draft_evictions(),
         st.spec_draft_reused_tokens(), st.spec_draft_upkeep_tokens(), st.spec_select_plan_steps(),
         st.spec_select_fixed_steps(),
-        st.spec_select_off_steps(), st.spec_select_explorations());
+        st.spec_select_off_steps(), st.spec_select_prompt_steps(), st.spec_select_explorations());
   }
   if (agent_ != nullptr) agent_->Stop();
   {
@@ -816,6 +816,7 @@ internal::v1::WorkerStats WorkerRuntime::Stats() const {
     s.set_spec_select_plan_steps(static_cast<uint64_t>(e.spec_select_plan_steps));
     s.set_spec_select_fixed_steps(static_cast<uint64_t>(e.spec_select_fixed_steps));
     s.set_spec_select_off_steps(static_cast<uint64_t>(e.spec_select_off_steps));
+    s.set_spec_select_prompt_steps(static_cast<uint64_t>(e.spec_select_prompt_steps));
     s.set_spec_select_explorations(static_cast<uint64_t>(e.spec_select_explorations));
     s.set_spec_draft_upkeep_tokens(static_cast<uint64_t>(e.spec_draft_upkeep_tokens));
   }
