@@ -85,6 +85,13 @@ ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
           "--nospec_interleave: whole epochs of each mode are compared back to back.");
+ABSL_FLAG(double, spec_trial_stop_below, 0.8,
+          "With --spec_select: a trial ends early once the mode on trial realised less than this "
+          "fraction of the current mode's tokens/s over at least 4 steps and "
+          "--spec_trial_stop_sequence_steps sequence-steps a side; 0: trials always run whole.");
+ABSL_FLAG(double, spec_trial_stop_sequence_steps, 32,
+          "With --spec_select: the sequence-steps (steps x decoding requests) each side of a trial "
+          "must cover before it may end early (few steps of one or two requests say little).");
 
 namespace deepinfer::node {
 namespace {
@@ -183,6 +190,20 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
+  o.speculative.select_options.trial_stop_below = absl::GetFlag(FLAGS_spec_trial_stop_below);
+  o.speculative.select_options.trial_stop_sequence_steps =
+      absl::GetFlag(FLAGS_spec_trial_stop_sequence_steps);
+  if (!(o.speculative.select_options.trial_stop_below >= 0.0 &&
+        o.speculative.select_options.trial_stop_below <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_trial_stop_below: expected a fraction in [0, 1], got ",
+                     o.speculative.select_options.trial_stop_below));
+  }
+  if (!(o.speculative.select_options.trial_stop_sequence_steps >= 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_trial_stop_sequence_steps: expected >= 0, got ",
+                     o.speculative.select_options.trial_stop_sequence_steps));
+  }
   if (!(o.speculative.select_options.freeze_below >= 0.0 &&
         o.speculative.select_options.freeze_below <= 1.0)) {
     return absl::InvalidArgumentError(

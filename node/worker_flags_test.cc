@@ -81,6 +81,14 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
+  absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
+  absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
+  EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
   absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");
@@ -119,6 +127,9 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_max_batch_tokens, 0); }, "--max_batch_tokens:"},
       {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
       {[] { absl::SetFlag(&FLAGS_spec_freeze_below, 1.5); }, "--spec_freeze_below:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_stop_below, -0.1); }, "--spec_trial_stop_below:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
+       "--spec_trial_stop_sequence_steps:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
       {[] { absl::SetFlag(&FLAGS_device, "gpu"); },

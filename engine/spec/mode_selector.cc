@@ -31,11 +31,11 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.content_decay < 1.0) || !(options.switch_margin >= 0.0) ||
       !(options.explore_cost > 0.0) || options.min_gap_epochs < 1 ||
       options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1 ||
-      !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) ||
-      !(options.prior_log_sd >= 0.0) || !(options.prune_below >= 0.0) ||
-      !(options.prune_below <= 1.0) || !(options.freeze_below >= 0.0) ||
-      !(options.freeze_below <= 1.0) || options.freeze_epochs < 1 ||
-      !(options.trial_stop_below >= 0.0) || !(options.trial_stop_below <= 1.0)) {
+      !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) || !(options.prior_log_sd >= 0.0) ||
+      !(options.prune_below >= 0.0) || !(options.prune_below <= 1.0) ||
+      !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
+      options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
+      !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -43,7 +43,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
-        "freeze_epochs >= 1, 0 <= trial_stop_below <= 1");
+        "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -210,8 +210,8 @@ void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
 void DraftModeSelector::FinishEpoch() {
   if (epoch_wall_seconds_ > 0.0) {
     double& mean = BucketAt(epoch_bucket_).modes[current_].epoch_seconds;
-    mean = mean > 0.0 ? mean + kEpochTimeWeight * (epoch_wall_seconds_ - mean)
-                      : epoch_wall_seconds_;
+    mean =
+        mean > 0.0 ? mean + kEpochTimeWeight * (epoch_wall_seconds_ - mean) : epoch_wall_seconds_;
   }
   const int sides = partner_ >= 0 ? 2 : 1;
   for (int i = 0; i < sides; ++i) {
@@ -289,11 +289,11 @@ bool DraftModeSelector::Pruned(const BucketStats& bucket, int mode) const {
   for (int m = 0; m < num_modes(); ++m) {
     const int l = lengths_[m];
     if (l == kPlan) continue;
-    const bool between = length > best_length ? (l >= best_length && l < length)
-                                              : (l <= best_length && l > length);
+    const bool between =
+        length > best_length ? (l >= best_length && l < length) : (l <= best_length && l > length);
     if (!between) continue;
-    if (neighbour < 0 || (length > best_length ? l > lengths_[neighbour]
-                                               : l < lengths_[neighbour])) {
+    if (neighbour < 0 ||
+        (length > best_length ? l > lengths_[neighbour] : l < lengths_[neighbour])) {
       neighbour = m;
     }
   }
@@ -394,9 +394,10 @@ bool DraftModeSelector::EpochOver() const {
     const int early = std::min(options_.short_epoch_steps, options_.epoch_steps);
     const Side& mine = side_[0];
     const Side& theirs = side_[1];
-    if (mine.rate_steps >= early && theirs.rate_steps >= early && mine.rate_seconds > 0.0 &&
-        theirs.rate_seconds > 0.0 && theirs.rate_tokens > 0.0 &&
-        mine.Rate() < options_.trial_stop_below * theirs.Rate()) {
+    const double seq = options_.trial_stop_sequence_steps;
+    if (mine.rate_steps >= early && theirs.rate_steps >= early && mine.rate_seq_steps >= seq &&
+        theirs.rate_seq_steps >= seq && mine.rate_seconds > 0.0 && theirs.rate_seconds > 0.0 &&
+        theirs.rate_tokens > 0.0 && mine.Rate() < options_.trial_stop_below * theirs.Rate()) {
       return true;
     }
   }

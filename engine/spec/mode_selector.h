@@ -115,7 +115,13 @@ namespace deepinfer::engine::spec {
 // `trial_stop_below` of the incumbent's rate so far: a clear loser is clear by then, and its slow
 // steps are what its trial costs (measured at 8 concurrent requests, issue 12, session 13: a draft
 // model's k = 4 and 8 trials, 16 steps a side at 2-3 times the incumbent's time per token, took a
-// fifth of the node's time while the selector learnt).
+// fifth of the node's time while the selector learnt). It also needs each side's measured steps to
+// cover `trial_stop_sequence_steps` sequence-steps: a few steps of one or two sequences say little
+// (an n-gram drafter that finds no match emits 1 token where a step that matches emits 5), and an
+// early stop biases the loser's score down (only the challenger's unlucky trials are cut short,
+// while its lucky ones run on and regress to the mean): with 4 steps a side at one sequence the
+// n-gram node's trials rated k = 4 5-18% below the plan, which measured the same end to end
+// (issue 12, session 14).
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -127,7 +133,8 @@ namespace deepinfer::engine::spec {
 // cache missed (its warm-up, StillWarming), about 7 steps' worth at 32 sequences, so it must be
 // rare, and is shared: every `freeze_epochs` epochs of the bucket its losers are revisited in a
 // round, one after another (each after an epoch of the incumbent; the comparisons that froze it
-// count as the first round). The bucket thaws when a trial measures a loser above freeze_below. 0: never freezes.
+// count as the first round). The bucket thaws when a trial measures a loser above freeze_below. 0:
+// never freezes.
 //
 // The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
 // bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
@@ -159,10 +166,10 @@ class DraftModeSelector {
     // revisit's optimistic one, the sd of one observation assumed before (and blended with) the
     // measured spread, and the relative rate below which a neighbour prunes the lengths past
     // it. Off by default (point estimates, every loser revisited): see "Defaults" above.
-    double switch_z = 0.0;       // >= 0 (tried: 2, with explore_z 1, cost_decay 0.9)
-    double explore_z = 0.0;      // >= 0
-    double prior_log_sd = 0.25;  // >= 0
-    double prune_below = 0.9;    // in [0, 1]; 0: no pruning (tried with adjacent epochs: 0.95)
+    double switch_z = 0.0;        // >= 0 (tried: 2, with explore_z 1, cost_decay 0.9)
+    double explore_z = 0.0;       // >= 0
+    double prior_log_sd = 0.25;   // >= 0
+    double prune_below = 0.9;     // in [0, 1]; 0: no pruning (tried with adjacent epochs: 0.95)
     bool explore_by_time = true;  // revisit gaps weighed by the epochs' wall time (above)
     // An epoch ends early when the decoding count enters a bucket whose incumbent is another
     // mode (above).
@@ -170,11 +177,14 @@ class DraftModeSelector {
     // Revisits and tours are interleaved trials (above); false: adjacent epochs are compared.
     bool interleave = true;
     double trial_stop_below = 0.8;  // in [0, 1]: trials of clear losers end early; 0: never
-    double freeze_below = 0.95;  // in [0, 1]: frozen buckets (above); 0: none
-    int freeze_epochs = 512;     // >= 1: their revisits' gap, in epochs of the bucket
-    double explore_cost = 0.002;                // > 0: five losers cost about 1% of a long run
-    int min_gap_epochs = 4;                     // >= 1
-    int max_gap_epochs = 128;                   // >= min_gap_epochs
+    // ... and only once each side's steps cover this many sequence-steps (steps x decoding
+    // sequences): see above.
+    double trial_stop_sequence_steps = 32.0;  // >= 0
+    double freeze_below = 0.95;               // in [0, 1]: frozen buckets (above); 0: none
+    int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
+    double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run
+    int min_gap_epochs = 4;                   // >= 1
+    int max_gap_epochs = 128;                 // >= min_gap_epochs
     // A loser compared fewer times than this is revisited after min_gap_epochs whatever its
     // deficit, and a challenger takes over only once compared this many times: one pair of
     // epochs is too noisy to set a long gap on, or to hand the bucket to.
@@ -298,7 +308,7 @@ class DraftModeSelector {
   Options options_;
   std::vector<BucketStats> buckets_;
   int current_ = 0;
-  int epoch_bucket_ = -1;           // -1 before the first epoch
+  int epoch_bucket_ = -1;  // -1 before the first epoch
   // One mode's measured steps in the current epoch.
   struct Side {
     int steps = 0;             // measured steps
@@ -316,9 +326,9 @@ class DraftModeSelector {
   bool partner_next_ = false;        // whose turn after the warm-up: the partner's
   bool epoch_upkeep_ = true;         // Choice::upkeep of the epoch's steps
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
-  int warmup_left_ = 0;           // Choose calls left unmeasured after a change
-  int warmup_taken_ = 0;          // of them, returned since the change
-  bool last_unmeasured_ = false;  // the latest Choose returned measured = false
+  int warmup_left_ = 0;              // Choose calls left unmeasured after a change
+  int warmup_taken_ = 0;             // of them, returned since the change
+  bool last_unmeasured_ = false;     // the latest Choose returned measured = false
   LastEpoch last_;
   int64_t epochs_ = 0;
   int64_t explorations_ = 0;
