@@ -59,6 +59,8 @@ struct LlmEngine::Sequence {
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
   int draft_match = 0;
+  // What its last verified draft did (n-gram survival key; set when a verification lands).
+  spec::DraftHistory draft_history = spec::DraftHistory::kNone;
   std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
   std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
   OutputCallback on_output;
@@ -98,8 +100,9 @@ struct LlmEngine::Planned {
   int64_t start = 0;
   int64_t count = 0;
   bool sample = false;
-  std::vector<int32_t> draft;           // speculative tokens after the one known input token
-  int draft_match = 0;                  // the n-gram drafter's match length for them
+  std::vector<int32_t> draft;  // speculative tokens after the one known input token
+  int draft_match = 0;         // the n-gram drafter's match length for them
+  spec::DraftHistory draft_history = spec::DraftHistory::kNone;  // the sequence's, when planned
   std::vector<float> draft_probs;       // as Sequence::draft_probs, for these drafts
   std::vector<float> draft_confidence;  // as Sequence::draft_confidence
   std::vector<int32_t> table;
@@ -675,10 +678,11 @@ absl::Status LlmEngine::CompleteRemotePrefill(const std::string& request_id,
           (seq->prompt_len + options_.block_size - 1) / options_.block_size;
       const int64_t cached_blocks = seq->usage.cached_prompt_tokens / options_.block_size;
       absl::Status copied = options_.backend->Upload(
-          *cache_, absl::MakeConstSpan(table).subspan(cached_blocks, prompt_blocks - cached_blocks));
+          *cache_,
+          absl::MakeConstSpan(table).subspan(cached_blocks, prompt_blocks - cached_blocks));
       if (!copied.ok()) {
-        const absl::Status failed = absl::InternalError(absl::StrCat(
-            "backend ", options_.backend->name(), ": KV upload: ", copied.message()));
+        const absl::Status failed = absl::InternalError(
+            absl::StrCat("backend ", options_.backend->name(), ": KV upload: ", copied.message()));
         Finish(seq, FinishReason::kAborted, failed);
         return failed;
       }
@@ -1028,7 +1032,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
       std::vector<double>& best = candidates[i].prior;
       best.assign(caps[i], 0.0);
       for (int m = 1; m <= so.max_n; ++m) {
-        survival_->Survival(m, caps[i], &row);
+        survival_->Survival(m, decodes[i]->draft_history, caps[i], &row);
         for (int j = 0; j < caps[i] && j < static_cast<int>(row.size()); ++j) {
           best[j] = std::max(best[j], row[j]);
         }
@@ -1121,6 +1125,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
       if (!draft_confidence.empty()) draft_confidence.resize(kept);
       p.draft = std::move(draft);
       p.draft_match = seq->draft_match;
+      p.draft_history = seq->draft_history;
       p.draft_probs = std::move(draft_probs);
       p.draft_confidence = std::move(draft_confidence);
     }
@@ -1388,9 +1393,12 @@ void LlmEngine::Process(Step& step) {
         calibration_->Observe(p.draft_confidence, verified, accepted);
         proposal.confidence = p.draft_confidence;
       } else {
-        survival_->Observe(p.draft_match, verified, accepted);
+        survival_->Observe(p.draft_match, p.draft_history, verified, accepted);
       }
       drafter_->OnVerified(static_cast<int64_t>(seq->id), proposal, verified, accepted);
+      if (options_.speculative.ngram_history) {
+        seq->draft_history = spec::NgramSurvivalStats::After(verified, accepted);
+      }
       // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
       kv_end -= verified - accepted;
       seq->scheduled_end -= verified - accepted;
@@ -1508,8 +1516,7 @@ void LlmEngine::Process(Step& step) {
         "draft_scale={:.3f}",
         selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
         step.SelectorMeasured() ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
-        step.items.size(), samples, tokens, spec_verified,
-        spec_accepted,
+        step.items.size(), samples, tokens, spec_verified, spec_accepted,
         have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
                              : 0,
         static_cast<int64_t>(step.forward_seconds * 1e6),
@@ -1837,7 +1844,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
           calibration_->Survival(seq->draft_confidence, &candidates[i].current);
         }
       } else {
-        survival_->Survival(seq->draft_match, verify_len[i], &candidates[i].prior);
+        survival_->Survival(seq->draft_match, seq->draft_history, verify_len[i],
+                            &candidates[i].prior);
       }
     }
     shape.extra_seconds += draft_predicted;

@@ -66,8 +66,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/block_manager.h"
-#include "engine/generate.h"
 #include "engine/forward_backend.h"
+#include "engine/generate.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -174,6 +174,9 @@ struct SpecOptions {
   // drafting mode pays frozen, without draft-model upkeep). Off: the plan decides every step.
   bool select_mode = true;
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
+  // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
+  // draft did as well (accepted whole, or not: spec::DraftHistory), not by match length alone.
+  bool ngram_history = true;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in

@@ -43,29 +43,35 @@ void ForOutcomes(int verified, int accepted, Fn fn) {
 NgramSurvivalStats::NgramSurvivalStats(int max_match_length, const SurvivalOptions& options)
     : max_match_length_(std::max(1, max_match_length)),
       options_(options),
-      cells_(static_cast<size_t>(max_match_length_) * std::max(1, options.max_positions),
+      cells_(static_cast<size_t>(kDraftHistories) * max_match_length_ *
+                 std::max(1, options.max_positions),
              RateEstimator(options.prior_mean, options.prior_weight, options.decay)) {
   options_.max_positions = std::max(1, options_.max_positions);
 }
 
-RateEstimator& NgramSurvivalStats::Cell(int match_length, int position) {
+RateEstimator& NgramSurvivalStats::Cell(int match_length, DraftHistory history, int position) {
+  const int h = std::clamp(static_cast<int>(history), 0, kDraftHistories - 1);
   const int m = std::clamp(match_length, 1, max_match_length_) - 1;
   const int p = std::clamp(position, 0, options_.max_positions - 1);
-  return cells_[m * options_.max_positions + p];
+  return cells_[(h * max_match_length_ + m) * options_.max_positions + p];
 }
 
-const RateEstimator& NgramSurvivalStats::Cell(int match_length, int position) const {
-  return const_cast<NgramSurvivalStats*>(this)->Cell(match_length, position);
+const RateEstimator& NgramSurvivalStats::Cell(int match_length, DraftHistory history,
+                                              int position) const {
+  return const_cast<NgramSurvivalStats*>(this)->Cell(match_length, history, position);
 }
 
-void NgramSurvivalStats::Survival(int match_length, int k, std::vector<double>* a) const {
+void NgramSurvivalStats::Survival(int match_length, DraftHistory history, int k,
+                                  std::vector<double>* a) const {
   a->resize(std::max(0, k));
-  for (int j = 0; j < k; ++j) (*a)[j] = Cell(match_length, j).Mean();
+  for (int j = 0; j < k; ++j) (*a)[j] = Cell(match_length, history, j).Mean();
   Cumulate(a);
 }
 
-void NgramSurvivalStats::Observe(int match_length, int verified, int accepted) {
-  ForOutcomes(verified, accepted, [&](int j, bool ok) { Cell(match_length, j).Observe(ok); });
+void NgramSurvivalStats::Observe(int match_length, DraftHistory history, int verified,
+                                 int accepted) {
+  ForOutcomes(verified, accepted,
+              [&](int j, bool ok) { Cell(match_length, history, j).Observe(ok); });
 }
 
 DraftCalibration::DraftCalibration(const CalibrationOptions& options)
@@ -357,8 +363,8 @@ absl::Status CheckShape(const StepShape& shape) {
         "step shape extra_seconds: expected finite and >= 0, got ", shape.extra_seconds));
   }
   if (!(std::isfinite(shape.cost_scale) && shape.cost_scale > 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step shape cost_scale: expected finite and > 0, got ", shape.cost_scale));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step shape cost_scale: expected finite and > 0, got ", shape.cost_scale));
   }
   return absl::OkStatus();
 }
@@ -471,8 +477,7 @@ double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int
 
 absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
-                                                const CostTable* cost,
-                                                const CostTable* draft_cost,
+                                                const CostTable* cost, const CostTable* draft_cost,
                                                 double draft_cost_scale, double min_gain) {
   if (absl::Status s = CheckShape(shape); !s.ok()) return s;
   if (!(std::isfinite(min_gain) && min_gain >= 0.0)) {
@@ -480,8 +485,8 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
         absl::StrCat("min_gain: expected finite and >= 0, got ", min_gain));
   }
   if (!(std::isfinite(draft_cost_scale) && draft_cost_scale >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "draft_cost_scale: expected finite and >= 0, got ", draft_cost_scale));
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft_cost_scale: expected finite and >= 0, got ", draft_cost_scale));
   }
   int longest = 0;
   std::vector<int> caps;

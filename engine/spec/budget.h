@@ -80,22 +80,42 @@ struct SurvivalOptions {
   double decay = 0.999;
 };
 
-// Survival rows for n-gram drafts keyed by match length (clamped to [1, max_match_length]).
+// What a request's previous verified draft did: every token accepted, or one rejected (kNone:
+// no draft of the request verified yet). Known before the current draft is chosen, so keying
+// estimates by it keeps verification lossless. For n-gram drafts it separates a request that is
+// copying from its context (a long run of drafts accepted whole) from one whose last draft went
+// astray, which the match length alone does not: the same match length then predicts both.
+enum class DraftHistory : int { kNone = 0, kAccepted = 1, kRejected = 2 };
+inline constexpr int kDraftHistories = 3;
+
+// Survival rows for n-gram drafts keyed by the request's DraftHistory and the match length
+// (clamped to [1, max_match_length]).
 class NgramSurvivalStats {
  public:
   explicit NgramSurvivalStats(int max_match_length = 8, const SurvivalOptions& options = {});
-  // Fills `a` with k survival values for a draft that matched `match_length` tokens.
-  void Survival(int match_length, int k, std::vector<double>* a) const;
+  // Fills `a` with k survival values for a draft that matched `match_length` tokens, of a request
+  // whose previous draft did `history`.
+  void Survival(int match_length, DraftHistory history, int k, std::vector<double>* a) const;
+  void Survival(int match_length, int k, std::vector<double>* a) const {
+    Survival(match_length, DraftHistory::kNone, k, a);
+  }
   // Records a verification: tokens 1..accepted were accepted; token accepted + 1 was rejected
   // when accepted < verified; later ones are unobserved.
-  void Observe(int match_length, int verified, int accepted);
+  void Observe(int match_length, DraftHistory history, int verified, int accepted);
+  void Observe(int match_length, int verified, int accepted) {
+    Observe(match_length, DraftHistory::kNone, verified, accepted);
+  }
+  // The history a verification leaves its request with (verified >= 1).
+  static DraftHistory After(int verified, int accepted) {
+    return accepted >= verified ? DraftHistory::kAccepted : DraftHistory::kRejected;
+  }
 
  private:
-  RateEstimator& Cell(int match_length, int position);
-  const RateEstimator& Cell(int match_length, int position) const;
+  RateEstimator& Cell(int match_length, DraftHistory history, int position);
+  const RateEstimator& Cell(int match_length, DraftHistory history, int position) const;
   int max_match_length_;
   SurvivalOptions options_;
-  std::vector<RateEstimator> cells_;  // [match_length - 1][position]
+  std::vector<RateEstimator> cells_;  // [history][match_length - 1][position]
 };
 
 struct CalibrationOptions {
@@ -328,8 +348,7 @@ class DraftingRateCheck {
 
 absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 absl::Span<const std::vector<double>> priors,
-                                                const CostTable* cost,
-                                                const CostTable* draft_cost,
+                                                const CostTable* cost, const CostTable* draft_cost,
                                                 double draft_cost_scale = 1.0,
                                                 double min_gain = 0.0);
 

@@ -253,7 +253,7 @@ TEST(BudgetTest, DraftSecondsCountsTheRequestsOfEachRound) {
   EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 0), 0.0);
   EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 1), 1.5);
   EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 3), 3.5);
-  EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 5), 3.5);  // no request drafts past its cap
+  EXPECT_DOUBLE_EQ(DraftSeconds(draft, caps, 5), 3.5);        // no request drafts past its cap
   EXPECT_DOUBLE_EQ(DraftSeconds(draft, {3, 3, 3}, 1), 1.75);  // between 2 and 4 sequences
 }
 
@@ -466,6 +466,37 @@ TEST(SurvivalTest, NgramStatsLearnPerMatchLengthAndPosition) {
   EXPECT_DOUBLE_EQ(a[0], 0.5);
 }
 
+// The same match length predicts differently after a draft accepted whole (the request copies
+// from its context) and after a rejection: the estimates are kept apart by DraftHistory, and
+// an unseen history has the prior.
+TEST(SurvivalTest, NgramStatsLearnPerDraftHistory) {
+  NgramSurvivalStats stats(
+      4, {.max_positions = 4, .prior_mean = 0.5, .prior_weight = 2.0, .decay = 0.9999});
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int i = 0; i < 20000; ++i) {
+    for (DraftHistory h : {DraftHistory::kAccepted, DraftHistory::kRejected}) {
+      const double c = h == DraftHistory::kAccepted ? 0.95 : 0.4;
+      int accepted = 0;
+      while (accepted < 4 && u(rng) < c) ++accepted;
+      stats.Observe(2, h, 4, accepted);
+    }
+  }
+  std::vector<double> a;
+  stats.Survival(2, DraftHistory::kAccepted, 3, &a);
+  EXPECT_NEAR(a[0], 0.95, 0.01);
+  EXPECT_NEAR(a[2], 0.95 * 0.95 * 0.95, 0.02);
+  stats.Survival(2, DraftHistory::kRejected, 3, &a);
+  EXPECT_NEAR(a[0], 0.4, 0.015);
+  EXPECT_NEAR(a[1], 0.16, 0.015);
+  stats.Survival(2, DraftHistory::kNone, 2, &a);  // never observed: the prior
+  EXPECT_DOUBLE_EQ(a[0], 0.5);
+  EXPECT_DOUBLE_EQ(a[1], 0.25);
+  EXPECT_EQ(NgramSurvivalStats::After(3, 3), DraftHistory::kAccepted);
+  EXPECT_EQ(NgramSurvivalStats::After(3, 2), DraftHistory::kRejected);
+  EXPECT_EQ(NgramSurvivalStats::After(1, 0), DraftHistory::kRejected);
+}
+
 TEST(SurvivalTest, DraftCalibrationIsMonotoneAndTracksTheTruth) {
   DraftCalibration cal({.bins = 10, .prior_weight = 1.0, .decay = 1.0});
   std::mt19937_64 rng(2);
@@ -499,7 +530,7 @@ namespace deepinfer::engine::spec {
 namespace {
 
 TEST(DraftingRateCheckTest, BucketsArePowersOfTwo) {
-  const std::vector<std::pair<int, int>> cases = {{1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3},
+  const std::vector<std::pair<int, int>> cases = {{1, 0}, {2, 1}, {3, 2},  {4, 2}, {5, 3},
                                                   {8, 3}, {9, 4}, {32, 5}, {33, 6}};
   for (const auto& [n, b] : cases) EXPECT_EQ(DraftingRateCheck::Bucket(n), b) << n;
 }
