@@ -176,7 +176,9 @@ struct SpecOptions {
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
   // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
   // draft did as well (accepted whole, or not: spec::DraftHistory), not by match length alone.
-  bool ngram_history = true;
+  // Off by default: in an A/B on the coding workload (issue 12, session 15) it measured no better
+  // (within the noise; 2 of 3 concurrencies a few percent behind), its estimates split three ways.
+  bool ngram_history = false;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in

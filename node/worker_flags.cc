@@ -85,10 +85,10 @@ ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
           "--nospec_interleave: whole epochs of each mode are compared back to back.");
-ABSL_FLAG(bool, spec_ngram_history, true,
+ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
-          "request's previous draft was accepted whole as well as by match length; "
-          "--nospec_ngram_history: by match length alone.");
+          "request's previous draft was accepted whole as well as by match length (default: by "
+          "match length alone).");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "

@@ -81,15 +81,15 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
-  EXPECT_TRUE(o->speculative.ngram_history);
+  EXPECT_FALSE(o->speculative.ngram_history);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
-  absl::SetFlag(&FLAGS_spec_ngram_history, false);
+  absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_FALSE(o->speculative.ngram_history);
+  EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   // A draft model: its directory becomes the engine's path and the registered id.
