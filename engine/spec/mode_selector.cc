@@ -390,7 +390,8 @@ int DraftModeSelector::Decide(int b) {
 
 bool DraftModeSelector::EpochOver() const {
   if (partner_ >= 0 && options_.trial_stop_below > 0.0) {
-    // A clear loser's trial ends once each side has its short epoch's steps in the bucket.
+    // A clear loser's trial ends once each side has its short epoch's steps in the bucket,
+    // covering trial_stop_sequence_steps sequence-steps.
     const int early = std::min(options_.short_epoch_steps, options_.epoch_steps);
     const Side& mine = side_[0];
     const Side& theirs = side_[1];
