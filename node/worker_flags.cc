@@ -95,7 +95,8 @@ ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "--spec_trial_stop_sequence_steps sequence-steps a side; 0: trials always run whole.");
 ABSL_FLAG(double, spec_trial_stop_sequence_steps, 32,
           "With --spec_select: the sequence-steps (steps x decoding requests) each side of a trial "
-          "must cover before it may end early (few steps of one or two requests say little).");
+          "must cover before it may end early (few steps of one or two requests say little), for "
+          "a mode just below --spec_trial_stop_below; x log(that) / log(its ratio) for others.");
 
 namespace deepinfer::node {
 namespace {

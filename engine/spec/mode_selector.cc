@@ -391,15 +391,21 @@ int DraftModeSelector::Decide(int b) {
 bool DraftModeSelector::EpochOver() const {
   if (partner_ >= 0 && options_.trial_stop_below > 0.0) {
     // A clear loser's trial ends once each side has its short epoch's steps in the bucket,
-    // covering trial_stop_sequence_steps sequence-steps.
+    // covering enough sequence-steps for its deficit: trial_stop_sequence_steps x
+    // log trial_stop_below / log ratio, all of them just below trial_stop_below, a third at half
+    // the incumbent's rate.
     const int early = std::min(options_.short_epoch_steps, options_.epoch_steps);
     const Side& mine = side_[0];
     const Side& theirs = side_[1];
-    const double seq = options_.trial_stop_sequence_steps;
-    if (mine.rate_steps >= early && theirs.rate_steps >= early && mine.rate_seq_steps >= seq &&
-        theirs.rate_seq_steps >= seq && mine.rate_seconds > 0.0 && theirs.rate_seconds > 0.0 &&
-        theirs.rate_tokens > 0.0 && mine.Rate() < options_.trial_stop_below * theirs.Rate()) {
-      return true;
+    if (mine.rate_steps >= early && theirs.rate_steps >= early && mine.rate_seconds > 0.0 &&
+        theirs.rate_seconds > 0.0 && theirs.rate_tokens > 0.0) {
+      const double ratio = mine.Rate() / theirs.Rate();
+      if (ratio < options_.trial_stop_below) {
+        const double clear =
+            ratio > 0.0 ? std::log(options_.trial_stop_below) / std::log(ratio) : 0.0;
+        const double need = options_.trial_stop_sequence_steps * clear;
+        if (std::min(mine.rate_seq_steps, theirs.rate_seq_steps) >= need) return true;
+      }
     }
   }
   for (int i = 0; i < (partner_ >= 0 ? 2 : 1); ++i) {

@@ -116,12 +116,17 @@ namespace deepinfer::engine::spec {
 // steps are what its trial costs (measured at 8 concurrent requests, issue 12, session 13: a draft
 // model's k = 4 and 8 trials, 16 steps a side at 2-3 times the incumbent's time per token, took a
 // fifth of the node's time while the selector learnt). It also needs each side's measured steps to
-// cover `trial_stop_sequence_steps` sequence-steps: a few steps of one or two sequences say little
-// (an n-gram drafter that finds no match emits 1 token where a step that matches emits 5), and an
-// early stop biases the loser's score down (only the challenger's unlucky trials are cut short,
-// while its lucky ones run on and regress to the mean): with 4 steps a side at one sequence the
-// n-gram node's trials rated k = 4 5-18% below the plan, which measured the same end to end
-// (issue 12, session 14).
+// cover `trial_stop_sequence_steps` x log(trial_stop_below) / log(ratio) sequence-steps (all of
+// them for a ratio just below trial_stop_below, a third at half the incumbent's rate): a few
+// steps of one or two sequences say little (an n-gram drafter that finds no match emits 1 token
+// where a step that matches emits 5), and an early stop biases the loser's score down (only the
+// challenger's unlucky trials are cut short, while its lucky ones run on and regress to the
+// mean): with 4 steps a side at one sequence the n-gram node's trials rated k = 4 5-18% below
+// the plan, which measured the same end to end (issue 12, session 14). A deep deficit is clear
+// sooner, and a draft model's slow lengths are what early stops save most on. Simulated (a mode
+// at 0.85 at one sequence, tokens 1-5 a step): estimates average 0.756 without the floor, 0.841
+// with a flat one, 0.837 scaled; a flat floor ran a draft model's k = 8 trials (0.45) 16 steps a
+// side at one sequence, the scaled one 9.
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -178,7 +183,7 @@ class DraftModeSelector {
     bool interleave = true;
     double trial_stop_below = 0.8;  // in [0, 1]: trials of clear losers end early; 0: never
     // ... and only once each side's steps cover this many sequence-steps (steps x decoding
-    // sequences): see above.
+    // sequences) x log(trial_stop_below) / log(its ratio): see above.
     double trial_stop_sequence_steps = 32.0;  // >= 0
     double freeze_below = 0.95;               // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket

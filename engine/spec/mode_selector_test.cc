@@ -820,14 +820,14 @@ TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
 }
 
 // A clear loser's trial ends once each side has run short_epoch_steps (4) steps covering
-// trial_stop_sequence_steps (32) sequence-steps: at 8 decoding sequences a mode at half the
-// incumbent's rate takes 4 + 4 steps after its warm-up, not 16 + 16 (the short epoch's 128
-// sequence-steps); one 10% behind runs its whole trial. At 2 sequences 4 steps a side are 8
-// sequence-steps, too few: the trial runs 16 a side (32 sequence-steps) before it may end, of an
-// epoch of 24. Both are observed.
+// trial_stop_sequence_steps (32) x log 0.8 / log ratio sequence-steps. A mode at half the
+// incumbent's rate needs 10.3 of them: its trial ends after 4 + 4 steps after its warm-up at 8
+// decoding sequences, not 16 + 16 (the short epoch's 128 sequence-steps), and after 6 + 6 at 2,
+// not 24 + 24 (the epoch). One at 75% needs 24.8: 4 steps a side at 8, 13 at 2. One 10% behind
+// runs its whole trial. All are observed.
 TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
   for (int decoding : {8, 2}) {
-    for (double loser : {50.0, 90.0}) {
+    for (double loser : {50.0, 75.0, 90.0}) {
       Options o = Stepped(24, 1);
       auto s = DraftModeSelector::Create({0, 1}, o);
       ASSERT_TRUE(s.ok());
@@ -842,7 +842,9 @@ TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
         }
         s->Observe(decoding, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
       }
-      const int a_side = loser > 80.0 ? (decoding == 8 ? 16 : 24) : (decoding == 8 ? 4 : 16);
+      const int a_side = loser > 80.0   ? (decoding == 8 ? 16 : 24)
+                         : loser > 60.0 ? (decoding == 8 ? 4 : 13)
+                                        : (decoding == 8 ? 4 : 6);
       EXPECT_EQ(trial, 1 + 2 * a_side) << decoding << " " << loser;
       EXPECT_NEAR(s->Relative(decoding, 1), loser / 100.0, 1e-9);
     }
@@ -854,8 +856,8 @@ TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
 // sequence-steps) cut short only the challenger's unlucky trials, while its lucky ones run on and
 // regress to the mean, so its score came out biased low (live, the n-gram node's trials rated
 // k = 4 5-18% below the plan, which measured the same end to end: issue 12, session 14). With the
-// sequence-step floor its estimates, averaged over the trials, are within a few percent of the
-// truth.
+// sequence-step floor (scaled by the deficit) its estimates, averaged over the trials, are within a
+// few percent of the truth.
 TEST(DraftModeSelectorTest, EarlyStopsDoNotBiasAChallengerOnNoisyText) {
   double relative[2] = {0.0, 0.0};
   for (int floor : {0, 1}) {
