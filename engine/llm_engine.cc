@@ -148,6 +148,8 @@ struct LlmEngine::Step {
   // whichever mode's step met it would pay for it in the selector's comparison (a trial's early
   // stop cuts short a challenger that met one, not an incumbent): left out as well.
   bool spec_prompt_tokens = false;
+  // Time this step spent feeding a draft model while drafting nothing (UpkeepDrafter).
+  double spec_upkeep_seconds = 0.0;
   // Whether the selector counts this step (a measured step of its mode, no prompt catch-up, no
   // prompt tokens).
   bool SelectorMeasured() const {
@@ -1568,8 +1570,17 @@ void LlmEngine::Process(Step& step) {
     if (selector_.has_value() && step.spec_mode >= 0) {
       if (step.spec_prompt_catch_up) ++stats_.spec_prompt_catch_up_steps;
       if (step.spec_prompt_tokens) ++stats_.spec_select_prompt_steps;
+      // No drafting is rated as it runs in a frozen bucket, without the draft model's upkeep:
+      // that upkeep is a cost of keeping drafting possible, and charged to no drafting it hid
+      // what drafting costs against a node without it (issue 12, session 15: a draft-model node
+      // whose no-drafting steps paid ~0.5 ms of upkeep each rated the plan level with them, never
+      // froze, and ran 15% below a node without speculation).
+      double seconds = measured;
+      if (selector_->length(step.spec_mode) == 0) {
+        seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
+      }
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
-                         measured);
+                         seconds);
       const int length = selector_->length(step.spec_mode);
       if (length == spec::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
@@ -1645,6 +1656,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step)
   std::lock_guard<std::mutex> lock(mu_);
   stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
   stats_.spec_draft_upkeep_seconds += seconds;
+  step->spec_upkeep_seconds += seconds;
 }
 
 void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
