@@ -96,15 +96,9 @@ class NgramSurvivalStats {
   // Fills `a` with k survival values for a draft that matched `match_length` tokens, of a request
   // whose previous draft did `history`.
   void Survival(int match_length, DraftHistory history, int k, std::vector<double>* a) const;
-  void Survival(int match_length, int k, std::vector<double>* a) const {
-    Survival(match_length, DraftHistory::kNone, k, a);
-  }
   // Records a verification: tokens 1..accepted were accepted; token accepted + 1 was rejected
   // when accepted < verified; later ones are unobserved.
   void Observe(int match_length, DraftHistory history, int verified, int accepted);
-  void Observe(int match_length, int verified, int accepted) {
-    Observe(match_length, DraftHistory::kNone, verified, accepted);
-  }
   // The history a verification leaves its request with (verified >= 1).
   static DraftHistory After(int verified, int accepted) {
     return accepted >= verified ? DraftHistory::kAccepted : DraftHistory::kRejected;

@@ -450,19 +450,19 @@ TEST(SurvivalTest, NgramStatsLearnPerMatchLengthAndPosition) {
   for (int i = 0; i < 20000; ++i) {
     int accepted = 0;
     while (accepted < 4 && u(rng) < (accepted == 0 ? 0.9 : 0.5)) ++accepted;
-    stats.Observe(3, 4, accepted);
+    stats.Observe(3, DraftHistory::kNone, 4, accepted);
   }
   std::vector<double> a;
-  stats.Survival(3, 5, &a);
+  stats.Survival(3, DraftHistory::kNone, 5, &a);
   ASSERT_EQ(a.size(), 5u);
   EXPECT_NEAR(a[0], 0.9, 0.01);
   EXPECT_NEAR(a[1], 0.45, 0.015);
   EXPECT_NEAR(a[2], 0.225, 0.015);
   for (int j = 1; j < 5; ++j) EXPECT_LE(a[j], a[j - 1]);
-  stats.Survival(1, 2, &a);  // untouched key: the prior
+  stats.Survival(1, DraftHistory::kNone, 2, &a);  // untouched key: the prior
   EXPECT_DOUBLE_EQ(a[0], 0.5);
   EXPECT_DOUBLE_EQ(a[1], 0.25);
-  stats.Survival(99, 1, &a);  // clamps to the longest key (4), also untouched
+  stats.Survival(99, DraftHistory::kNone, 1, &a);  // clamps to the longest key (4), also untouched
   EXPECT_DOUBLE_EQ(a[0], 0.5);
 }
 
