@@ -77,7 +77,7 @@ ABSL_FLAG(bool, spec_select, true,
           "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
           "tokens per second at the current number of decoding requests (each losing mode is "
           "revisited at about 0.2% of the run's cost). --nospec_select: the plan alone.");
-ABSL_FLAG(double, spec_freeze_below, 0.95,
+ABSL_FLAG(double, spec_freeze_below, 0.99,
           "With --spec_select and a draft model: where not drafting measures fastest and every "
           "drafting mode below this fraction of it, stop keeping the draft model's cache up to "
           "date there and re-measure the drafting modes only every 512 epochs; 0: never.");

@@ -76,7 +76,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.interleave);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.95);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();

@@ -139,7 +139,14 @@ namespace deepinfer::engine::spec {
 // rare, and is shared: every `freeze_epochs` epochs of the bucket its losers are revisited in a
 // round, one after another (each after an epoch of the incumbent; the comparisons that froze it
 // count as the first round). The bucket thaws when a trial measures a loser above freeze_below. 0:
-// never freezes.
+// never freezes. Default 0.99, nearly any loser: no drafting is rated as it runs frozen (the
+// engine leaves the upkeep out of its steps' time), so an unfrozen bucket's incumbent runs that
+// upkeep's few percent below its own rating, a certain cost, for quicker revisits of a mode that
+// measured slower. And a plan that hardly drafts rates within a few percent of no drafting (it is
+// no drafting plus its upkeep), so at 0.95 a bucket where drafting did not pay never froze (issue
+// 12, session 16, draft model at 8 and 32 concurrent requests: the plan at 95-96%, buckets 5-8
+// and 3-4 unfrozen; 0.92 and 1.005 of a node without speculation at 0.95, 1.106 and 1.132 at 0.99,
+// the same rounds).
 //
 // The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
 // bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
@@ -185,7 +192,7 @@ class DraftModeSelector {
     // ... and only once each side's steps cover this many sequence-steps (steps x decoding
     // sequences) x log(trial_stop_below) / log(its ratio): see above.
     double trial_stop_sequence_steps = 32.0;  // >= 0
-    double freeze_below = 0.95;               // in [0, 1]: frozen buckets (above); 0: none
+    double freeze_below = 0.99;               // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run
     int min_gap_epochs = 4;                   // >= 1

@@ -755,9 +755,10 @@ int RunCountingNoUpkeep(DraftModeSelector& s, int decoding, const std::vector<do
   return no_upkeep;
 }
 
-// Where not drafting is the incumbent and every drafting mode is more than 5% behind it, the
-// bucket freezes: its incumbent's steps skip the draft model's upkeep, and the losers are
-// revisited in rounds every freeze_epochs epochs, one after another, not each on its own gap.
+// Where not drafting is the incumbent and every drafting mode is behind it by more than 1% (1 -
+// freeze_below), the bucket freezes: its incumbent's steps skip the draft model's upkeep, and the
+// losers are revisited in rounds every freeze_epochs epochs, one after another, not each on its
+// own gap.
 TEST(DraftModeSelectorTest, ABucketWhereDraftingNeverPaysFreezes) {
   Options o = Stepped(4, 0);
   o.freeze_epochs = 200;
@@ -803,8 +804,9 @@ TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
   EXPECT_EQ(RunCountingNoUpkeep(*s, 8, {90.0, 100.0, 130.0}, 400, &ran), 0);
 }
 
-// No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97%,
-// which may draft where it pays), nor with freeze_below = 0.
+// No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97% with
+// 0.95, which may draft where it pays), nor with freeze_below = 0. With the default (0.99) a plan
+// at 97% is a loser like any other: the bucket freezes.
 TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
   for (double freeze_below : {0.95, 0.0}) {
     Options o = Stepped(4, 0);
@@ -816,6 +818,28 @@ TEST(DraftModeSelectorTest, NoFreezeWhileADraftingModeIsClose) {
                                                         : std::vector<double>{80.0, 100.0, 80.0};
     EXPECT_EQ(RunCountingNoUpkeep(*s, 8, rate, 4 * 1000, &ran), 0);
     EXPECT_EQ(s->Incumbent(8), 1);
+  }
+  {
+    Options o = Stepped(4, 0);
+    EXPECT_DOUBLE_EQ(o.freeze_below, 0.99);
+    auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    std::vector<int> ran;
+    const std::vector<double> rate = {97.0, 100.0, 80.0};
+    EXPECT_GT(RunCountingNoUpkeep(*s, 8, rate, 4 * 1000, &ran), 4 * 1000 * 0.8);
+    EXPECT_EQ(s->Incumbent(8), 1);
+    EXPECT_NE(s->DebugString().find("(frozen)"), std::string::npos) << s->DebugString();
+  }
+  {
+    // A mode within 1% stays close enough to keep the bucket unfrozen (not drafting first, the
+    // incumbent: the plan 0.3% behind would not take over from it, nor it from the plan).
+    Options o = Stepped(4, 0);
+    auto s = DraftModeSelector::Create({0, DraftModeSelector::kPlan, 1}, o);
+    ASSERT_TRUE(s.ok());
+    std::vector<int> ran;
+    const std::vector<double> rate = {100.0, 99.7, 80.0};
+    EXPECT_EQ(RunCountingNoUpkeep(*s, 8, rate, 4 * 1000, &ran), 0);
+    EXPECT_EQ(s->Incumbent(8), 0);
   }
 }
 
