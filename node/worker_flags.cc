@@ -97,6 +97,10 @@ ABSL_FLAG(double, spec_trial_stop_sequence_steps, 32,
           "With --spec_select: the sequence-steps (steps x decoding requests) each side of a trial "
           "must cover before it may end early (few steps of one or two requests say little), for "
           "a mode just below --spec_trial_stop_below; x log(that) / log(its ratio) for others.");
+ABSL_FLAG(int32_t, spec_trial_run_steps, 1,
+          "With --spec_select: a trial alternates runs of this many steps of the mode on trial "
+          "and the current mode, each run's first step (which starts from the other mode's "
+          "state) left unmeasured when above 1; 1: single steps, every one measured.");
 
 namespace deepinfer::node {
 namespace {
@@ -204,6 +208,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
     return absl::InvalidArgumentError(
         absl::StrCat("--spec_trial_stop_below: expected a fraction in [0, 1], got ",
                      o.speculative.select_options.trial_stop_below));
+  }
+  o.speculative.select_options.trial_run_steps = absl::GetFlag(FLAGS_spec_trial_run_steps);
+  if (o.speculative.select_options.trial_run_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_trial_run_steps: expected >= 1, got ",
+                     o.speculative.select_options.trial_run_steps));
   }
   if (!(o.speculative.select_options.trial_stop_sequence_steps >= 0.0)) {
     return absl::InvalidArgumentError(

@@ -84,14 +84,17 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_FALSE(o->speculative.ngram_history);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
+  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 1);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
+  absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
+  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
   absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");
@@ -133,6 +136,7 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_below, -0.1); }, "--spec_trial_stop_below:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
        "--spec_trial_stop_sequence_steps:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
       {[] { absl::SetFlag(&FLAGS_device, "gpu"); },

@@ -35,7 +35,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.prune_below >= 0.0) || !(options.prune_below <= 1.0) ||
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
-      !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0)) {
+      !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
+      options.trial_run_steps < 1) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -43,7 +44,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
-        "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0");
+        "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
+        "trial_run_steps >= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -435,6 +437,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     const int incumbent = BucketAt(b).incumbent;
     partner_ = options_.interleave && mode != incumbent ? incumbent : -1;
     partner_next_ = false;
+    run_taken_ = 0;
     current_ = mode;
     epoch_bucket_ = b;
     side_[0] = side_[1] = Side();
@@ -443,17 +446,24 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   }
   Choice choice;
   choice.mode = current_;
-  choice.measured = warmup_left_ <= 0;
+  const bool warmup = warmup_left_ > 0;
+  choice.measured = !warmup;
   choice.upkeep = epoch_upkeep_;
   if (warmup_left_ > 0) {
     --warmup_left_;
     ++warmup_taken_;
   } else if (partner_ >= 0) {
-    // A trial: the mode on trial and the incumbent take turns, step by step.
+    // A trial: the mode on trial and the incumbent take turns, in runs of trial_run_steps steps
+    // whose first step (which starts from the other side's state) is not measured.
     if (partner_next_) choice.mode = partner_;
-    partner_next_ = !partner_next_;
+    if (options_.trial_run_steps > 1 && run_taken_ == 0) choice.measured = false;
+    if (++run_taken_ >= options_.trial_run_steps) {
+      run_taken_ = 0;
+      partner_next_ = !partner_next_;
+    }
   }
-  last_unmeasured_ = !choice.measured;
+  // Only a warm-up step can be extended by StillWarming (not a run's first step).
+  last_unmeasured_ = warmup;
   return choice;
 }
 

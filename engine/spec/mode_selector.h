@@ -192,6 +192,9 @@ class DraftModeSelector {
     // ... and only once each side's steps cover this many sequence-steps (steps x decoding
     // sequences) x log(trial_stop_below) / log(its ratio): see above.
     double trial_stop_sequence_steps = 32.0;  // >= 0
+    // A trial alternates runs of this many steps of each side, the first step of each run left
+    // unmeasured when above 1 (see above); 1: single steps, every one measured.
+    int trial_run_steps = 1;  // >= 1
     double freeze_below = 0.99;               // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run
@@ -336,6 +339,7 @@ class DraftModeSelector {
   Side side_[2];                     // the epoch's mode, and in a trial its partner
   int partner_ = -1;                 // interleaved trial: the incumbent alternated with
   bool partner_next_ = false;        // whose turn after the warm-up: the partner's
+  int run_taken_ = 0;                // steps of the current side's run (trial_run_steps)
   bool epoch_upkeep_ = true;         // Choice::upkeep of the epoch's steps
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
   int warmup_left_ = 0;              // Choose calls left unmeasured after a change

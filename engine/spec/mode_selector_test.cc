@@ -680,6 +680,71 @@ TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
   EXPECT_EQ(s->partner(), -1);
 }
 
+// With trial_run_steps = 3 a trial alternates runs of three steps a side, each run's first step
+// unmeasured; warm-up steps stay what they were.
+TEST(DraftModeSelectorTest, TrialsAlternateInRunsWhoseFirstStepIsNotMeasured) {
+  Options o = Stepped(4, 1);
+  o.min_comparisons = 1;
+  o.trial_run_steps = 3;
+  auto s = DraftModeSelector::Create({0, 1}, o);
+  ASSERT_TRUE(s.ok());
+  std::vector<int> modes;
+  std::vector<int> measured;
+  const std::vector<double> rate = {100.0, 150.0};
+  for (int i = 0; i < 5 + 13; ++i) {
+    const DraftModeSelector::Choice c = s->Choose(2);
+    modes.push_back(c.mode);
+    measured.push_back(c.measured ? 1 : 0);
+    s->Observe(2, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+  }
+  // The incumbent's first epoch (one warm-up step), then mode 1's trial: its warm-up step, then
+  // runs 1 1 1 0 0 0 ..., two measured steps each, until each side has four.
+  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1}));
+  s->Choose(2);  // the trial ends: 50% faster, mode 1 takes over
+  EXPECT_EQ(s->Incumbent(2), 1);
+  EXPECT_NEAR(s->Relative(2, 0), 100.0 / 150.0, 1e-9);
+}
+
+// A step's outcome can depend on the step before it: an n-gram drafter whose draft was rejected
+// leaves a request just past a divergence from the text it copies, where its next draft matches
+// less. Here mode 1 (long drafts) leaves a request in that state after 60% of its steps, the
+// incumbent (short ones) after 10%, and a step that starts there emits 40% of its tokens. On its
+// own, mode 1 emits 4.4 x (1 - 0.6 x 0.6) = 2.82 tokens a step, the incumbent 4 x (1 - 0.1 x 0.6) =
+// 3.76: mode 1 is 25% slower. Alternating single steps, each side starts from the other's state:
+// mode 1 measures 4.4 x 0.94 = 4.14 against 4 x 0.64 = 2.56 and takes over. In runs of three, the
+// measured steps start from their own side's: the incumbent keeps the bucket.
+TEST(DraftModeSelectorTest, RunsOfStepsSeeThroughAStepsCarryOver) {
+  for (int run : {1, 3}) {
+    Options o = Stepped(16, 1);
+    o.trial_run_steps = run;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const double base[2] = {4.0, 4.4};
+    const double leaves_bad[2] = {0.1, 0.6};
+    bool bad = false;
+    std::vector<int> ran(2, 0);
+    const int steps = 20000;
+    for (int i = 0; i < steps; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(8);
+      ++ran[c.mode];
+      const double tokens = base[c.mode] * (bad ? 0.4 : 1.0);
+      bad = u(rng) < leaves_bad[c.mode];
+      s->Observe(8, c.mode, c.measured, tokens, 0.01);
+    }
+    if (run == 1) {
+      EXPECT_EQ(s->Incumbent(8), 1) << s->DebugString();
+    } else {
+      EXPECT_EQ(s->Incumbent(8), 0) << s->DebugString();
+      EXPECT_LT(ran[1], steps * 0.1);
+      EXPECT_LT(s->Relative(8, 1), 0.85) << s->DebugString();
+      EXPECT_GT(s->Relative(8, 1), 0.6) << s->DebugString();
+    }
+  }
+}
+
 // The drift of MachineNoiseDoesNotHandTheBucketAround, and the same six modes: a trial's steps
 // run a step apart, at (nearly) one speed, so its observation is off by little and the selector
 // realises nearly all the best mode's rate, more than adjacent epochs with either averaging.
