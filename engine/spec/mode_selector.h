@@ -127,6 +127,13 @@ namespace deepinfer::engine::spec {
 // at 0.85 at one sequence, tokens 1-5 a step): estimates average 0.756 without the floor, 0.841
 // with a flat one, 0.837 scaled; a flat floor ran a draft model's k = 8 trials (0.45) 16 steps a
 // side at one sequence, the scaled one 9.
+// Alternating single steps, each side's steps start from the state the other side's step left:
+// where a step's outcome depends on the step before it (an n-gram draft rejected leaves the
+// request just past a divergence from the text it copies, where the next draft matches less),
+// a mode whose steps leave that state often is measured against the other's better starts, and
+// the other against its worse ones. With `trial_run_steps` N > 1 the sides alternate runs of N
+// steps, and each run's first step is not measured (N = 3: a third of the trial's steps).
+// Default 1.
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
