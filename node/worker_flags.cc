@@ -81,6 +81,10 @@ ABSL_FLAG(double, spec_freeze_below, 0.99,
           "With --spec_select and a draft model: where not drafting measures fastest and every "
           "drafting mode below this fraction of it, stop keeping the draft model's cache up to "
           "date there and re-measure the drafting modes only every 512 epochs; 0: never.");
+ABSL_FLAG(int32_t, spec_freeze_epochs, 512,
+          "With --spec_freeze_below: a frozen bucket re-measures its drafting modes once every "
+          "this many of its epochs (each round first catches the draft model up on what it "
+          "missed).");
 ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
@@ -199,6 +203,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
+  o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
+  if (o.speculative.select_options.freeze_epochs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_freeze_epochs: expected >= 1, got ",
+                     o.speculative.select_options.freeze_epochs));
+  }
   o.speculative.ngram_history = absl::GetFlag(FLAGS_spec_ngram_history);
   o.speculative.select_options.trial_stop_below = absl::GetFlag(FLAGS_spec_trial_stop_below);
   o.speculative.select_options.trial_stop_sequence_steps =

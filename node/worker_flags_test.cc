@@ -77,6 +77,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.interleave);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
+  EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -89,12 +90,14 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
+  absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
+  EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
   absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");
@@ -133,6 +136,7 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_max_batch_tokens, 0); }, "--max_batch_tokens:"},
       {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
       {[] { absl::SetFlag(&FLAGS_spec_freeze_below, 1.5); }, "--spec_freeze_below:"},
+      {[] { absl::SetFlag(&FLAGS_spec_freeze_epochs, 0); }, "--spec_freeze_epochs:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_below, -0.1); }, "--spec_trial_stop_below:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
        "--spec_trial_stop_sequence_steps:"},
