@@ -80,7 +80,8 @@ ABSL_FLAG(bool, spec_select, true,
 ABSL_FLAG(double, spec_freeze_below, 0.99,
           "With --spec_select and a draft model: where not drafting measures fastest and every "
           "drafting mode below this fraction of it, stop keeping the draft model's cache up to "
-          "date there and re-measure the drafting modes only every 512 epochs; 0: never.");
+          "date there and re-measure the drafting modes only every --spec_freeze_epochs epochs; "
+          "0: never.");
 ABSL_FLAG(int32_t, spec_freeze_epochs, 512,
           "With --spec_freeze_below: a frozen bucket re-measures its drafting modes once every "
           "this many of its epochs (each round first catches the draft model up on what it "

@@ -449,7 +449,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   const bool warmup = warmup_left_ > 0;
   choice.measured = !warmup;
   choice.upkeep = epoch_upkeep_;
-  if (warmup_left_ > 0) {
+  if (warmup) {
     --warmup_left_;
     ++warmup_taken_;
   } else if (partner_ >= 0) {
