@@ -1575,13 +1575,11 @@ void LlmEngine::Process(Step& step) {
       // what drafting costs against a node without it (issue 12, session 15: a draft-model node
       // whose no-drafting steps paid ~0.5 ms of upkeep each rated the plan level with them, never
       // froze, and ran 15% below a node without speculation).
+      const int length = selector_->length(step.spec_mode);
       double seconds = measured;
-      if (selector_->length(step.spec_mode) == 0) {
-        seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
-      }
+      if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
                          seconds);
-      const int length = selector_->length(step.spec_mode);
       if (length == spec::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {

@@ -654,6 +654,19 @@ Options Stepped(int epoch_steps, int warmup_steps) {
   return o;
 }
 
+// Runs `steps` steps at 2 decoding sequences, modes 0 and 1 at 100 and 150 tokens/s, recording
+// each step's mode and whether it was measured (1) or not (0).
+void RecordChoices(DraftModeSelector& s, int steps, std::vector<int>* modes,
+                   std::vector<int>* measured) {
+  const std::vector<double> rate = {100.0, 150.0};
+  for (int i = 0; i < steps; ++i) {
+    const DraftModeSelector::Choice c = s.Choose(2);
+    modes->push_back(c.mode);
+    measured->push_back(c.measured ? 1 : 0);
+    s.Observe(2, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+  }
+}
+
 // Interleaved trials (the default): a revisit is one epoch in which, after its warm-up, the mode
 // on trial and the incumbent take turns step by step, each side running the epoch's steps.
 TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
@@ -663,13 +676,7 @@ TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
   ASSERT_TRUE(s.ok());
   std::vector<int> modes;
   std::vector<int> measured;
-  const std::vector<double> rate = {100.0, 150.0};
-  for (int i = 0; i < 5 + 9; ++i) {
-    const DraftModeSelector::Choice c = s->Choose(2);
-    modes.push_back(c.mode);
-    measured.push_back(c.measured ? 1 : 0);
-    s->Observe(2, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
-  }
+  RecordChoices(*s, 5 + 9, &modes, &measured);
   // The incumbent's first epoch (one warm-up step), then mode 1's trial.
   EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0}));
   EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1}));
@@ -690,13 +697,7 @@ TEST(DraftModeSelectorTest, TrialsAlternateInRunsWhoseFirstStepIsNotMeasured) {
   ASSERT_TRUE(s.ok());
   std::vector<int> modes;
   std::vector<int> measured;
-  const std::vector<double> rate = {100.0, 150.0};
-  for (int i = 0; i < 5 + 13; ++i) {
-    const DraftModeSelector::Choice c = s->Choose(2);
-    modes.push_back(c.mode);
-    measured.push_back(c.measured ? 1 : 0);
-    s->Observe(2, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
-  }
+  RecordChoices(*s, 5 + 13, &modes, &measured);
   // The incumbent's first epoch (one warm-up step), then mode 1's trial: its warm-up step, then
   // runs 1 1 1 0 0 0 ..., two measured steps each, until each side has four.
   EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0}));
