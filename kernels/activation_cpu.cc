@@ -40,7 +40,7 @@ void SwiGluCpuWithIsa(const float* gate, const float* up, float* out, int64_t co
                       ThreadPool* pool, CpuIsa isa) {
   auto work = [&](int64_t begin, int64_t end) {
 #if defined(__x86_64__)
-    if (isa == CpuIsa::kAvx2) {
+    if (IsaAtLeast(isa, CpuIsa::kAvx2)) {
       SwiGluAvx2(gate, up, out, begin, end, round_to);
       return;
     }

@@ -145,7 +145,7 @@ DI_AVX2 void AttentionTasksAvx2(const PagedAttentionParams& p, int64_t begin, in
 // Runs every sequence's tasks in one parallel region.
 void AttentionBatch(const PagedAttentionParams* ps, int count, ThreadPool* pool, CpuIsa isa) {
 #if defined(__x86_64__)
-  bool vector = isa == CpuIsa::kAvx2;
+  bool vector = IsaAtLeast(isa, CpuIsa::kAvx2);
   for (int i = 0; i < count; ++i) vector = vector && ps[i].head_dim % 8 == 0;
   if (vector) {
     thread_local std::vector<int64_t> first_task;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/linear_amx.h"
 #include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
@@ -317,20 +318,28 @@ void LinearCpuReference(const LinearParams& p, ThreadPool* pool) {
 }
 
 void LinearCpuWithIsa(const LinearParams& p, ThreadPool* pool, CpuIsa isa) {
-#if defined(__x86_64__)
-  if (isa == CpuIsa::kAvx2) {
-    LinearMultiAvx2(&p, 1, pool);
-    return;
-  }
-#endif
-  LinearCpuReference(p, pool);
+  LinearMultiWithIsa(&p, 1, pool, isa);
 }
 
 void LinearCpu(const LinearParams& p, ThreadPool* pool) { LinearCpuWithIsa(p, pool, BestCpuIsa()); }
 
 void LinearCpuMulti(const LinearParams* params, int count, ThreadPool* pool) {
+  LinearMultiWithIsa(params, count, pool, BestCpuIsa());
+}
+
+void LinearMultiWithIsa(const LinearParams* params, int count, ThreadPool* pool, CpuIsa isa) {
 #if defined(__x86_64__)
-  if (BestCpuIsa() == CpuIsa::kAvx2) {
+  if (isa == CpuIsa::kAmx) {
+    // bf16 weights on tiles, the others on the AVX2 path; each projection as a single call would.
+    std::vector<LinearParams> tiles, vectors;
+    for (int i = 0; i < count; ++i) {
+      (params[i].weight_dtype == DType::kBF16 ? tiles : vectors).push_back(params[i]);
+    }
+    if (!tiles.empty()) LinearMultiAmx(tiles.data(), static_cast<int>(tiles.size()), pool);
+    if (!vectors.empty()) LinearMultiAvx2(vectors.data(), static_cast<int>(vectors.size()), pool);
+    return;
+  }
+  if (isa == CpuIsa::kAvx2) {
     LinearMultiAvx2(params, count, pool);
     return;
   }

@@ -4,7 +4,9 @@
 // The result is rounded to `round_to` (the model's activation dtype), which reproduces what a
 // bf16/f16 framework stores after the same matmul.
 //
-// Paths: LinearCpu picks the best one for this CPU (see kernels/cpu_features.h). The AVX2 path
+// Paths: LinearCpu picks the best one for this CPU (see kernels/cpu_features.h). With AMX, bf16
+// weights run on tiles (kernels/linear_amx.h: activations that are not bf16 values are split into
+// bf16 parts, nothing is lost) and other weight types on the AVX2 path. The AVX2 path
 // blocks 2 rows of x against 4 rows of W, widening 16 weights per step; every output element is
 // accumulated in the same order whatever m, the tile or the thread split, so a row's result does
 // not depend on which batch it was computed in. Results differ from the scalar reference only by
@@ -44,6 +46,9 @@ void LinearCpuMulti(const LinearParams* params, int count, ThreadPool* pool);
 
 // A specific path (must be supported by this CPU: CpuSupports(isa)); for tests and benchmarks.
 void LinearCpuWithIsa(const LinearParams& p, ThreadPool* pool, CpuIsa isa);
+
+// LinearCpuMulti on a specific path.
+void LinearMultiWithIsa(const LinearParams* params, int count, ThreadPool* pool, CpuIsa isa);
 
 // The portable reference path, the baseline the optimised paths are tested against.
 void LinearCpuReference(const LinearParams& p, ThreadPool* pool);

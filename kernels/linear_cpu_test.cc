@@ -63,6 +63,15 @@ TEST(LinearCpuTest, RoundsToActivationTypeAndHonoursRowStride) {
   EXPECT_EQ(y[0], 1.0f + 1.0f / 1024);
 }
 
+// The optimised paths this CPU runs (each compared with the reference).
+std::vector<CpuIsa> OptimisedIsas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAmx}) {
+    if (CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
 struct RandomProblem {
   std::vector<float> x;
   std::vector<uint8_t> w, b;
@@ -86,13 +95,16 @@ RandomProblem MakeProblem(int64_t m, int64_t n, int64_t k, DType wt, DType act, 
 // multiple of 16, n not a multiple of 4 or 16, odd m) and the engine's real shapes.
 TEST(LinearCpuTest, OptimisedPathsMatchTheReference) {
   auto pool = ThreadPool::Create(2);
-  std::vector<CpuIsa> isas = {CpuIsa::kScalar};
-  if (CpuSupports(CpuIsa::kAvx2)) isas.push_back(CpuIsa::kAvx2);
+  const std::vector<CpuIsa> isas = OptimisedIsas();
   struct Shape {
     int64_t m, n, k;
   };
-  const Shape shapes[] = {{1, 1, 1},   {1, 5, 15},    {2, 7, 16},     {3, 33, 47},
-                          {5, 64, 64}, {1, 128, 512}, {7, 130, 1408}, {32, 96, 512}};
+  // The AMX path's tiles are 16 x 16 outputs over 32 k, 4 sharing an activation tile: m, n and k
+  // on both sides of 16 and 32 and of 64 outputs.
+  const Shape shapes[] = {{1, 1, 1},     {1, 5, 15},    {2, 7, 16},     {3, 33, 47},
+                          {5, 64, 64},   {1, 128, 512}, {7, 130, 1408}, {32, 96, 512},
+                          {16, 16, 32},  {17, 65, 33},  {15, 80, 96},   {40, 200, 31},
+                          {33, 48, 384}};
   for (CpuIsa isa : isas) {
     for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (DType act : {DType::kF32, DType::kBF16}) {
@@ -138,30 +150,43 @@ TEST(LinearCpuTest, OptimisedPathsMatchTheReference) {
   }
 }
 
-// A row's result does not depend on the batch it is computed in (chunked prefill and batched
-// decode rely on this): bit-identical whatever m and whatever the thread split.
+// A row's result does not depend on the batch it is computed in (chunked prefill, batched decode
+// and speculative verification rely on this): bit-identical whatever m, whatever the other rows
+// (bf16 values or not) and whatever the thread split, on every path.
 TEST(LinearCpuTest, RowsAreBatchInvariant) {
-  const int64_t m = 9, n = 70, k = 200;
-  RandomProblem r = MakeProblem(m, n, k, DType::kBF16, DType::kBF16, 11);
-  auto pool = ThreadPool::Create(2);
-  LinearParams p;
-  p.x = r.x.data();
-  p.weight = r.w.data();
-  p.weight_dtype = DType::kBF16;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  std::vector<float> all(m * n);
-  p.y = all.data();
-  LinearCpu(p, pool.get());
-  for (int64_t i = 0; i < m; ++i) {
-    std::vector<float> one(n);
-    LinearParams q = p;
-    q.x = r.x.data() + i * k;
-    q.m = 1;
-    q.y = one.data();
-    LinearCpu(q, nullptr);
-    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(one[j], all[i * n + j]) << i << "," << j;
+  const int64_t m = 37, n = 70, k = 200;
+  std::vector<CpuIsa> isas = OptimisedIsas();
+  isas.push_back(CpuIsa::kScalar);
+  for (CpuIsa isa : isas) {
+    for (bool f32_row : {false, true}) {
+      RandomProblem r = MakeProblem(m, n, k, DType::kBF16, DType::kBF16, 11);
+      // One row of values that are not bf16 values, which the AMX path splits into parts.
+      if (f32_row) {
+        for (int64_t l = 0; l < k; ++l) r.x[20 * k + l] *= 1.0f + 1.0f / 1024;
+      }
+      auto pool = ThreadPool::Create(2);
+      LinearParams p;
+      p.x = r.x.data();
+      p.weight = r.w.data();
+      p.weight_dtype = DType::kBF16;
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      std::vector<float> all(m * n);
+      p.y = all.data();
+      LinearCpuWithIsa(p, pool.get(), isa);
+      for (int64_t i = 0; i < m; ++i) {
+        std::vector<float> one(n);
+        LinearParams q = p;
+        q.x = r.x.data() + i * k;
+        q.m = 1;
+        q.y = one.data();
+        LinearCpuWithIsa(q, nullptr, isa);
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(one[j], all[i * n + j]) << CpuIsaName(isa) << " " << i << "," << j;
+        }
+      }
+    }
   }
 }
 

@@ -85,7 +85,7 @@ DI_AVX2 void RmsNormAvx2(const RmsNormParams& p) {
 absl::Status RmsNormCpuWithIsa(const RmsNormParams& p, CpuIsa isa) {
   if (const char* error = ValidateRmsNormParams(p)) return absl::InvalidArgumentError(error);
 #if defined(__x86_64__)
-  if (isa == CpuIsa::kAvx2 && p.dtype == DType::kF32 && p.hidden % 8 == 0) {
+  if (IsaAtLeast(isa, CpuIsa::kAvx2) && p.dtype == DType::kF32 && p.hidden % 8 == 0) {
     RmsNormAvx2(p);
     return absl::OkStatus();
   }
