@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/attention_amx.h"
 #include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
@@ -148,15 +149,29 @@ void AttentionBatch(const PagedAttentionParams* ps, int count, ThreadPool* pool,
   bool vector = IsaAtLeast(isa, CpuIsa::kAvx2);
   for (int i = 0; i < count; ++i) vector = vector && ps[i].head_dim % 8 == 0;
   if (vector) {
+    // Each sequence on tiles when it can (the choice depends on the sequence alone), else AVX2.
     thread_local std::vector<int64_t> first_task;
+    thread_local std::vector<char> on_tiles;
     first_task.assign(count + 1, 0);
-    for (int i = 0; i < count; ++i) first_task[i + 1] = first_task[i] + NumTasks(ps[i]);
+    on_tiles.assign(count, 0);
+    for (int i = 0; i < count; ++i) {
+      on_tiles[i] = isa == CpuIsa::kAmx && AttentionAmxSupports(ps[i]);
+      first_task[i + 1] =
+          first_task[i] + (on_tiles[i] ? AttentionAmxNumTasks(ps[i]) : NumTasks(ps[i]));
+    }
     const int64_t* starts = first_task.data();
+    const char* tiles = on_tiles.data();
     auto work = [&](int64_t begin, int64_t end) {
       int i = static_cast<int>(std::upper_bound(starts, starts + count + 1, begin) - starts) - 1;
       for (; i < count && begin < end; ++i) {
         const int64_t stop = std::min(end, starts[i + 1]);
-        if (stop > begin) AttentionTasksAvx2(ps[i], begin - starts[i], stop - starts[i]);
+        if (stop > begin) {
+          if (tiles[i]) {
+            AttentionTasksAmx(ps[i], begin - starts[i], stop - starts[i]);
+          } else {
+            AttentionTasksAvx2(ps[i], begin - starts[i], stop - starts[i]);
+          }
+        }
         begin = std::max(begin, stop);
       }
     };

@@ -1,10 +1,12 @@
 #include "kernels/attention_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/attention_amx.h"
 
 namespace deepinfer::kernels {
 namespace {
@@ -123,21 +125,30 @@ TEST(PagedAttentionCpuTest, Bf16CacheIsReadAsBf16) {
   for (int i = 0; i < dim; ++i) EXPECT_EQ(out[i], vals[i]);
 }
 
+std::vector<CpuIsa> OptimisedIsas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAmx}) {
+    if (CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
 // Every optimised path against the reference path: KV types, activation rounding, GQA groups,
 // sliding windows, spans with and without a tail of 8, paged through a shuffled block table.
 TEST(PagedAttentionCpuTest, OptimisedPathsMatchTheReference) {
-  std::vector<CpuIsa> isas = {CpuIsa::kScalar};
-  if (CpuSupports(CpuIsa::kAvx2)) isas.push_back(CpuIsa::kAvx2);
+  const std::vector<CpuIsa> isas = OptimisedIsas();
   auto pool = ThreadPool::Create(2);
   struct Case {
     int heads, kv_heads, dim, window;
     int64_t start, tokens;
   };
-  const Case cases[] = {{4, 2, 8, 0, 9, 6},
-                        {8, 2, 64, 0, 0, 37},
-                        {8, 2, 64, 0, 70, 1},
-                        {2, 2, 16, 5, 3, 20},
-                        {4, 1, 32, 0, 100, 3}};
+  // The AMX path (bf16 KV and activations, head_dim a multiple of 32) takes 16 / group tokens a
+  // task and keys in groups of 16 and blocks of 32: groups of 3 (the demo model), 16 and 32 (too
+  // many for one tile: the AVX2 path), windows that start inside a group, several tasks.
+  const Case cases[] = {{4, 2, 8, 0, 9, 6},     {8, 2, 64, 0, 0, 37},  {8, 2, 64, 0, 70, 1},
+                        {2, 2, 16, 5, 3, 20},   {4, 1, 32, 0, 100, 3}, {6, 2, 64, 0, 47, 9},
+                        {6, 2, 64, 64, 300, 7}, {6, 2, 64, 20, 33, 1}, {16, 1, 64, 0, 15, 2},
+                        {32, 1, 32, 0, 5, 3},   {4, 2, 128, 9, 61, 4}};
   for (CpuIsa isa : isas) {
     for (DType kv : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (DType act : {DType::kF32, DType::kBF16}) {
@@ -154,6 +165,17 @@ TEST(PagedAttentionCpuTest, OptimisedPathsMatchTheReference) {
           for (int64_t i = 0; i < nblocks * stride; ++i) {
             StoreFromF32(kc.data(), kv, i, dist(rng));
             StoreFromF32(vc.data(), kv, i, dist(rng));
+          }
+          // Slots no query may attend to hold NaN: past the last token (not written yet in a
+          // real cache) and before the first token's window (blocks that may have been freed).
+          const int64_t first_key = c.window > 0 ? std::max<int64_t>(0, c.start - c.window + 1) : 0;
+          for (int64_t pos = 0; pos < nblocks * block; ++pos) {
+            if (pos >= first_key && pos < total) continue;
+            const int64_t slot = table[pos / block] * stride + (pos % block) * c.kv_heads * c.dim;
+            for (int64_t e = 0; e < c.kv_heads * c.dim; ++e) {
+              StoreFromF32(kc.data(), kv, slot + e, std::nanf(""));
+              StoreFromF32(vc.data(), kv, slot + e, std::nanf(""));
+            }
           }
           std::vector<float> q(c.tokens * c.heads * c.dim);
           for (float& x : q) x = RoundTo(act, dist(rng));
@@ -234,6 +256,64 @@ TEST(PagedAttentionCpuTest, BatchMatchesSingleCalls) {
   auto pool = ThreadPool::Create(2);
   PagedAttentionBatchCpu(ps.data(), 3, pool.get());
   for (int s = 0; s < 3; ++s) EXPECT_EQ(got[s], want[s]) << "sequence " << s;
+}
+
+// A token's output does not depend on the other tokens of its call: verifying several draft
+// tokens in one call gives each exactly what decoding it alone gives (speculative decoding's
+// greedy output relies on this), with and without a sliding window, on every path.
+TEST(PagedAttentionCpuTest, TokensAreInvariantToTheirCall) {
+  const int heads = 6, kv_heads = 2, dim = 64, block = 16;
+  const int64_t start = 90, tokens = 11, total = start + tokens;
+  const int64_t nblocks = (total + block - 1) / block;
+  const int64_t stride = static_cast<int64_t>(block) * kv_heads * dim;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> dist;
+  std::vector<uint16_t> kc(nblocks * stride), vc(kc.size());
+  for (auto& x : kc) x = F32ToBf16(dist(rng));
+  for (auto& x : vc) x = F32ToBf16(dist(rng));
+  std::vector<int32_t> table(nblocks);
+  for (int64_t b = 0; b < nblocks; ++b) table[b] = static_cast<int32_t>((b * 3) % nblocks);
+  std::vector<float> q(tokens * heads * dim);
+  for (float& x : q) x = RoundTo(DType::kBF16, dist(rng));
+  auto pool = ThreadPool::Create(2);
+  for (CpuIsa isa : OptimisedIsas()) {
+    for (int window : {0, 40}) {
+      PagedAttentionParams p;
+      p.num_heads = heads;
+      p.num_kv_heads = kv_heads;
+      p.head_dim = dim;
+      p.k_base = kc.data();
+      p.v_base = vc.data();
+      p.kv_dtype = DType::kBF16;
+      p.block_stride = stride;
+      p.block_size = block;
+      p.block_table = table.data();
+      p.sliding_window = window;
+      p.scale = 0.125f;
+      p.round_to = DType::kBF16;
+      std::vector<float> all(q.size());
+      p.q = q.data();
+      p.out = all.data();
+      p.num_tokens = tokens;
+      p.start_position = start;
+      // The demo model's shape: the AMX path takes it.
+      if (isa == CpuIsa::kAmx) ASSERT_TRUE(AttentionAmxSupports(p));
+      PagedAttentionCpuWithIsa(p, pool.get(), isa);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<float> one(heads * dim);
+        PagedAttentionParams single = p;
+        single.q = q.data() + t * heads * dim;
+        single.out = one.data();
+        single.num_tokens = 1;
+        single.start_position = start + t;
+        PagedAttentionCpuWithIsa(single, nullptr, isa);
+        for (int64_t i = 0; i < heads * dim; ++i) {
+          ASSERT_EQ(one[i], all[t * heads * dim + i])
+              << CpuIsaName(isa) << " window " << window << " token " << t << " at " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -14,8 +14,8 @@ enum class CpuIsa {
   kScalar = 0,  // portable C++ reference paths
   kAvx2 = 1,    // AVX2 + FMA + F16C
   // AVX2 and AVX-512 (F, BW, VL, DQ) plus Intel AMX tiles with bf16 dot products (AMX-TILE +
-  // AMX-BF16, Sapphire Rapids and later), usable only once the kernel has granted this process the tile state
-  // (arch_prctl(ARCH_REQ_XCOMP_PERM), requested by the detection).
+  // AMX-BF16, Sapphire Rapids and later), usable only once the kernel has granted this process the
+  // tile state (arch_prctl(ARCH_REQ_XCOMP_PERM), requested by the detection).
   kAmx = 2,
 };
 

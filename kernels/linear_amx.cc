@@ -61,13 +61,15 @@ float FromBits(uint32_t b) {
   return v;
 }
 
-// True when every element of x is a bf16 value (or not finite: those keep their top half).
-bool AllBf16(const LinearParams& p) {
-  for (int64_t i = 0; i < p.m * p.k; ++i) {
-    const uint32_t b = Bits(p.x[i]);
-    if ((b & 0xffffu) != 0 && (b & 0x7f800000u) != 0x7f800000u) return false;
-  }
-  return true;
+// True when every element of x is a bf16 value (its low 16 bits are zero).
+DI_AMX bool AllBf16(const LinearParams& p) {
+  const int64_t n = p.m * p.k;
+  const __m512i low = _mm512_set1_epi32(0xffff);
+  __mmask16 any = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) any |= _mm512_test_epi32_mask(_mm512_loadu_si512(p.x + i), low);
+  for (; i < n; ++i) any |= (Bits(p.x[i]) & 0xffffu) != 0;
+  return any == 0;
 }
 
 // Splits v into parts[0] + parts[1] + parts[2], each a bf16 (truncations: every remainder is an
@@ -212,7 +214,8 @@ DI_AMX void RunRows(const LinearParams& p, const PackedAmx& px, int64_t j_begin,
         const int64_t row0 = jb + t * kTileRows;
         // The next tile's weights (its 16 rows are contiguous), a 1/k_blocks share of them per k
         // block, so they arrive while this tile is multiplied: a small m is bound by these reads.
-        const char* next = reinterpret_cast<const char*>(w + (row0 + kAheadTiles * kTileRows) * p.k);
+        const char* next =
+            reinterpret_cast<const char*>(w + (row0 + kAheadTiles * kTileRows) * p.k);
         const int64_t share = (kTileRows * p.k * 2 + px.k_blocks - 1) / px.k_blocks;
         for (int64_t kb = 0; kb < px.k_blocks; ++kb) {
           if (mb == 0) {
@@ -247,8 +250,8 @@ DI_AMX void RunRows(const LinearParams& p, const PackedAmx& px, int64_t j_begin,
         const __mmask16 mask = static_cast<__mmask16>((1u << outs) - 1);
         __m512 bias = _mm512_setzero_ps();
         if (p.bias != nullptr) {
-          const __m256i b = _mm256_maskz_loadu_epi16(
-              mask, static_cast<const uint16_t*>(p.bias) + row0);
+          const __m256i b =
+              _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(p.bias) + row0);
           bias = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
         }
         // Column r of the accumulator (weight rows are its rows) is activation row r's outputs.

@@ -101,10 +101,9 @@ TEST(LinearCpuTest, OptimisedPathsMatchTheReference) {
   };
   // The AMX path's tiles are 16 x 16 outputs over 32 k, 4 sharing an activation tile: m, n and k
   // on both sides of 16 and 32 and of 64 outputs.
-  const Shape shapes[] = {{1, 1, 1},     {1, 5, 15},    {2, 7, 16},     {3, 33, 47},
-                          {5, 64, 64},   {1, 128, 512}, {7, 130, 1408}, {32, 96, 512},
-                          {16, 16, 32},  {17, 65, 33},  {15, 80, 96},   {40, 200, 31},
-                          {33, 48, 384}};
+  const Shape shapes[] = {{1, 1, 1},     {1, 5, 15},     {2, 7, 16},    {3, 33, 47},  {5, 64, 64},
+                          {1, 128, 512}, {7, 130, 1408}, {32, 96, 512}, {16, 16, 32}, {17, 65, 33},
+                          {15, 80, 96},  {40, 200, 31},  {33, 48, 384}};
   for (CpuIsa isa : isas) {
     for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
       for (DType act : {DType::kF32, DType::kBF16}) {
