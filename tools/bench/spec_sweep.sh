@@ -24,9 +24,13 @@
 #   SWEEP_REPEATS=3: rounds; each round uses new prompts (seed from round and concurrency), the
 #   same for every configuration. The table shows medians over rounds: tokens/s, and "x/off", the
 #   medians of the per-round ratios to "off", with dec/off's min-max as "range".
-#   SWEEP_WARMUP_ROUNDS=1: rounds run first (every concurrency, prompts of their own) and left out
-#   of the table: a serving node runs for hours, and an adaptive node's first minutes measure its
-#   modes (spec::DraftModeSelector); their figures are printed apart ("cold rounds").
+#   SWEEP_WARMUP_ROUNDS=3: rounds run first (every concurrency, prompts of their own) and left out
+#   of the table: a serving node runs for hours, and an adaptive node's first thousands of steps
+#   measure its modes (spec::DraftModeSelector: every mode compared 3 times in every bucket); their
+#   figures are printed apart ("cold rounds"). A round is counted in steps, not minutes: since the
+#   CPU backend's AMX paths a round at 8 concurrent requests is ~550 decode steps (~5 s), and one
+#   cold round left the n-gram node still trialling a quarter of its steps (0.94 of k = 4, two
+#   rounds), four left it trialling 6-12% and ahead of k = 4 in 3 rounds of 3 (issue 12, session 17).
 #   SWEEP_PIN=1 (default, on a machine with >= 2 CPUs): every decode node runs on the last CPU,
 #   every other process (launchers, routers, prefill nodes, the bench client) on the others, as
 #   prefill and decode nodes run on their own machines in a deployment: a prefill burst then no
@@ -52,7 +56,7 @@ METHODS=${SWEEP_METHODS:-"off ngram draft_model"}
 KS=${SWEEP_KS:-"1 2 4 8 adaptive"}
 THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
-WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-1}
+WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-3}
 ANSWER=${SWEEP_ANSWER_TOKENS:-256}
 CPUS=$(nproc)
 PIN=${SWEEP_PIN:-1}
