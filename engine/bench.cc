@@ -5,7 +5,10 @@
 // call (tokens/s = batch * prompt / time); decode = --decode_tokens steps of one token for each
 // of the `batch` sequences, continuing after the prompt (tokens/s = batch * steps / time). A
 // prompt of 0 measures decode from an empty context (llama-bench's tg). Each figure is the median
-// of --reps repetitions after one warm-up pass.
+// of --reps repetitions after one warm-up pass. --step_tokens T > 1 runs each decode step with T
+// tokens per sequence (logits for all of them), the shape of a speculative verification of T - 1
+// drafts: decode tok/s then counts every token the steps ran, and the step time against T = 1 is
+// what verifying costs.
 //
 // --bandwidth also measures the machine's read bandwidth (all threads streaming a buffer much
 // larger than the caches) and reports decode at batch 1 against the memory-bandwidth bound:
@@ -38,6 +41,9 @@ ABSL_FLAG(std::string, batch, "1", "Comma-separated batch sizes (sequences).");
 ABSL_FLAG(std::string, prompt, "512", "Comma-separated prompt lengths (0: decode only).");
 ABSL_FLAG(int, decode_tokens, 128, "Decode steps per measurement (0: skip decode).");
 ABSL_FLAG(int, reps, 3, "Repetitions per figure; the median is reported.");
+ABSL_FLAG(std::string, step_tokens, "1",
+          "Comma-separated tokens per sequence in each decode step: 1 is plain decode, T > 1 the "
+          "shape of a speculative verification of T - 1 drafts (logits for every token).");
 ABSL_FLAG(int, block_size, 16, "KV block size.");
 ABSL_FLAG(bool, bandwidth, false, "Measure read bandwidth and the batch-1 decode bound.");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of a table.");
@@ -123,6 +129,7 @@ double DecodeStepBytes(const Model& model, int64_t context) {
 struct Row {
   int batch = 0;
   int prompt = 0;
+  int step_tokens = 1;
   double prefill_tps = 0;  // 0 when prompt == 0
   double decode_tps = 0;   // 0 when decode_tokens == 0
   double decode_step_ms = 0;
@@ -170,6 +177,7 @@ int Run() {
   }
   const std::vector<int> batches = ParseList(absl::GetFlag(FLAGS_batch), "batch");
   const std::vector<int> prompts = ParseList(absl::GetFlag(FLAGS_prompt), "prompt");
+  const std::vector<int> step_tokens = ParseList(absl::GetFlag(FLAGS_step_tokens), "step_tokens");
   const int steps = absl::GetFlag(FLAGS_decode_tokens);
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   const int block = absl::GetFlag(FLAGS_block_size);
@@ -182,80 +190,88 @@ int Run() {
   std::vector<Row> rows;
   for (int b : batches) {
     for (int prompt : prompts) {
-      if (b <= 0) continue;
-      const int64_t per_seq = (prompt + steps + 1 + block - 1) / block;
-      auto cache_or =
-          KvCache::Create(model.MakeKvCacheConfig(static_cast<int>(per_seq * b), block));
-      if (!cache_or.ok()) {
-        std::fprintf(stderr, "%s\n", cache_or.status().ToString().c_str());
-        return 1;
-      }
-      KvCache* cache = cache_or->get();
-      std::vector<std::vector<int32_t>> tables(b);
-      std::vector<std::vector<int32_t>> prompts_tok(b);
-      for (int s = 0; s < b; ++s) {
-        for (int64_t i = 0; i < per_seq; ++i)
-          tables[s].push_back(static_cast<int32_t>(s * per_seq + i));
-        for (int i = 0; i < prompt; ++i) prompts_tok[s].push_back(token(rng));
-      }
-      std::vector<float> logits;
-      std::vector<double> prefill_s, decode_s;
-      // Rep 0 is the warm-up.
-      for (int rep = 0; rep <= reps; ++rep) {
-        if (prompt > 0) {
-          std::vector<SequenceInput> batch(b);
-          for (int s = 0; s < b; ++s) {
-            batch[s].tokens = prompts_tok[s].data();
-            batch[s].num_tokens = prompt;
-            batch[s].block_table = tables[s].data();
-            batch[s].num_blocks = per_seq;
-          }
-          const auto t0 = Clock::now();
-          const absl::Status st = model.Forward(batch, cache, &logits);
-          const auto t1 = Clock::now();
-          if (!st.ok()) {
-            std::fprintf(stderr, "%s\n", st.ToString().c_str());
-            return 1;
-          }
-          if (rep > 0) prefill_s.push_back(Seconds(t0, t1));
+      for (int per_step : step_tokens) {
+        if (b <= 0 || per_step <= 0) continue;
+        const int64_t per_seq =
+            (prompt + static_cast<int64_t>(steps) * per_step + 1 + block - 1) / block;
+        auto cache_or =
+            KvCache::Create(model.MakeKvCacheConfig(static_cast<int>(per_seq * b), block));
+        if (!cache_or.ok()) {
+          std::fprintf(stderr, "%s\n", cache_or.status().ToString().c_str());
+          return 1;
         }
-        if (steps > 0) {
-          std::vector<int32_t> next(b);
-          for (int s = 0; s < b; ++s) next[s] = token(rng);
-          std::vector<SequenceInput> batch(b);
-          const auto t0 = Clock::now();
-          for (int step = 0; step < steps; ++step) {
+        KvCache* cache = cache_or->get();
+        std::vector<std::vector<int32_t>> tables(b);
+        std::vector<std::vector<int32_t>> prompts_tok(b);
+        for (int s = 0; s < b; ++s) {
+          for (int64_t i = 0; i < per_seq; ++i)
+            tables[s].push_back(static_cast<int32_t>(s * per_seq + i));
+          for (int i = 0; i < prompt; ++i) prompts_tok[s].push_back(token(rng));
+        }
+        std::vector<float> logits;
+        std::vector<double> prefill_s, decode_s;
+        // Rep 0 is the warm-up.
+        for (int rep = 0; rep <= reps; ++rep) {
+          if (prompt > 0) {
+            std::vector<SequenceInput> batch(b);
             for (int s = 0; s < b; ++s) {
-              batch[s].tokens = &next[s];
-              batch[s].num_tokens = 1;
-              batch[s].start_position = prompt + step;
+              batch[s].tokens = prompts_tok[s].data();
+              batch[s].num_tokens = prompt;
               batch[s].block_table = tables[s].data();
               batch[s].num_blocks = per_seq;
             }
+            const auto t0 = Clock::now();
             const absl::Status st = model.Forward(batch, cache, &logits);
+            const auto t1 = Clock::now();
             if (!st.ok()) {
               std::fprintf(stderr, "%s\n", st.ToString().c_str());
               return 1;
             }
-            // Greedy next token, as a generation loop would pick it.
-            for (int s = 0; s < b; ++s) {
-              const float* l = logits.data() + static_cast<int64_t>(s) * c.vocab_size;
-              next[s] = static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
-            }
+            if (rep > 0) prefill_s.push_back(Seconds(t0, t1));
           }
-          if (rep > 0) decode_s.push_back(Seconds(t0, Clock::now()));
+          if (steps > 0) {
+            // Per sequence: the greedy next token, then per_step - 1 random "drafts".
+            std::vector<int32_t> next(static_cast<size_t>(b) * per_step);
+            for (int32_t& t : next) t = token(rng);
+            std::vector<SequenceInput> batch(b);
+            const auto t0 = Clock::now();
+            for (int step = 0; step < steps; ++step) {
+              for (int s = 0; s < b; ++s) {
+                batch[s].tokens = next.data() + static_cast<int64_t>(s) * per_step;
+                batch[s].num_tokens = per_step;
+                batch[s].start_position = prompt + static_cast<int64_t>(step) * per_step;
+                batch[s].block_table = tables[s].data();
+                batch[s].num_blocks = per_seq;
+                batch[s].all_logits = per_step > 1;
+              }
+              const absl::Status st = model.Forward(batch, cache, &logits);
+              if (!st.ok()) {
+                std::fprintf(stderr, "%s\n", st.ToString().c_str());
+                return 1;
+              }
+              // Greedy next token after each sequence's last, as a generation loop would pick it.
+              for (int s = 0; s < b; ++s) {
+                const int64_t row = (static_cast<int64_t>(s) + 1) * per_step - 1;
+                const float* l = logits.data() + row * c.vocab_size;
+                next[static_cast<size_t>(s) * per_step] =
+                    static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
+              }
+            }
+            if (rep > 0) decode_s.push_back(Seconds(t0, Clock::now()));
+          }
         }
+        Row r;
+        r.batch = b;
+        r.prompt = prompt;
+        r.step_tokens = per_step;
+        if (!prefill_s.empty()) r.prefill_tps = static_cast<double>(b) * prompt / Median(prefill_s);
+        if (!decode_s.empty()) {
+          const double t = Median(decode_s);
+          r.decode_tps = static_cast<double>(b) * steps * per_step / t;
+          r.decode_step_ms = t / steps * 1e3;
+        }
+        rows.push_back(r);
       }
-      Row r;
-      r.batch = b;
-      r.prompt = prompt;
-      if (!prefill_s.empty()) r.prefill_tps = static_cast<double>(b) * prompt / Median(prefill_s);
-      if (!decode_s.empty()) {
-        const double t = Median(decode_s);
-        r.decode_tps = static_cast<double>(b) * steps / t;
-        r.decode_step_ms = t / steps * 1e3;
-      }
-      rows.push_back(r);
     }
   }
 
@@ -272,10 +288,11 @@ int Run() {
     nlohmann::json j;
     j["batch"] = r.batch;
     j["prompt"] = r.prompt;
+    j["step_tokens"] = r.step_tokens;
     j["prefill_tokens_per_s"] = r.prefill_tps;
     j["decode_tokens_per_s"] = r.decode_tps;
     j["decode_step_ms"] = r.decode_step_ms;
-    if (bandwidth > 0 && r.batch == 1 && r.decode_tps > 0) {
+    if (bandwidth > 0 && r.batch == 1 && r.step_tokens == 1 && r.decode_tps > 0) {
       // Average context over the decode steps.
       const double bytes = DecodeStepBytes(model, r.prompt + steps / 2);
       j["decode_step_bytes"] = bytes;
@@ -292,12 +309,12 @@ int Run() {
   }
   std::printf("model %s  threads %d  isa %s  decode steps %d  reps %d (medians)\n", dir.c_str(),
               threads, kernels::CpuIsaName(kernels::BestCpuIsa()), steps, reps);
-  std::printf("%6s %7s %14s %14s %10s %12s\n", "batch", "prompt", "prefill tok/s", "decode tok/s",
-              "step ms", "of bw bound");
+  std::printf("%6s %7s %6s %14s %14s %10s %12s\n", "batch", "prompt", "step", "prefill tok/s",
+              "decode tok/s", "step ms", "of bw bound");
   for (const nlohmann::json& j : out["rows"]) {
-    std::printf("%6d %7d %14.1f %14.1f %10.3f", j["batch"].get<int>(), j["prompt"].get<int>(),
-                j["prefill_tokens_per_s"].get<double>(), j["decode_tokens_per_s"].get<double>(),
-                j["decode_step_ms"].get<double>());
+    std::printf("%6d %7d %6d %14.1f %14.1f %10.3f", j["batch"].get<int>(), j["prompt"].get<int>(),
+                j["step_tokens"].get<int>(), j["prefill_tokens_per_s"].get<double>(),
+                j["decode_tokens_per_s"].get<double>(), j["decode_step_ms"].get<double>());
     if (j.contains("decode_fraction_of_bound")) {
       std::printf(" %11.0f%%", 100 * j["decode_fraction_of_bound"].get<double>());
     }

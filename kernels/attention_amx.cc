@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/amx_tiles.h"
 #include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
@@ -12,22 +13,11 @@ namespace deepinfer::kernels {
 #if defined(__x86_64__)
 namespace {
 
-#define DI_AMX \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-
-constexpr int kRows = 16;        // query rows (token, query head) of a task
-constexpr int kGroupKeys = 16;   // keys of one score tile (one block holds whole groups)
-constexpr int kKeys = 32;        // keys of one P . V tile product (16 pairs)
-constexpr int kDims = 32;        // head dims of one score tile product (16 pairs)
-constexpr int kTileElems = 512;  // bf16 elements of an operand tile (16 x 64 bytes)
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+constexpr int kRows = 16;       // query rows (token, query head) of a task
+constexpr int kGroupKeys = 16;  // keys of one score tile (one block holds whole groups)
+constexpr int kKeys = 32;       // keys of one P . V tile product (16 pairs)
+constexpr int kDims = 32;       // head dims of one score tile product (16 pairs)
+constexpr int kTileElems = amx::kOperandElems;
 
 int Group(const PagedAttentionParams& p) { return p.num_heads / p.num_kv_heads; }
 
@@ -132,12 +122,7 @@ DI_AMX void AttentionTasksAmx(const PagedAttentionParams& p, int64_t begin, int6
     v_tiles.resize(keys_cap / kKeys * v_chunks * kTileElems);
   }
   alignas(64) float c_tile[16 * 16];
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
+  const amx::ScopedTiles tiles;
   for (int64_t task = begin; task < end; ++task) {
     const int64_t tile = task / p.num_kv_heads;
     const int kvh = static_cast<int>(task % p.num_kv_heads);
@@ -307,7 +292,6 @@ DI_AMX void AttentionTasksAmx(const PagedAttentionParams& p, int64_t begin, int6
       }
     }
   }
-  _tile_release();
 }
 
 #else

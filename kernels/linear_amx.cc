@@ -5,36 +5,22 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/amx_tiles.h"
 #include "kernels/dtype.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "kernels/linear_units.h"
 
 namespace deepinfer::kernels {
 
 #if defined(__x86_64__)
 namespace {
 
-#define DI_AMX \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-
 constexpr int64_t kTileRows = 16;  // weight rows (outputs) and activation rows of a tile
 constexpr int64_t kTileK = 32;     // k of one tile product: 16 pairs of bf16
-constexpr int64_t kTileElems = kTileRows * kTileK;
+constexpr int64_t kTileElems = amx::kOperandElems;  // kTileRows x kTileK
 constexpr int kPanelTiles = 4;  // accumulators (tiles 0-3) sharing one activation tile
 constexpr int kParts = 3;       // bf16 parts of an activation that is not a bf16 value
 // Weights are prefetched this many tiles ahead.
 constexpr int64_t kAheadTiles = 1;
-
-// Palette 1: every tile 16 rows of 64 bytes (accumulators: 16 x 16 f32; operands: 16 x 32 bf16).
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // Activations as the tiles' second operand: for activation block mb (16 rows), part p and k block
 // kb, a 1 KiB tile whose row q holds, for each of the 16 activation rows r, the pair
@@ -270,27 +256,13 @@ DI_AMX void RunRows(const LinearParams& p, const PackedAmx& px, int64_t j_begin,
   }
 }
 
-// Output rows are handed out in units of this many: one tile.
-constexpr int64_t kUnitRows = kTileRows;
-
-// Units [u_begin, u_end) of the projections (unit_begin[i]: projection i's first unit), with this
-// thread's tiles configured for the duration.
-DI_AMX void RunUnits(const LinearParams* params, const PackedAmx* packed, const int64_t* unit_begin,
-                     int count, int64_t u_begin, int64_t u_end) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = kTileRows;
-  }
-  _tile_loadconfig(&config);
-  for (int i = 0; i < count && u_begin < u_end; ++i) {
-    if (u_begin >= unit_begin[i + 1]) continue;
-    const int64_t first = u_begin - unit_begin[i];
-    const int64_t last = std::min(u_end, unit_begin[i + 1]) - unit_begin[i];
-    RunRows(params[i], packed[i], first * kUnitRows, std::min(params[i].n, last * kUnitRows));
-    u_begin = unit_begin[i] + last;
-  }
-  _tile_release();
+// Units [u_begin, u_end) of the projections, with this thread's tiles configured meanwhile.
+DI_AMX void RunUnits(const LinearParams* params, const PackedAmx* packed, const LinearUnits& units,
+                     int64_t u_begin, int64_t u_end) {
+  const amx::ScopedTiles tiles;
+  units.ForRows(u_begin, u_end, [&](int i, int64_t row_begin, int64_t row_end) {
+    RunRows(params[i], packed[i], row_begin, row_end);
+  });
 }
 
 }  // namespace
@@ -299,32 +271,11 @@ void LinearMultiAmx(const LinearParams* params, int count, ThreadPool* pool) {
   // Per-thread scratch for packed activations, reused across calls.
   thread_local std::vector<std::vector<uint16_t>> storage;
   if (static_cast<int>(storage.size()) < count) storage.resize(count);
-  std::vector<PackedAmx> packed(count);
-  std::vector<int64_t> unit_begin(count + 1, 0);
-  int64_t work_per_unit = 0;
-  for (int i = 0; i < count; ++i) {
-    bool shared = false;
-    for (int j = 0; j < i && !shared; ++j) {
-      if (params[j].x == params[i].x && params[j].k == params[i].k && params[j].m == params[i].m) {
-        packed[i] = packed[j];
-        shared = true;
-      }
-    }
-    if (!shared) packed[i] = PackX(params[i], &storage[i]);
-    unit_begin[i + 1] = unit_begin[i] + (params[i].n + kUnitRows - 1) / kUnitRows;
-    work_per_unit = std::max(work_per_unit, params[i].m * params[i].k * kUnitRows);
-  }
-  auto work = [&](int64_t u_begin, int64_t u_end) {
-    RunUnits(params, packed.data(), unit_begin.data(), count, u_begin, u_end);
-  };
-  const int64_t units = unit_begin[count];
-  // Below ~32k multiply-adds per chunk the hand-off costs more than it saves.
-  const int64_t min_chunk = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_unit));
-  if (pool != nullptr) {
-    pool->ParallelFor(units, min_chunk, work);
-  } else {
-    work(0, units);
-  }
+  RunLinearUnits<PackedAmx>(
+      params, count, pool, [&](int i) { return PackX(params[i], &storage[i]); },
+      [&](const PackedAmx* packed, const LinearUnits& units, int64_t u_begin, int64_t u_end) {
+        RunUnits(params, packed, units, u_begin, u_end);
+      });
 }
 
 #else

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/linear_amx.h"
+#include "kernels/linear_units.h"
 #include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
@@ -245,46 +246,17 @@ void RunRowsAvx2(const LinearParams& p, const PackedX& px, int64_t j_begin, int6
   }
 }
 
-// Output rows are handed out in units of this many (a multiple of the 4-row tile).
-constexpr int64_t kUnitRows = 16;
-
 void LinearMultiAvx2(const LinearParams* params, int count, ThreadPool* pool) {
   // Per-thread scratch for packed x, reused across calls.
   thread_local std::vector<std::vector<float>> storage;
   if (static_cast<int>(storage.size()) < count) storage.resize(count);
-  std::vector<PackedX> packed(count);
-  std::vector<int64_t> unit_begin(count + 1, 0);
-  int64_t work_per_unit = 0;
-  for (int i = 0; i < count; ++i) {
-    bool shared = false;
-    for (int j = 0; j < i && !shared; ++j) {
-      if (params[j].x == params[i].x && params[j].k == params[i].k && params[j].m == params[i].m &&
-          params[j].weight_dtype == params[i].weight_dtype) {
-        packed[i] = packed[j];
-        shared = true;
-      }
-    }
-    if (!shared) packed[i] = PackX(params[i], &storage[i], pool);
-    unit_begin[i + 1] = unit_begin[i] + (params[i].n + kUnitRows - 1) / kUnitRows;
-    work_per_unit = std::max(work_per_unit, params[i].m * params[i].k * kUnitRows);
-  }
-  auto work = [&](int64_t u_begin, int64_t u_end) {
-    for (int i = 0; i < count && u_begin < u_end; ++i) {
-      if (u_begin >= unit_begin[i + 1]) continue;
-      const int64_t first = u_begin - unit_begin[i];
-      const int64_t last = std::min(u_end, unit_begin[i + 1]) - unit_begin[i];
-      RunRowsAvx2(params[i], packed[i], first * kUnitRows, std::min(params[i].n, last * kUnitRows));
-      u_begin = unit_begin[i] + last;
-    }
-  };
-  const int64_t units = unit_begin[count];
-  // Below ~32k multiply-adds per chunk the hand-off costs more than it saves.
-  const int64_t min_chunk = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_unit));
-  if (pool != nullptr) {
-    pool->ParallelFor(units, min_chunk, work);
-  } else {
-    work(0, units);
-  }
+  RunLinearUnits<PackedX>(
+      params, count, pool, [&](int i) { return PackX(params[i], &storage[i], pool); },
+      [&](const PackedX* packed, const LinearUnits& units, int64_t u_begin, int64_t u_end) {
+        units.ForRows(u_begin, u_end, [&](int i, int64_t row_begin, int64_t row_end) {
+          RunRowsAvx2(params[i], packed[i], row_begin, row_end);
+        });
+      });
 }
 
 #endif  // defined(__x86_64__)
