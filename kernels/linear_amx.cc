@@ -17,7 +17,7 @@ namespace {
 constexpr int64_t kTileRows = 16;  // weight rows (outputs) and activation rows of a tile
 constexpr int64_t kTileK = 32;     // k of one tile product: 16 pairs of bf16
 constexpr int64_t kTileElems = amx::kOperandElems;  // kTileRows x kTileK
-constexpr int kPanelTiles = 4;  // accumulators (tiles 0-3) sharing one activation tile
+constexpr int kPanelTiles = 4;  // accumulators (tiles 0-3): a panel of 64 outputs per row block
 constexpr int kParts = 3;       // bf16 parts of an activation that is not a bf16 value
 // Weights are prefetched this many tiles ahead.
 constexpr int64_t kAheadTiles = 1;
