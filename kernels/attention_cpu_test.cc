@@ -214,6 +214,26 @@ TEST(PagedAttentionCpuTest, OptimisedPathsMatchTheReference) {
   }
 }
 
+// Attention over a bf16 cache with bf16 activations, the engine's case for a bf16 model; the
+// caller sets q, out and the tokens.
+PagedAttentionParams Bf16Params(int heads, int kv_heads, int dim, int block, int64_t stride,
+                                const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
+                                const int32_t* table) {
+  PagedAttentionParams p;
+  p.num_heads = heads;
+  p.num_kv_heads = kv_heads;
+  p.head_dim = dim;
+  p.k_base = k.data();
+  p.v_base = v.data();
+  p.kv_dtype = DType::kBF16;
+  p.block_stride = stride;
+  p.block_size = block;
+  p.block_table = table;
+  p.scale = 0.125f;
+  p.round_to = DType::kBF16;
+  return p;
+}
+
 // The batched entry computes every sequence exactly as a single call does.
 TEST(PagedAttentionCpuTest, BatchMatchesSingleCalls) {
   std::mt19937 rng(9);
@@ -235,20 +255,10 @@ TEST(PagedAttentionCpuTest, BatchMatchesSingleCalls) {
     want[s].resize(qs[s].size());
     got[s].resize(qs[s].size());
     PagedAttentionParams& p = ps[s];
+    p = Bf16Params(heads, kv_heads, dim, block, stride, kc, vc, tables[s].data());
     p.q = qs[s].data();
     p.num_tokens = tokens[s];
     p.start_position = starts[s];
-    p.num_heads = heads;
-    p.num_kv_heads = kv_heads;
-    p.head_dim = dim;
-    p.k_base = kc.data();
-    p.v_base = vc.data();
-    p.kv_dtype = DType::kBF16;
-    p.block_stride = stride;
-    p.block_size = block;
-    p.block_table = tables[s].data();
-    p.scale = 0.125f;
-    p.round_to = DType::kBF16;
     p.out = want[s].data();
     PagedAttentionCpu(p, nullptr);
     p.out = got[s].data();
@@ -278,19 +288,9 @@ TEST(PagedAttentionCpuTest, TokensAreInvariantToTheirCall) {
   auto pool = ThreadPool::Create(2);
   for (CpuIsa isa : OptimisedIsas()) {
     for (int window : {0, 40}) {
-      PagedAttentionParams p;
-      p.num_heads = heads;
-      p.num_kv_heads = kv_heads;
-      p.head_dim = dim;
-      p.k_base = kc.data();
-      p.v_base = vc.data();
-      p.kv_dtype = DType::kBF16;
-      p.block_stride = stride;
-      p.block_size = block;
-      p.block_table = table.data();
+      PagedAttentionParams p =
+          Bf16Params(heads, kv_heads, dim, block, stride, kc, vc, table.data());
       p.sliding_window = window;
-      p.scale = 0.125f;
-      p.round_to = DType::kBF16;
       std::vector<float> all(q.size());
       p.q = q.data();
       p.out = all.data();

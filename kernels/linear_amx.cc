@@ -8,6 +8,7 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/dtype.h"
 #include "kernels/linear_units.h"
+#include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
 
@@ -159,25 +160,12 @@ DI_AMX inline void StoreAccumulator(int t, float* out) {
   }
 }
 
-// v rounded to type t and back, as RoundTo (kernels/dtype.h) element by element.
+// v rounded to type t and back, as RoundTo (kernels/dtype.h): the AVX2 rounding on each half.
 DI_AMX inline __m512 RoundTo16(DType t, __m512 v) {
-  switch (t) {
-    case DType::kF32:
-      return v;
-    case DType::kBF16: {
-      // Round to nearest even on the top 16 bits; NaN stays NaN.
-      const __m512i bits = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-      const __m512i rounded =
-          _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
-                           _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(rounded), v);
-    }
-    case DType::kF16:
-      return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-  return v;
+  if (t == DType::kF32) return v;
+  const __m256 lo = avx2::RoundTo(t, _mm512_castps512_ps256(v));
+  const __m256 hi = avx2::RoundTo(t, _mm512_extractf32x8_ps(v, 1));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
 // Output rows [j_begin, j_end) for every activation row.

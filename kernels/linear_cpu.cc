@@ -303,6 +303,13 @@ void LinearMultiWithIsa(const LinearParams* params, int count, ThreadPool* pool,
 #if defined(__x86_64__)
   if (isa == CpuIsa::kAmx) {
     // bf16 weights on tiles, the others on the AVX2 path; each projection as a single call would.
+    // A bf16 model's projections all take the tiles: no split (and no copies) on that path.
+    bool all_bf16 = true;
+    for (int i = 0; i < count; ++i) all_bf16 = all_bf16 && params[i].weight_dtype == DType::kBF16;
+    if (all_bf16) {
+      LinearMultiAmx(params, count, pool);
+      return;
+    }
     std::vector<LinearParams> tiles, vectors;
     for (int i = 0; i < count; ++i) {
       (params[i].weight_dtype == DType::kBF16 ? tiles : vectors).push_back(params[i]);
