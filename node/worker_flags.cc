@@ -90,6 +90,11 @@ ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
           "--nospec_interleave: whole epochs of each mode are compared back to back.");
+ABSL_FLAG(bool, spec_trial_any_epoch, true,
+          "With --spec_select and --spec_interleave: a trial may start at any epoch of its "
+          "bucket of decoding-request counts; --nospec_trial_any_epoch: only right after a "
+          "finished epoch of the same bucket, so buckets the count only passes through keep what "
+          "they inherited from their neighbour.");
 ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
           "request's previous draft was accepted whole as well as by match length (default: by "
@@ -203,6 +208,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
+  o.speculative.select_options.trial_any_epoch = absl::GetFlag(FLAGS_spec_trial_any_epoch);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {

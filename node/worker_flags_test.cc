@@ -76,6 +76,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.interleave);
+  EXPECT_TRUE(o->speculative.select_options.trial_any_epoch);
+  absl::SetFlag(&FLAGS_spec_trial_any_epoch, false);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->speculative.select_options.trial_any_epoch);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);

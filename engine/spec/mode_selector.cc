@@ -329,8 +329,15 @@ int DraftModeSelector::Decide(int b) {
   const int64_t epoch = bucket.epochs++;
   if (bucket.incumbent < 0) bucket.incumbent = 0;
   const int inc = bucket.incumbent;
-  // Another mode runs only right after an epoch of this bucket, so it is compared at once.
-  const bool fresh = last_.epoch == epochs_ && last_.bucket == b;
+  // Another mode runs only right after an epoch of this bucket, so it is compared at once. An
+  // interleaved trial compares within itself: with trial_any_epoch also after any epoch of the
+  // incumbent in this bucket, whatever ran since (see the header).
+  const bool after_own = last_.epoch == epochs_ && last_.bucket == b;
+  const bool any_epoch = options_.interleave && options_.trial_any_epoch;
+  const bool after_own_incumbent = epoch > 0 && bucket.modes[inc].last_epoch == epoch - 1;
+  const bool fresh = after_own || (any_epoch && after_own_incumbent);
+  // Revisits follow an epoch of the incumbent (which then also follows them).
+  const bool after_incumbent = any_epoch ? after_own_incumbent : last_.mode == inc;
   const bool frozen = Frozen(bucket);
   if (!frozen) bucket.thaw_round = -1;
   int pick = inc;
@@ -339,7 +346,7 @@ int DraftModeSelector::Decide(int b) {
     for (int m = 0; m < num_modes() && pick == inc; ++m) {
       if (m != inc && bucket.modes[m].weight <= 0.0 && !Pruned(bucket, m)) pick = m;
     }
-    if (pick == inc && last_.mode == inc && frozen) {
+    if (pick == inc && after_incumbent && frozen) {
       // A frozen bucket revisits its losers in rounds, one after another (each after an epoch of
       // the incumbent), so the draft cache's catch-up at the first trial serves them all.
       if (bucket.thaw_round < 0) {
@@ -357,7 +364,7 @@ int DraftModeSelector::Decide(int b) {
         if (pick == inc || bucket.modes[m].last_epoch < bucket.modes[pick].last_epoch) pick = m;
       }
       if (pick == inc) bucket.thaw_start = false;  // the round is over
-    } else if (pick == inc && last_.mode == inc) {
+    } else if (pick == inc && after_incumbent) {
       // Revisits (after an epoch of the incumbent, which then also follows them).
       double most_overdue = -1.0;
       for (int m = 0; m < num_modes(); ++m) {

@@ -127,6 +127,15 @@ namespace deepinfer::engine::spec {
 // at 0.85 at one sequence, tokens 1-5 a step): estimates average 0.756 without the floor, 0.841
 // with a flat one, 0.837 scaled; a flat floor ran a draft model's k = 8 trials (0.45) 16 steps a
 // side at one sequence, the scaled one 9.
+// A trial compares within itself, so it need not follow a finished epoch of its bucket, as a
+// comparison of adjacent epochs must (`trial_any_epoch`, default on: a tour or revisit may start
+// at any epoch of the bucket, a revisit right after one of the bucket's incumbent). Buckets that
+// the decoding count only passes through (the ramp of a burst of arrivals, the tail as they
+// finish) rarely see two finished epochs back to back, and kept what they inherited: at 32
+// concurrent requests a draft-model node's 9-16 bucket ran the plan inherited from one sequence
+// (11% of the node's time at 68% of a node without speculation's tokens per second there, and
+// its draft model catching up on every sequence's tokens since the frozen 17-32 bucket, 3% of
+// the time) while 17-32 had frozen with no drafting (issue 12, session 18).
 // Alternating single steps, each side's steps start from the state the other side's step left:
 // where a step's outcome depends on the step before it (an n-gram draft rejected leaves the
 // request just past a divergence from the text it copies, where the next draft matches less),
@@ -197,6 +206,10 @@ class DraftModeSelector {
     bool follow_bucket = true;
     // Revisits and tours are interleaved trials (above); false: adjacent epochs are compared.
     bool interleave = true;
+    // With interleave: a trial may start at any epoch of its bucket (a revisit: one right after
+    // an epoch of the incumbent there), not only right after a finished epoch of the same
+    // bucket (see above); false: only then, as adjacent epochs need.
+    bool trial_any_epoch = true;
     double trial_stop_below = 0.8;  // in [0, 1]: trials of clear losers end early; 0: never
     // ... and only once each side's steps cover this many sequence-steps (steps x decoding
     // sequences) x log(trial_stop_below) / log(its ratio): see above.

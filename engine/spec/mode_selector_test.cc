@@ -687,6 +687,43 @@ TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
   EXPECT_EQ(s->partner(), -1);
 }
 
+// A bucket the decoding count only passes through: visits of 6 steps at 8 sequences between
+// runs at one sequence, room for one epoch of the incumbent (4 steps) and hardly the start of
+// another. Comparing only right after a finished epoch of the same bucket, a trial starts at
+// most for the visit's last step or two, too little of it to compare, and the bucket keeps the
+// mode it inherited from one sequence; with trial_any_epoch a visit that follows one of the
+// incumbent's epochs there opens with a trial, and the faster mode takes over.
+TEST(DraftModeSelectorTest, ABucketOnlyPassedThroughMeasuresItsModes) {
+  for (const bool any_epoch : {false, true}) {
+    SCOPED_TRACE(any_epoch ? "any epoch" : "after an epoch of the bucket");
+    Options o = Stepped(4, 1);
+    o.trial_any_epoch = any_epoch;
+    o.freeze_below = 0.0;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    // One sequence: mode 1 is twice as fast; at 8 it is 2/3 of mode 0.
+    RunSteps(*s, 1, {100.0, 200.0}, 400);
+    ASSERT_EQ(s->Incumbent(1), 1);
+    std::vector<int> ran_at_8(2, 0);
+    for (int visit = 0; visit < 60; ++visit) {
+      RunSteps(*s, 1, {100.0, 200.0}, 20);
+      const std::vector<int> ran = RunSteps(*s, 8, {900.0, 600.0}, 6);
+      if (visit >= 40) {
+        for (int m = 0; m < 2; ++m) ran_at_8[m] += ran[m];
+      }
+    }
+    EXPECT_EQ(s->Incumbent(1), 1);
+    if (any_epoch) {
+      EXPECT_EQ(s->Incumbent(8), 0);
+      EXPECT_LT(s->Relative(8, 1), 0.95);  // measured slower (trials cut short blur the ratio)
+      EXPECT_GT(ran_at_8[0], 0.8 * 20 * 6);
+    } else {
+      EXPECT_EQ(s->Incumbent(8), 1);  // what it inherited
+      EXPECT_LT(ran_at_8[0], 0.2 * 20 * 6);
+    }
+  }
+}
+
 // With trial_run_steps = 3 a trial alternates runs of three steps a side, each run's first step
 // unmeasured; warm-up steps stay what they were.
 TEST(DraftModeSelectorTest, TrialsAlternateInRunsWhoseFirstStepIsNotMeasured) {
