@@ -21,9 +21,9 @@
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=6 SWEEP_METHODS="off ngram draft_model" ...
 #   SWEEP_SESSIONS: sessions per run (3 turns each); a concurrency above it runs that many.
 #   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 256).
-#   SWEEP_REPEATS=3: rounds; each round uses new prompts (seed from round and concurrency), the
-#   same for every configuration. The table shows medians over rounds: tokens/s, and "x/off", the
-#   medians of the per-round ratios to "off", with dec/off's min-max as "range".
+#   SWEEP_REPEATS (default 1): rounds; each round uses new prompts (seed from round and
+#   concurrency), the same for every configuration. The table shows medians over rounds: tokens/s,
+#   and "x/off", the medians of the per-round ratios to "off", with dec/off's min-max as "range".
 #   SWEEP_WARMUP_ROUNDS=3: rounds run first (every concurrency, prompts of their own) and left out
 #   of the table: a serving node runs for hours, and an adaptive node's first thousands of steps
 #   measure its modes (spec::DraftModeSelector: every mode compared 3 times in every bucket); their
