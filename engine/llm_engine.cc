@@ -150,6 +150,8 @@ struct LlmEngine::Step {
   bool spec_prompt_tokens = false;
   // Time this step spent feeding a draft model while drafting nothing (UpkeepDrafter).
   double spec_upkeep_seconds = 0.0;
+  // Of the drafting time, what the draft model spent catching up beyond a steady round.
+  double spec_catch_up_seconds = 0.0;
   // Whether the selector counts this step (a measured step of its mode, no prompt catch-up, no
   // prompt tokens).
   bool SelectorMeasured() const {
@@ -1513,7 +1515,7 @@ void LlmEngine::Process(Step& step) {
     spdlog::debug(
         "step-trace mode={} measured={} decoding={} overlapped={} items={} samples={} tokens={} "
         "verified={} accepted={} "
-        "period_us={} forward_us={} draft_us={} fit_scale={:.3f} fit_offset_us={:.0f} "
+        "period_us={} forward_us={} draft_us={} catch_up_us={} fit_scale={:.3f} fit_offset_us={:.0f} "
         "fit_per_request_us={:.0f} overhead_us={:.0f} overlap_overhead_us={:.0f} "
         "draft_scale={:.3f}",
         selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
@@ -1522,7 +1524,8 @@ void LlmEngine::Process(Step& step) {
         have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
                              : 0,
         static_cast<int64_t>(step.forward_seconds * 1e6),
-        static_cast<int64_t>(step.spec_draft_seconds * 1e6), forward_fit_.Scale(),
+        static_cast<int64_t>(step.spec_draft_seconds * 1e6),
+        static_cast<int64_t>(step.spec_catch_up_seconds * 1e6), forward_fit_.Scale(),
         forward_fit_.offset() * 1e6, forward_fit_.per_request() * 1e6, overhead_ema_ * 1e6,
         overlap_overhead_ema_ * 1e6, draft_scale_);
   }
@@ -1579,7 +1582,7 @@ void LlmEngine::Process(Step& step) {
       double seconds = measured;
       if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
-                         seconds);
+                         seconds, step.spec_catch_up_seconds);
       if (length == spec::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {
@@ -1798,8 +1801,15 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // drafts or after eviction): a one-off prefill the per-round profile does not describe.
     int64_t steady_tokens = 0;
     for (const spec::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
-    const bool caught_up =
-        model_drafter_ != nullptr && model_drafter_->computed_tokens() - fed_before > steady_tokens;
+    const int64_t fed =
+        model_drafter_ != nullptr ? model_drafter_->computed_tokens() - fed_before : 0;
+    const bool caught_up = fed > steady_tokens;
+    if (caught_up) {
+      // The catch-up's share of the drafting time, by tokens fed (the selector's catch-up
+      // charge, spec::DraftModeSelector).
+      step->spec_catch_up_seconds = draft_seconds * static_cast<double>(fed - steady_tokens) /
+                                    static_cast<double>(fed);
+    }
     if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
       // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds
       // each sequence took part in (its tokens, plus the round whose token it declined).

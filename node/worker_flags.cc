@@ -95,6 +95,11 @@ ABSL_FLAG(bool, spec_trial_any_epoch, true,
           "bucket of decoding-request counts; --nospec_trial_any_epoch: only right after a "
           "finished epoch of the same bucket, so buckets the count only passes through keep what "
           "they inherited from their neighbour.");
+ABSL_FLAG(bool, spec_catch_up_charge, true,
+          "With --spec_select and a draft model: charge each bucket's drafting modes the time "
+          "the draft model spends catching up (on new prompts, or on tokens decoded without "
+          "drafts before the count entered the bucket), which their measured rates leave out; "
+          "--nospec_catch_up_charge: no charge.");
 ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
           "request's previous draft was accepted whole as well as by match length (default: by "
@@ -209,6 +214,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
   o.speculative.select_options.trial_any_epoch = absl::GetFlag(FLAGS_spec_trial_any_epoch);
+  o.speculative.select_options.catch_up_charge = absl::GetFlag(FLAGS_spec_catch_up_charge);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {

@@ -81,6 +81,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.trial_any_epoch);
+  EXPECT_TRUE(o->speculative.select_options.catch_up_charge);
+  absl::SetFlag(&FLAGS_spec_catch_up_charge, false);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->speculative.select_options.catch_up_charge);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);

@@ -36,7 +36,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
       !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
-      options.trial_run_steps < 1) {
+      options.trial_run_steps < 1 || !(options.catch_up_horizon_seconds > 0.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -45,7 +45,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
-        "trial_run_steps >= 1");
+        "trial_run_steps >= 1, catch_up_horizon_seconds > 0");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -119,10 +119,20 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
   return buckets_[b];
 }
 
+double DraftModeSelector::CatchUpCharge(const BucketStats& bucket) const {
+  if (!options_.catch_up_charge || bucket.charge_base_seconds <= 0.0) return 0.0;
+  const double c = std::clamp(bucket.catch_up_seconds, 0.0, 0.9 * bucket.charge_base_seconds);
+  return std::log(bucket.charge_base_seconds / (bucket.charge_base_seconds - c));
+}
+
 double DraftModeSelector::Score(const BucketStats& bucket, int mode) const {
   if (mode == bucket.incumbent) return 0.0;
   const ModeStats& s = bucket.modes[mode];
-  if (options_.interleave) return s.paired.weight > 0.0 ? s.paired.mean : 0.0;
+  // Catch-ups: drafting modes pay them, no drafting does not (relative to the incumbent).
+  const double charge = CatchUpCharge(bucket);
+  const double catch_up = (lengths_[mode] != 0 ? charge : 0.0) -
+                          (bucket.incumbent >= 0 && lengths_[bucket.incumbent] != 0 ? charge : 0.0);
+  if (options_.interleave) return (s.paired.weight > 0.0 ? s.paired.mean : 0.0) - catch_up;
   const ModeStats& inc = bucket.modes[bucket.incumbent];
   double log_tps = 0.0;  // log(tokens per sequence-step / the incumbent's)
   if (s.seq_steps > 0.0 && inc.seq_steps > 0.0) {
@@ -131,7 +141,7 @@ double DraftModeSelector::Score(const BucketStats& bucket, int mode) const {
   } else if (s.has_prior && inc.has_prior) {
     log_tps = s.prior_log_tps - inc.prior_log_tps;  // both inherited: relative to one mode
   }
-  return log_tps - s.cost;
+  return log_tps - s.cost - catch_up;
 }
 
 double DraftModeSelector::ScoreError(const BucketStats& bucket, int mode) const {
@@ -481,12 +491,28 @@ void DraftModeSelector::StillWarming() {
 }
 
 void DraftModeSelector::Observe(int decoding, int mode, bool measured, double tokens,
-                                double seconds) {
+                                double seconds, double catch_up_seconds) {
   if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) || !(seconds > 0.0) ||
       !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
   }
   if (mode == current_) epoch_wall_seconds_ += seconds;
+  if (options_.catch_up_charge) {
+    // Measured while a drafting mode holds the bucket, the cost it pays there: a trial's
+    // catch-up (after the incumbent's steps without drafts) is what that one trial costs, and
+    // would charge drafting for every revisit of a frozen bucket.
+    const size_t b = static_cast<size_t>(Bucket(decoding));
+    if (b < buckets_.size() && buckets_[b].incumbent >= 0 &&
+        lengths_[buckets_[b].incumbent] != 0) {
+      BucketStats& bucket = buckets_[b];
+      const double charged = !measured && lengths_[mode] != 0 && std::isfinite(catch_up_seconds)
+                                 ? std::clamp(catch_up_seconds, 0.0, seconds)
+                                 : 0.0;
+      const double keep = std::exp(-seconds / options_.catch_up_horizon_seconds);
+      bucket.charge_base_seconds = bucket.charge_base_seconds * keep + seconds;
+      bucket.catch_up_seconds = bucket.catch_up_seconds * keep + charged;
+    }
+  }
   if (!measured) return;
   Side* side = mode == current_ ? &side_[0] : (mode == partner_ ? &side_[1] : nullptr);
   if (side == nullptr) return;

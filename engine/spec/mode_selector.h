@@ -166,6 +166,27 @@ namespace deepinfer::engine::spec {
 // epochs of the bucket outlasted a 35-minute sweep), but revisiting every 64 epochs measured
 // worse (0.913 against 0.994 of no speculation, the same rounds: each round's catch-up).
 //
+// Catch-up charge (`catch_up_charge`, default on). Steps in which a draft model catches up (on a
+// new request's prompt, or after a change of mode on every token its sequences decoded without
+// drafts) are left out of the rates above: a catch-up is a one-off, not the mode's steady cost, and
+// left in it would make one trial's figures depend on who arrived during it. But it is a cost that
+// drafting pays and no drafting does not, and where the count enters a drafting bucket from a
+// frozen one it is most of that cost: at 32 concurrent requests a draft-model node's 9-16 bucket,
+// which the count passes through as a round's requests finish, rated the plan 4% above no drafting
+// while its steps there, catch-up included, emitted 31% fewer tokens per second than a node
+// without speculation's (the 17-32 bucket frozen, so every sequence arrived there with ~200
+// undrafted tokens; issue 12, session 20). So while a drafting mode is a bucket's incumbent, the
+// bucket keeps the time T of its steps (every mode, measured or not) and the part C of it that
+// drafting modes' unmeasured steps spent catching up (Observe's catch_up_seconds), both decayed
+// over `catch_up_horizon_seconds` of steps; every drafting mode's score there is lowered by
+// log(T / (T - C)) against no drafting (the rate it would have had with its catch-ups in),
+// drafting modes among themselves unchanged. A bucket where catch-ups eat drafting's gain then
+// passes to no drafting and freezes, and keeps the charge measured while drafting held it: under
+// no drafting only trials draft, each first catching up on the steps before it, which is what
+// that trial costs, not what drafting would pay per step as the incumbent. A revisit's trial
+// that measures drafting ahead by more than the charge hands the bucket back (and measures it
+// anew).
+//
 // The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
 // bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
 // measures its own, each mode needing one comparison of its own before a long gap), touring only
@@ -226,6 +247,10 @@ class DraftModeSelector {
     // deficit, and a challenger takes over only once compared this many times: one pair of
     // epochs is too noisy to set a long gap on, or to hand the bucket to.
     int min_comparisons = 3;  // >= 1
+    // Catch-up charge (above), and the drafting time (seconds, > 0) over which its figures decay
+    // (weight exp(-t / horizon) on what is t seconds of drafting steps old).
+    bool catch_up_charge = true;
+    double catch_up_horizon_seconds = 30.0;
   };
 
   struct Choice {
@@ -246,8 +271,12 @@ class DraftModeSelector {
   // A step that ran in mode `mode` (as Choose returned it) with `decoding` decoding sequences:
   // its emitted tokens (>= 0) and measured period (> 0 seconds); `measured` as Choose said.
   // Only measured steps count toward the epoch; only those of the epoch's mode and bucket feed
-  // its rate. Invalid values and unknown modes are ignored.
-  void Observe(int decoding, int mode, bool measured, double tokens, double seconds);
+  // its rate. Invalid values and unknown modes are ignored. `catch_up_seconds` (in [0, seconds]):
+  // of the period, the time a draft model spent catching up beyond a steady round (see "Catch-up
+  // charge" above); counted only for an unmeasured step of a drafting mode (a measured step's
+  // rate already holds it) in a bucket whose incumbent drafts.
+  void Observe(int decoding, int mode, bool measured, double tokens, double seconds,
+               double catch_up_seconds = 0.0);
   // The step Choose last returned as unmeasured (a warm-up step) was still paying for the change
   // of mode (a draft model catching up on the tokens of steps it skipped, more than a steady
   // round feeds): the next step is left out too, up to max_warmup_steps after the change.
@@ -314,6 +343,10 @@ class DraftModeSelector {
     // Frozen: the epoch at which the latest round of revisits began, and whether it runs.
     int64_t thaw_round = -1;
     bool thaw_start = false;
+    // Catch-up charge: decayed time of the bucket's steps while a drafting mode was its
+    // incumbent, and of it the drafting modes' unmeasured steps' catch-up time.
+    double charge_base_seconds = 0.0;
+    double catch_up_seconds = 0.0;
   };
   // The last finished epoch whose rate could be compared (global epoch index).
   struct LastEpoch {
@@ -334,6 +367,9 @@ class DraftModeSelector {
   bool EpochOver() const;
   void MaybeSwitch(BucketStats& bucket);
   double Score(const BucketStats& bucket, int mode) const;
+  // log(T / (T - C)) of the catch-up charge (0 without one): what a drafting mode's score loses
+  // against no drafting in the bucket.
+  double CatchUpCharge(const BucketStats& bucket) const;
   // Whether the bucket is frozen (see above).
   bool Frozen(const BucketStats& bucket) const;
   // Whether a fixed length is pruned (see above) in this bucket.

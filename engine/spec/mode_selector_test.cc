@@ -907,6 +907,98 @@ TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
   EXPECT_EQ(RunCountingNoUpkeep(*s, 8, {90.0, 100.0, 130.0}, 400, &ran), 0);
 }
 
+// The count of decoding sequences swings between 32 (where drafting loses: the bucket freezes,
+// the draft model's cache falls behind) and 16 (where drafting's measured steps emit 4% more
+// tokens per second than not drafting's). Each visit to 16 opens with a draft-model catch-up:
+// the first step there in a drafting mode takes `catch_up` seconds more, left out of the rates
+// (unmeasured, as the engine leaves out such steps). Returns tokens per second over the visits
+// to 16 of the last half of the phases.
+double RunVisits(DraftModeSelector& s, int phases, double catch_up) {
+  const std::vector<double> at32 = {95.0, 100.0, 94.0};   // plan, off, k = 1
+  const std::vector<double> at16 = {104.0, 100.0, 102.0};
+  double tokens = 0.0;
+  double seconds = 0.0;
+  for (int phase = 0; phase < phases; ++phase) {
+    for (int i = 0; i < 200; ++i) {
+      const DraftModeSelector::Choice c = s.Choose(32);
+      s.Observe(32, c.mode, c.measured, at32[c.mode] * 0.01, 0.01);
+    }
+    bool caught_up = false;
+    for (int i = 0; i < 60; ++i) {
+      const DraftModeSelector::Choice c = s.Choose(16);
+      double t = 0.01;
+      double extra = 0.0;
+      bool measured = c.measured;
+      if (s.length(c.mode) != 0 && !caught_up) {
+        caught_up = true;
+        extra = catch_up;
+        measured = false;
+      }
+      t += extra;
+      s.Observe(16, c.mode, measured, at16[c.mode] * 0.01, t, extra);
+      if (phase >= phases / 2) {
+        tokens += at16[c.mode] * 0.01;
+        seconds += t;
+      }
+    }
+  }
+  return tokens / seconds;
+}
+
+// Catch-up charge: a bucket whose drafting pays in measured steps, but whose every visit opens
+// with a catch-up that eats the gain (0.2 s on 0.6 s of steps: 104 tokens/s measured, 78 with
+// it), ends without drafting and frozen; without the charge it keeps the plan. With a catch-up
+// too small to matter (0.005 s), drafting keeps the bucket.
+TEST(DraftModeSelectorTest, CatchUpsChargedToDraftingModes) {
+  Options charged = Stepped(4, 2);
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, charged);
+  ASSERT_TRUE(s.ok());
+  const double with_charge = RunVisits(*s, 60, 0.2);
+  EXPECT_EQ(s->Incumbent(16), 1) << s->DebugString();
+  EXPECT_EQ(s->Incumbent(32), 1) << s->DebugString();
+  EXPECT_NE(s->DebugString().find("9-16 (frozen)"), std::string::npos) << s->DebugString();
+
+  Options uncharged = charged;
+  uncharged.catch_up_charge = false;
+  auto u = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, uncharged);
+  ASSERT_TRUE(u.ok());
+  const double without_charge = RunVisits(*u, 60, 0.2);
+  EXPECT_NE(u->Incumbent(16), 1) << u->DebugString();
+  // Not drafting at 16 realises ~100 tokens/s; drafting with its catch-ups ~80.
+  EXPECT_GT(with_charge, 95.0);
+  EXPECT_LT(without_charge, 90.0);
+  EXPECT_GT(with_charge, without_charge * 1.1);
+
+  auto small = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1}, charged);
+  ASSERT_TRUE(small.ok());
+  RunVisits(*small, 60, 0.005);
+  EXPECT_NE(small->Incumbent(16), 1) << small->DebugString();
+}
+
+// Catch-up seconds count only for unmeasured steps of drafting modes: reported on measured steps
+// (whose rate holds them already) or on no drafting's steps, they change nothing.
+TEST(DraftModeSelectorTest, CatchUpsOfMeasuredOrNonDraftingStepsAreNotCharged) {
+  Options o = Stepped(4, 0);
+  o.min_comparisons = 1;
+  auto a = DraftModeSelector::Create({1, 0}, o);
+  auto b = DraftModeSelector::Create({1, 0}, o);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok());
+  const std::vector<double> rate = {110.0, 100.0};
+  for (int i = 0; i < 400; ++i) {
+    const DraftModeSelector::Choice ca = a->Choose(4);
+    const DraftModeSelector::Choice cb = b->Choose(4);
+    ASSERT_EQ(ca.mode, cb.mode);
+    ASSERT_EQ(ca.measured, cb.measured);
+    a->Observe(4, ca.mode, ca.measured, rate[ca.mode] * 0.01, 0.01);
+    const bool charged_kind = !cb.measured && b->length(cb.mode) != 0;
+    b->Observe(4, cb.mode, cb.measured, rate[cb.mode] * 0.01, 0.01, charged_kind ? 0.0 : 0.009);
+  }
+  EXPECT_EQ(a->DebugString(), b->DebugString());
+  EXPECT_EQ(a->Incumbent(4), 0);
+  EXPECT_NEAR(a->Relative(4, 1), 100.0 / 110.0, 1e-6);
+}
+
 // No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97% with
 // 0.95, which may draft where it pays), nor with freeze_below = 0. With the default (0.99) a plan
 // at 97% is a loser like any other: the bucket freezes.
