@@ -1637,12 +1637,19 @@ bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const {
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   std::vector<spec::DraftRequest> requests;
+  int64_t lags = 0;
+  int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchesUpOnPrompt)
   for (const Sequence* seq : decodes) {
     // Feeding stops before the last known token (the next proposal feeds it for its logits).
     const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
                         model_drafter_->cached_length(static_cast<int64_t>(seq->id));
     if (lag < lag_min) continue;
-    if (CatchesUpOnPrompt(lag)) step->spec_prompt_catch_up = true;
+    if (CatchesUpOnPrompt(lag)) {
+      step->spec_prompt_catch_up = true;
+      excess += lag - (2 * static_cast<int64_t>(std::max(lag_min, int64_t{0})) +
+                       options_.speculative.num_speculative_tokens + 1);
+    }
+    lags += lag;
     spec::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
     r.context = seq->tokens;
@@ -1658,6 +1665,12 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step)
   stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
   stats_.spec_draft_upkeep_seconds += seconds;
   step->spec_upkeep_seconds += seconds;
+  // A catch-up fed here (a drafting mode's step whose drafter left sequences behind, or one
+  // after steps without upkeep) is part of the catch-up the selector charges drafting for.
+  if (excess > 0 && lags > 0) {
+    step->spec_catch_up_seconds +=
+        seconds * static_cast<double>(excess) / static_cast<double>(lags);
+  }
 }
 
 void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
