@@ -100,6 +100,9 @@ ABSL_FLAG(bool, spec_catch_up_charge, true,
           "the draft model spends catching up (on new prompts, or on tokens decoded without "
           "drafts before the count entered the bucket), which their measured rates leave out; "
           "--nospec_catch_up_charge: no charge.");
+ABSL_FLAG(double, spec_inherit_weight, 1.0,
+          "With --spec_select: how many trials' worth (in (0, 1]) a bucket of decoding-request "
+          "counts first seen inherits of its neighbour's measurements, against its own.");
 ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
           "request's previous draft was accepted whole as well as by match length (default: by "
@@ -215,6 +218,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
   o.speculative.select_options.trial_any_epoch = absl::GetFlag(FLAGS_spec_trial_any_epoch);
   o.speculative.select_options.catch_up_charge = absl::GetFlag(FLAGS_spec_catch_up_charge);
+  o.speculative.select_options.inherit_weight = absl::GetFlag(FLAGS_spec_inherit_weight);
+  if (!(o.speculative.select_options.inherit_weight > 0.0) ||
+      !(o.speculative.select_options.inherit_weight <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_inherit_weight: expected a value in (0, 1], got ",
+                     o.speculative.select_options.inherit_weight));
+  }
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {

@@ -86,6 +86,18 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.catch_up_charge);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.inherit_weight, 1.0);
+  absl::SetFlag(&FLAGS_spec_inherit_weight, 0.25);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.inherit_weight, 0.25);
+  absl::SetFlag(&FLAGS_spec_inherit_weight, 0.0);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  EXPECT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--spec_inherit_weight"), std::string::npos);
+  absl::SetFlag(&FLAGS_spec_inherit_weight, 1.0);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);

@@ -36,7 +36,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
       !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
-      options.trial_run_steps < 1 || !(options.catch_up_horizon_seconds > 0.0)) {
+      options.trial_run_steps < 1 || !(options.catch_up_horizon_seconds > 0.0) ||
+      !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -45,7 +46,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
-        "trial_run_steps >= 1, catch_up_horizon_seconds > 0");
+        "trial_run_steps >= 1, catch_up_horizon_seconds > 0, 0 < inherit_weight <= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -97,14 +98,17 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         ModeStats& to = fresh.modes[m];
         const ModeStats& from = near->modes[m];
         to.cost = from.cost;
-        to.weight = std::min(from.weight, 1.0);
-        // One comparison's worth of what the neighbour knew, of the neighbour's spread.
+        // At most inherit_weight comparisons' worth of what the neighbour knew, of the
+        // neighbour's spread.
+        const double cap = options_.inherit_weight;
+        to.weight = std::min(from.weight, cap);
         to.cost_spread = from.cost_spread;
         to.paired = from.paired;
         for (Spread* spread : {&to.cost_spread, &to.paired}) {
-          if (spread->weight > 1.0) {
-            spread->m2 /= spread->weight;
-            spread->weight = spread->weight2 = 1.0;
+          if (spread->weight > cap) {
+            spread->m2 *= cap / spread->weight;
+            spread->weight = cap;
+            spread->weight2 = cap * cap;
           }
         }
         // Each loser is compared here once more before a long gap is set on inherited data.

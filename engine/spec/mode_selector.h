@@ -190,7 +190,11 @@ namespace deepinfer::engine::spec {
 // The first bucket starts with the first mode given as incumbent; a later one inherits the nearest
 // bucket's incumbent and estimates (costs, and tokens per step per decoding sequence until it
 // measures its own, each mode needing one comparison of its own before a long gap), touring only
-// the modes that bucket never compared.
+// the modes that bucket never compared. The inherited scores count as `inherit_weight`
+// comparisons (at most) against the bucket's own: at 1 (the default) one inherited figure still
+// weighs 40% after the bucket's first trial of a mode (cost_decay 0.7), which kept a draft model's
+// k = 1 at 87% of the plan at 5-8 sequences (inherited from one sequence, where it is 70-80%)
+// after a trial there measured it level (issue 12, session 20).
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
@@ -251,6 +255,9 @@ class DraftModeSelector {
     // (weight exp(-t / horizon) on what is t seconds of drafting steps old).
     bool catch_up_charge = true;
     double catch_up_horizon_seconds = 30.0;
+    // What a new bucket inherits of its neighbour's scores counts as this many comparisons (at
+    // most; in (0, 1]) against the bucket's own: see "The first bucket" below.
+    double inherit_weight = 1.0;
   };
 
   struct Choice {

@@ -999,6 +999,39 @@ TEST(DraftModeSelectorTest, CatchUpsOfMeasuredOrNonDraftingStepsAreNotCharged) {
   EXPECT_NEAR(a->Relative(4, 1), 100.0 / 110.0, 1e-6);
 }
 
+// Interleaved trials: a new bucket inherits its neighbour's scores (mode 1 at 70% of the plan at
+// one sequence) where mode 1 is in fact level with the plan (at 8). After the bucket's first own
+// trial of it, the inherited figure still weighs 0.7 against the trial's 1 with inherit_weight 1
+// (87%), 0.07 with 0.1 (98%).
+TEST(DraftModeSelectorTest, InheritWeightBoundsWhatANewBucketCarriesOver) {
+  for (double w : {1.0, 0.1}) {
+    Options o = Stepped(4, 0);
+    o.inherit_weight = w;
+    o.min_comparisons = 1;
+    auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 1}, o);
+    ASSERT_TRUE(s.ok());
+    RunSteps(*s, 1, {100.0, 70.0}, 4 * 100);
+    ASSERT_EQ(s->Incumbent(1), 0);
+    ASSERT_NEAR(s->Relative(1, 1), 0.7, 1e-6);
+    // At 8: the first epoch (the inherited incumbent), then mode 1's trial.
+    int trials = 0;
+    for (int i = 0; i < 4 * 100 && trials == 0; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(8);
+      s->Observe(8, c.mode, c.measured, 8 * 100.0 * 0.01, 0.01);
+      if (s->partner() >= 0) trials = 1;
+    }
+    ASSERT_EQ(trials, 1);
+    for (int i = 0; i < 4 * 100 && s->partner() >= 0; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(8);
+      s->Observe(8, c.mode, c.measured, 8 * 100.0 * 0.01, 0.01);
+    }
+    s->Choose(8);  // the trial's epoch is finished here
+    const double expected = std::exp(0.7 * w * std::log(0.7) / (0.7 * w + 1.0));
+    EXPECT_NEAR(s->Relative(8, 1), expected, 1e-6) << "inherit_weight " << w;
+    EXPECT_NEAR(s->Relative(1, 1), 0.7, 1e-6);  // the neighbour keeps its own
+  }
+}
+
 // No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97% with
 // 0.95, which may draft where it pays), nor with freeze_below = 0. With the default (0.99) a plan
 // at 97% is a loser like any other: the bucket freezes.
