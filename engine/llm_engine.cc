@@ -150,7 +150,8 @@ struct LlmEngine::Step {
   bool spec_prompt_tokens = false;
   // Time this step spent feeding a draft model while drafting nothing (UpkeepDrafter).
   double spec_upkeep_seconds = 0.0;
-  // Of the drafting time, what the draft model spent catching up beyond a steady round.
+  // Of the drafting and upkeep time, what the draft model spent catching up beyond a steady
+  // round (the selector's catch-up charge).
   double spec_catch_up_seconds = 0.0;
   // Whether the selector counts this step (a measured step of its mode, no prompt catch-up, no
   // prompt tokens).
@@ -1515,9 +1516,9 @@ void LlmEngine::Process(Step& step) {
     spdlog::debug(
         "step-trace mode={} measured={} decoding={} overlapped={} items={} samples={} tokens={} "
         "verified={} accepted={} "
-        "period_us={} forward_us={} draft_us={} catch_up_us={} fit_scale={:.3f} fit_offset_us={:.0f} "
-        "fit_per_request_us={:.0f} overhead_us={:.0f} overlap_overhead_us={:.0f} "
-        "draft_scale={:.3f}",
+        "period_us={} forward_us={} draft_us={} catch_up_us={} fit_scale={:.3f} "
+        "fit_offset_us={:.0f} fit_per_request_us={:.0f} overhead_us={:.0f} "
+        "overlap_overhead_us={:.0f} draft_scale={:.3f}",
         selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
         step.SelectorMeasured() ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
         step.items.size(), samples, tokens, spec_verified, spec_accepted,
@@ -1820,8 +1821,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (caught_up) {
       // The catch-up's share of the drafting time, by tokens fed (the selector's catch-up
       // charge, spec::DraftModeSelector).
-      step->spec_catch_up_seconds = draft_seconds * static_cast<double>(fed - steady_tokens) /
-                                    static_cast<double>(fed);
+      step->spec_catch_up_seconds =
+          draft_seconds * static_cast<double>(fed - steady_tokens) / static_cast<double>(fed);
     }
     if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
       // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds

@@ -506,8 +506,7 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
     // catch-up (after the incumbent's steps without drafts) is what that one trial costs, and
     // would charge drafting for every revisit of a frozen bucket.
     const size_t b = static_cast<size_t>(Bucket(decoding));
-    if (b < buckets_.size() && buckets_[b].incumbent >= 0 &&
-        lengths_[buckets_[b].incumbent] != 0) {
+    if (b < buckets_.size() && buckets_[b].incumbent >= 0 && lengths_[buckets_[b].incumbent] != 0) {
       BucketStats& bucket = buckets_[b];
       const double charged = !measured && lengths_[mode] != 0 && std::isfinite(catch_up_seconds)
                                  ? std::clamp(catch_up_seconds, 0.0, seconds)

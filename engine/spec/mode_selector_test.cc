@@ -914,7 +914,7 @@ TEST(DraftModeSelectorTest, AFrozenBucketThawsWhenDraftingPaysAgain) {
 // (unmeasured, as the engine leaves out such steps). Returns tokens per second over the visits
 // to 16 of the last half of the phases.
 double RunVisits(DraftModeSelector& s, int phases, double catch_up) {
-  const std::vector<double> at32 = {95.0, 100.0, 94.0};   // plan, off, k = 1
+  const std::vector<double> at32 = {95.0, 100.0, 94.0};  // plan, off, k = 1
   const std::vector<double> at16 = {104.0, 100.0, 102.0};
   double tokens = 0.0;
   double seconds = 0.0;
