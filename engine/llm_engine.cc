@@ -602,7 +602,15 @@ absl::Status LlmEngine::RunOnScheduler(std::function<absl::Status()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_ || stopping_) return absl::FailedPreconditionError("engine is not running");
-    commands_.push_back([fn = std::move(fn), promise] { promise->set_value(fn()); });
+    commands_.push_back([this, fn = std::move(fn), promise] {
+      absl::Status status = fn();
+      {
+        // What the command changed (a reservation, a release) is in Stats() once it returns.
+        std::lock_guard<std::mutex> lock(mu_);
+        PublishQueueStats();
+      }
+      promise->set_value(std::move(status));
+    });
   }
   wake_.notify_all();
   return result.get();
@@ -1912,6 +1920,29 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   if (probe) ++stats_.spec_probe_steps;
 }
 
+void LlmEngine::PublishQueueStats() {
+  stats_.running = static_cast<int64_t>(running_.size());
+  stats_.waiting = static_cast<int64_t>(waiting_.size());
+  stats_.awaiting_kv = static_cast<int64_t>(awaiting_kv_.size());
+  int64_t pending_prefill = 0;
+  for (const auto& w : waiting_) {
+    pending_prefill += static_cast<int64_t>(w->tokens.size()) - w->computed;
+  }
+  for (const auto& r : running_) {
+    pending_prefill += std::max<int64_t>(0, r->prompt_len - r->computed);
+  }
+  stats_.pending_prefill_tokens = pending_prefill;
+  stats_.held = static_cast<int64_t>(held_.size());
+  stats_.blocks = blocks_.stats();
+  for (const KvEvent& e : blocks_.DrainEvents()) {
+    if (kv_events_.size() >= kMaxPendingKvEvents) {
+      kv_events_.pop_front();
+      ++stats_.kv_events_dropped;
+    }
+    kv_events_.push_back(e);
+  }
+}
+
 void LlmEngine::SchedulerLoop() {
   bool in_flight = false;
   Clock::time_point last_done = Clock::now();
@@ -2018,26 +2049,7 @@ void LlmEngine::SchedulerLoop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stats_.running = static_cast<int64_t>(running_.size());
-      stats_.waiting = static_cast<int64_t>(waiting_.size());
-      stats_.awaiting_kv = static_cast<int64_t>(awaiting_kv_.size());
-      int64_t pending_prefill = 0;
-      for (const auto& w : waiting_) {
-        pending_prefill += static_cast<int64_t>(w->tokens.size()) - w->computed;
-      }
-      for (const auto& r : running_) {
-        pending_prefill += std::max<int64_t>(0, r->prompt_len - r->computed);
-      }
-      stats_.pending_prefill_tokens = pending_prefill;
-      stats_.held = static_cast<int64_t>(held_.size());
-      stats_.blocks = blocks_.stats();
-      for (const KvEvent& e : blocks_.DrainEvents()) {
-        if (kv_events_.size() >= kMaxPendingKvEvents) {
-          kv_events_.pop_front();
-          ++stats_.kv_events_dropped;
-        }
-        kv_events_.push_back(e);
-      }
+      PublishQueueStats();
     }
     if (stopping && !in_flight && finished_pending_free_.empty()) return;
     if (!had_work && !in_flight) {

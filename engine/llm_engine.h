@@ -477,6 +477,10 @@ class LlmEngine {
   };
 
   void SchedulerLoop();
+  // Scheduler thread, mu_ held: the queue and block figures of stats_ (running, waiting, awaiting
+  // KV, held, pending prefill, blocks) from the scheduler's lists, and the block manager's new KV
+  // events into kv_events_. After every loop iteration and every RunOnScheduler command.
+  void PublishQueueStats();
   void ExecutorLoop();
   // Plans the next step. With speculation, `gate.may_draft` requires that no step is in flight.
   std::unique_ptr<Step> Schedule(const DraftGate& gate);
