@@ -5,10 +5,17 @@ share of the time, median period, forward and drafting times, drafts verified an
 emitted per step and milliseconds per emitted token.
 
   tools/bench/step_trace_summary.py [--skip FRACTION] [--max_decoding N] LOG [LOG ...]
+  tools/bench/step_trace_summary.py --trials [--min_steps N] LOG [LOG ...]
 
 mode: the selector's mode (-1 the plan, 0 no drafting, L a fixed draft length) or "node" for a
 node without the selector (its decoding count is then the step's sampled sequences). --skip drops
 the first FRACTION of each log's steps (an adaptive node's first minutes measure its modes).
+
+--trials: instead, each interleaved trial of the selector (a stretch of steps alternating between
+two modes, the mode on trial first): its steps, decoding counts, measured steps per side (with a
+period) and the ratio of the two sides' tokens per second over them (mode on trial / the other),
+for trials with at least --min_steps (default 3) such steps a side. The selector itself counts only
+the steps in the bucket where the trial began, so its figure can differ where the count moved.
 """
 import argparse
 import collections
@@ -65,16 +72,55 @@ def summarise(path, skip, max_decoding, out):
             tokens / len(g), 1e3 * seconds / tokens if tokens else 0.0))
 
 
+def trials(path, min_steps, out):
+    steps = []
+    with open(path) as f:
+        for line in f:
+            if MARK in line:
+                steps.append(parse(line))
+    i = 0
+    while i + 2 < len(steps):
+        a, b = int(steps[i]["mode"]), int(steps[i + 1]["mode"])
+        if a == -2 or b == -2 or a == b or int(steps[i + 2]["mode"]) != a:
+            i += 1
+            continue
+        j = i
+        while j < len(steps) and int(steps[j]["mode"]) == (a if (j - i) % 2 == 0 else b):
+            j += 1
+        side = {a: [0, 0.0, 0.0], b: [0, 0.0, 0.0]}  # measured steps, tokens, seconds
+        for s in steps[i:j]:
+            if s["measured"] and s["period_us"] > 0:
+                t = side[int(s["mode"])]
+                t[0] += 1
+                t[1] += s["samples"] + s["accepted"]
+                t[2] += s["period_us"] / 1e6
+        if side[a][0] >= min_steps and side[b][0] >= min_steps and side[a][2] > 0 and \
+                side[b][2] > 0 and side[b][1] > 0:
+            counts = [int(s["decoding"]) for s in steps[i:j]]
+            ratio = (side[a][1] / side[a][2]) / (side[b][1] / side[b][2])
+            out.write("%s: steps %d-%d, mode %d vs %d, decoding %d-%d, measured %d/%d, "
+                      "rate ratio %.3f\n" % (path, i + 1, j, a, b, min(counts), max(counts),
+                                             side[a][0], side[b][0], ratio))
+        i = max(j - 1, i + 1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--skip", type=float, default=0.0)
     p.add_argument("--max_decoding", type=int, default=64)
+    p.add_argument("--trials", action="store_true")
+    p.add_argument("--min_steps", type=int, default=3)
     p.add_argument("logs", nargs="+")
     a = p.parse_args()
     if not 0.0 <= a.skip < 1.0:
         sys.exit("--skip: expected a fraction in [0, 1), got %s" % a.skip)
+    if a.min_steps < 1:
+        sys.exit("--min_steps: expected >= 1, got %s" % a.min_steps)
     for path in a.logs:
-        summarise(path, a.skip, a.max_decoding, sys.stdout)
+        if a.trials:
+            trials(path, a.min_steps, sys.stdout)
+        else:
+            summarise(path, a.skip, a.max_decoding, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -23,4 +23,18 @@ fi
 got=$(python3 "$OLDPWD/$tool" --skip 0.5 step_trace.log | sed -n 1p)
 [ "$got" = "step_trace.log: 3 steps, 0.015 s, 8 tokens, 533.3 tokens/s" ] || { echo "FAIL: --skip: $got"; exit 1; }
 if python3 "$OLDPWD/$tool" --skip 1 step_trace.log 2>/dev/null; then echo "FAIL: --skip 1 accepted"; exit 1; fi
+# --trials on hand-made lines (testdata/step_trace_trials.log): the trial of mode 1 (after two
+# unmeasured warm-up steps) emits 6 + 8 + 8 tokens in 12 ms against the plan's 8 + 10 + 10 in
+# 15 ms: (22 / 12) / (28 / 15) = 0.982; the trial of mode 0, 2 steps a side (10 tokens in 6 ms
+# against 20 in 10), only with --min_steps 2: 0.833.
+trials_want='step_trace_trials.log: steps 5-10, mode 1 vs -1, decoding 4-5, measured 3/3, rate ratio 0.982'
+got=$(python3 "$OLDPWD/$tool" --trials step_trace_trials.log)
+[ "$got" = "$trials_want" ] || { echo "FAIL: --trials: $got"; exit 1; }
+got=$(python3 "$OLDPWD/$tool" --trials --min_steps 2 step_trace_trials.log | sed -n 2p)
+[ "$got" = 'step_trace_trials.log: steps 14-17, mode 0 vs -1, decoding 5-5, measured 2/2, rate ratio 0.833' ] ||
+  { echo "FAIL: --trials --min_steps 2: $got"; exit 1; }
+if python3 "$OLDPWD/$tool" --trials --min_steps 0 step_trace_trials.log 2>/dev/null; then
+  echo "FAIL: --min_steps 0 accepted"
+  exit 1
+fi
 echo PASS
