@@ -1637,17 +1637,20 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
   }
 }
 
-bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const {
+int64_t LlmEngine::CatchUpExcess(int64_t lag) const {
   const SpecOptions& so = options_.speculative;
-  return lag > 2 * static_cast<int64_t>(std::max(so.draft_upkeep_tokens, 0)) +
-                   so.num_speculative_tokens + 1;
+  const int64_t steady =
+      2 * static_cast<int64_t>(std::max(so.draft_upkeep_tokens, 0)) + so.num_speculative_tokens + 1;
+  return std::max<int64_t>(lag - steady, 0);
 }
+
+bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const { return CatchUpExcess(lag) > 0; }
 
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   std::vector<spec::DraftRequest> requests;
   int64_t lags = 0;
-  int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchesUpOnPrompt)
+  int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchUpExcess)
   for (const Sequence* seq : decodes) {
     // Feeding stops before the last known token (the next proposal feeds it for its logits).
     const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
@@ -1655,8 +1658,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step)
     if (lag < lag_min) continue;
     if (CatchesUpOnPrompt(lag)) {
       step->spec_prompt_catch_up = true;
-      excess += lag - (2 * static_cast<int64_t>(std::max(lag_min, int64_t{0})) +
-                       options_.speculative.num_speculative_tokens + 1);
+      excess += CatchUpExcess(lag);
     }
     lags += lag;
     spec::DraftRequest r;

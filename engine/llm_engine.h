@@ -531,6 +531,8 @@ class LlmEngine {
   // up on a whole prompt (Step::spec_prompt_catch_up), beyond what steady drafting or the upkeep
   // leaves behind (2 x draft_upkeep_tokens + k + 1).
   bool CatchesUpOnPrompt(int64_t lag) const;
+  // Of such a lag, the tokens beyond that bound (0 when within it).
+  int64_t CatchUpExcess(int64_t lag) const;
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
              int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.

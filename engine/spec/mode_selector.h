@@ -251,8 +251,9 @@ class DraftModeSelector {
     // deficit, and a challenger takes over only once compared this many times: one pair of
     // epochs is too noisy to set a long gap on, or to hand the bucket to.
     int min_comparisons = 3;  // >= 1
-    // Catch-up charge (above), and the drafting time (seconds, > 0) over which its figures decay
-    // (weight exp(-t / horizon) on what is t seconds of drafting steps old).
+    // Catch-up charge (above), and the step time (seconds, > 0) over which its figures decay
+    // (weight exp(-t / horizon) on what is t seconds of the bucket's steps old, counted while a
+    // drafting mode holds it).
     bool catch_up_charge = true;
     double catch_up_horizon_seconds = 30.0;
     // What a new bucket inherits of its neighbour's scores counts as this many comparisons (at

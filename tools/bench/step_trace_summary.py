@@ -32,12 +32,13 @@ def parse(line):
     return {k: float(v) for k, v in fields.items()}
 
 
-def summarise(path, skip, max_decoding, out):
-    steps = []
+def read_steps(path):
     with open(path) as f:
-        for line in f:
-            if MARK in line:
-                steps.append(parse(line))
+        return [parse(line) for line in f if MARK in line]
+
+
+def summarise(path, skip, max_decoding, out):
+    steps = read_steps(path)
     steps = steps[int(len(steps) * skip):]
     groups = collections.defaultdict(list)
     for s in steps:
@@ -73,11 +74,7 @@ def summarise(path, skip, max_decoding, out):
 
 
 def trials(path, min_steps, out):
-    steps = []
-    with open(path) as f:
-        for line in f:
-            if MARK in line:
-                steps.append(parse(line))
+    steps = read_steps(path)
     i = 0
     while i + 2 < len(steps):
         a, b = int(steps[i]["mode"]), int(steps[i + 1]["mode"])
