@@ -103,6 +103,10 @@ ABSL_FLAG(bool, spec_catch_up_charge, true,
 ABSL_FLAG(double, spec_inherit_weight, 1.0,
           "With --spec_select: how many trials' worth (in (0, 1]) a bucket of decoding-request "
           "counts first seen inherits of its neighbour's measurements, against its own.");
+ABSL_FLAG(bool, spec_weigh_cut_trials, true,
+          "With --spec_select: a trial cut short by the count of decoding requests leaving its "
+          "bucket weighs as the share of a whole trial's steps it ran; "
+          "--nospec_weigh_cut_trials: as a whole trial.");
 ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
           "request's previous draft was accepted whole as well as by match length (default: by "
@@ -225,6 +229,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         absl::StrCat("--spec_inherit_weight: expected a value in (0, 1], got ",
                      o.speculative.select_options.inherit_weight));
   }
+  o.speculative.select_options.weigh_cut_trials = absl::GetFlag(FLAGS_spec_weigh_cut_trials);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {

@@ -98,6 +98,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_inherit_weight, 1.0);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->speculative.select_options.weigh_cut_trials);
+  absl::SetFlag(&FLAGS_spec_weigh_cut_trials, false);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->speculative.select_options.weigh_cut_trials);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);

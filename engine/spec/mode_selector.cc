@@ -54,13 +54,13 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
 DraftModeSelector::DraftModeSelector(std::vector<int> lengths, const Options& options)
     : lengths_(std::move(lengths)), options_(options) {}
 
-void DraftModeSelector::Spread::Add(double x, double decay) {
-  weight = weight * decay + 1.0;
-  weight2 = weight2 * decay * decay + 1.0;
+void DraftModeSelector::Spread::Add(double x, double decay, double w) {
+  weight = weight * decay + w;
+  weight2 = weight2 * decay * decay + w * w;
   m2 *= decay;
   const double delta = x - mean;
-  mean += delta / weight;
-  m2 += delta * (x - mean);
+  mean += w * delta / weight;
+  m2 += w * delta * (x - mean);
 }
 
 double DraftModeSelector::Spread::MeanVariance(double prior_var) const {
@@ -112,7 +112,7 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
           }
         }
         // Each loser is compared here once more before a long gap is set on inherited data.
-        to.comparisons = std::min(from.comparisons, options_.min_comparisons - 1);
+        to.comparisons = std::min(from.comparisons, options_.min_comparisons - 1.0);
         to.has_prior = from.seq_steps > 0.0 || from.has_prior;
         to.prior_log_tps = Score(*near, static_cast<int>(m)) + from.cost;
         to.epoch_seconds = from.epoch_seconds;
@@ -170,11 +170,28 @@ void DraftModeSelector::Compare(BucketStats& bucket, int mode, double observed_c
   ++s.comparisons;
 }
 
-void DraftModeSelector::ComparePaired(BucketStats& bucket, int mode, double log_ratio) {
+void DraftModeSelector::ComparePaired(BucketStats& bucket, int mode, double log_ratio, double w) {
   ModeStats& s = bucket.modes[mode];
-  s.paired.Add(log_ratio, options_.cost_decay);
+  s.paired.Add(log_ratio, options_.cost_decay, w);
   s.weight = s.paired.weight;
-  ++s.comparisons;
+  s.comparisons += w;
+}
+
+double DraftModeSelector::TrialWeight() const {
+  if (!options_.weigh_cut_trials || EpochOver()) return 1.0;
+  // Cut short by the count leaving the bucket: the thinner side's share of a whole trial.
+  const int short_steps = std::min(options_.short_epoch_steps, options_.epoch_steps);
+  double w = 1.0;
+  for (const Side& side : side_) {
+    const double by_steps = static_cast<double>(side.rate_steps) / options_.epoch_steps;
+    const double by_short =
+        std::min(static_cast<double>(side.rate_steps) / short_steps,
+                 options_.short_epoch_sequence_steps > 0.0
+                     ? side.rate_seq_steps / options_.short_epoch_sequence_steps
+                     : 1.0);
+    w = std::min(w, std::max(by_steps, by_short));
+  }
+  return std::clamp(w, 0.0, 1.0);
 }
 
 void DraftModeSelector::MaybeSwitch(BucketStats& bucket) {
@@ -257,7 +274,7 @@ void DraftModeSelector::FinishEpoch() {
       const Side& theirs = side_[1];
       const double x = std::log(std::max(mine.rate_tokens, 1e-9) / mine.rate_seconds /
                                 (std::max(theirs.rate_tokens, 1e-9) / theirs.rate_seconds));
-      ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0));
+      ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0), TrialWeight());
       MaybeSwitch(bucket);
     }
   } else {

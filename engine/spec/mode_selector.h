@@ -196,6 +196,17 @@ namespace deepinfer::engine::spec {
 // k = 1 at 87% of the plan at 5-8 sequences (inherited from one sequence, where it is 70-80%)
 // after a trial there measured it level (issue 12, session 20).
 //
+// Trials cut short (`weigh_cut_trials`, default on). A trial that ends because the count left its
+// bucket (follow_bucket) before each side ran its steps is one observation of fewer steps, and a
+// few steps of one or two sequences are off by +-50%: it weighs as w = the share of a whole
+// trial's steps its thinner side ran in the bucket, max(steps / epoch_steps, min(steps /
+// short_epoch_steps, sequence-steps / short_epoch_sequence_steps)), at most 1, in the mode's
+// decayed mean and spread, and as w comparisons toward min_comparisons. Without it a
+// trial of 3 steps a side at 2 sequences, measuring no drafting 61% above a draft length of 4,
+// handed that bucket to no drafting (its inherited figures one comparison short of
+// min_comparisons): the node then ran 2 sequences at 0.97 tokens/ms where a node drafting one
+// token ran 1.50 (issue 12, session 21, draft model at 8 concurrent requests).
+//
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
 class DraftModeSelector {
@@ -259,6 +270,9 @@ class DraftModeSelector {
     // What a new bucket inherits of its neighbour's scores counts as this many comparisons (at
     // most; in (0, 1]) against the bucket's own: see "The first bucket" below.
     double inherit_weight = 1.0;
+    // A trial cut short by the count leaving its bucket weighs as the share of a whole trial's
+    // steps its thinner side ran (see "Trials cut short" above); false: as a whole trial.
+    bool weigh_cut_trials = true;
   };
 
   struct Choice {
@@ -320,7 +334,8 @@ class DraftModeSelector {
     double weight2 = 0.0;  // sum of squared weights (the mean's effective number: w^2 / w2)
     double mean = 0.0;
     double m2 = 0.0;  // sum of weight x (x - mean)^2
-    void Add(double x, double decay);
+    // One observation x of weight w (in (0, 1]).
+    void Add(double x, double decay, double w = 1.0);
     // Squared standard error of the mean, the variance blended with one pseudo-observation of
     // `prior_var`; prior_var when empty.
     double MeanVariance(double prior_var) const;
@@ -329,7 +344,7 @@ class DraftModeSelector {
   struct ModeStats {
     double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
     double weight = 0.0;     // decayed number of comparisons (0: never compared)
-    int comparisons = 0;     // undecayed
+    double comparisons = 0;  // undecayed; a trial counts as its weight (weigh_cut_trials)
     Spread cost_spread;      // of the comparisons (its mean shifts with rebasing; not used)
     Spread content_spread;   // of its epochs' log(tokens per sequence-step)
     Spread paired;           // interleave: its trials' log(rate / the incumbent's)
@@ -369,8 +384,11 @@ class DraftModeSelector {
   int Decide(int b);
   void FinishEpoch();
   void Compare(BucketStats& bucket, int mode, double observed_cost);
-  // Interleaved trials: one observation of `mode`'s log rate relative to the incumbent.
-  void ComparePaired(BucketStats& bucket, int mode, double log_ratio);
+  // Interleaved trials: one observation of `mode`'s log rate relative to the incumbent, of
+  // weight w in (0, 1] (weigh_cut_trials).
+  void ComparePaired(BucketStats& bucket, int mode, double log_ratio, double w);
+  // The weight of the trial now ending (weigh_cut_trials): 1 if it ran whole.
+  double TrialWeight() const;
   // Whether the epoch has run its steps and seconds (each side of a trial).
   bool EpochOver() const;
   void MaybeSwitch(BucketStats& bucket);

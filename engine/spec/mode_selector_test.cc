@@ -1032,6 +1032,77 @@ TEST(DraftModeSelectorTest, InheritWeightBoundsWhatANewBucketCarriesOver) {
   }
 }
 
+// A trial cut short by the count leaving its bucket weighs as the share of a whole trial its
+// thinner side ran (weigh_cut_trials): a trial of a step or two a side at 2 sequences (of 16),
+// measuring no drafting 70% faster, no longer hands a bucket whose inherited figures rate it at
+// 57% to no drafting; the short one unweighed did, and a whole trial (the count staying at 2)
+// measuring the same does.
+TEST(DraftModeSelectorTest, ATrialCutShortWeighsAsTheShareItRan) {
+  struct Case {
+    bool weigh;
+    int visit;  // steps at 2 sequences per visit
+    bool whole;
+  };
+  for (const Case& c : {Case{true, 7, false}, Case{false, 7, false}, Case{true, 1000, true}}) {
+    SCOPED_TRACE(testing::Message() << "weigh " << c.weigh << " visit " << c.visit);
+    Options o = Stepped(16, 1);
+    o.weigh_cut_trials = c.weigh;
+    o.freeze_below = 0.0;
+    o.prune_below = 0.0;
+    auto s = DraftModeSelector::Create({1, 0}, o);
+    ASSERT_TRUE(s.ok());
+    // One sequence: drafting (mode 0) at 175 tokens/s, no drafting at 100.
+    RunSteps(*s, 1, {175.0, 100.0}, 16 * 60);
+    ASSERT_EQ(s->Incumbent(1), 0);
+    const double inherited = std::log(s->Relative(1, 1));
+    ASSERT_NEAR(inherited, std::log(100.0 / 175.0), 1e-6);
+    // Two sequences: the bucket inherits mode 0 and its figures. Visits of c.visit steps, where
+    // no drafting emits 170 tokens/s against drafting's 100, alternate with 32 steps at one
+    // sequence (whose incumbent drafts: a trial of no drafting running then is cut short), until
+    // the first trial at 2 has ended.
+    int measured[2] = {0, 0};  // the trial's measured steps at 2, by mode
+    bool trial = false;
+    bool ended = false;
+    for (int visit = 0; visit < 50 && !ended; ++visit) {
+      for (int i = 0; i < c.visit && !ended; ++i) {
+        const DraftModeSelector::Choice ch = s->Choose(2);
+        if (trial && s->partner() < 0) ended = true;
+        if (s->partner() >= 0) {
+          trial = true;
+          if (ch.measured) ++measured[ch.mode];
+        }
+        s->Observe(2, ch.mode, ch.measured, (ch.mode == 0 ? 100.0 : 170.0) * 0.01, 0.01);
+      }
+      for (int i = 0; i < 32; ++i) {
+        const DraftModeSelector::Choice ch = s->Choose(1);
+        if (trial) ended = true;
+        s->Observe(1, ch.mode, ch.measured, (ch.mode == 0 ? 175.0 : 100.0) * 0.01, 0.01);
+      }
+    }
+    ASSERT_TRUE(ended);
+    const int thinner = std::min(measured[0], measured[1]);
+    ASSERT_GE(thinner, 1);
+    if (c.whole) {
+      EXPECT_EQ(thinner, 16);
+    } else {
+      EXPECT_LE(thinner, 3);
+    }
+    // One trial of weight w against the inherited figure (weight 1, decayed by cost_decay).
+    const double w = c.weigh ? thinner / 16.0 : 1.0;
+    const double d = o.cost_decay;
+    const double mean = (d * inherited + w * std::log(1.7)) / (d + w);
+    if (c.weigh && !c.whole) {
+      EXPECT_LT(mean, 0.0);
+      EXPECT_EQ(s->Incumbent(2), 0);
+      EXPECT_NEAR(s->Relative(2, 1), std::exp(mean), 1e-6);
+    } else {
+      EXPECT_GT(mean, o.switch_margin);
+      EXPECT_EQ(s->Incumbent(2), 1);
+      EXPECT_NEAR(s->Relative(2, 0), std::exp(-mean), 1e-6);
+    }
+  }
+}
+
 // No freezing while a drafting mode is within freeze_below of not drafting (the plan at 97% with
 // 0.95, which may draft where it pays), nor with freeze_below = 0. With the default (0.99) a plan
 // at 97% is a loser like any other: the bucket freezes.
