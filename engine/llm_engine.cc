@@ -61,6 +61,8 @@ struct LlmEngine::Sequence {
   int draft_match = 0;
   // What its last verified draft did (n-gram survival key; set when a verification lands).
   spec::DraftHistory draft_history = spec::DraftHistory::kNone;
+  // What its latest step left for the next one's drafts (the selector's carry-over correction).
+  spec::DraftModeSelector::StartState spec_state = spec::DraftModeSelector::kNone;
   std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
   std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
   OutputCallback on_output;
@@ -1369,6 +1371,7 @@ void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
   int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0;
   int64_t emitted_tokens = 0;
+  spec::DraftModeSelector::StepStates start_states;
   for (Planned& p : step.items) {
     Sequence* seq = p.seq;
     --seq->in_flight;
@@ -1416,6 +1419,15 @@ void LlmEngine::Process(Step& step) {
       kv_end -= verified - accepted;
       seq->scheduled_end -= verified - accepted;
       emitted = std::move(p.verify.tokens);
+    }
+    if (selector_.has_value() && !seq->prefill_only) {
+      using Selector = spec::DraftModeSelector;
+      const Selector::StartState end =
+          p.draft.empty() ? Selector::kNone
+                          : (p.verify.accepted == static_cast<int>(p.draft.size()) ? Selector::kClean
+                                                                                   : Selector::kDirty);
+      start_states.Add(seq->spec_state, p.draft.empty() ? 1.0 : 1.0 + p.verify.accepted, end);
+      seq->spec_state = end;
     }
     if (seq->prefill_only) {
       seq->computed = std::max(seq->computed, kv_end);
@@ -1591,7 +1603,7 @@ void LlmEngine::Process(Step& step) {
       double seconds = measured;
       if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
-                         seconds, step.spec_catch_up_seconds);
+                         seconds, step.spec_catch_up_seconds, &start_states);
       if (length == spec::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {

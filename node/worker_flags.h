@@ -53,6 +53,7 @@ ABSL_DECLARE_FLAG(bool, spec_trial_any_epoch);
 ABSL_DECLARE_FLAG(bool, spec_catch_up_charge);
 ABSL_DECLARE_FLAG(double, spec_inherit_weight);
 ABSL_DECLARE_FLAG(bool, spec_weigh_cut_trials);
+ABSL_DECLARE_FLAG(bool, spec_carry_over_correction);
 ABSL_DECLARE_FLAG(std::string, draft_model);
 ABSL_DECLARE_FLAG(int, draft_kv_blocks);
 

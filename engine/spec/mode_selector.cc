@@ -69,6 +69,12 @@ double DraftModeSelector::Spread::MeanVariance(double prior_var) const {
   return var * weight2 / (weight * weight);
 }
 
+void DraftModeSelector::StepStates::Add(StartState from, double emitted, StartState to) {
+  seqs[from] += 1.0;
+  tokens[from] += emitted;
+  ended[from][to] += 1.0;
+}
+
 int DraftModeSelector::Bucket(int decoding) {
   int b = 0;
   for (int cap = 1; cap < decoding && b < 30; cap *= 2) ++b;
@@ -116,6 +122,8 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         to.has_prior = from.seq_steps > 0.0 || from.has_prior;
         to.prior_log_tps = Score(*near, static_cast<int>(m)) + from.cost;
         to.epoch_seconds = from.epoch_seconds;
+        std::copy(&from.transitions[0][0], &from.transitions[0][0] + kStates * kStates,
+                  &to.transitions[0][0]);
       }
     }
     buckets_[b] = std::move(fresh);
@@ -175,6 +183,56 @@ void DraftModeSelector::ComparePaired(BucketStats& bucket, int mode, double log_
   s.paired.Add(log_ratio, options_.cost_decay, w);
   s.weight = s.paired.weight;
   s.comparisons += w;
+}
+
+double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& side) const {
+  // The mode's transitions between start states, row-normalised; a state never left yet takes
+  // the mean of the others' rows.
+  double p[kStates][kStates] = {};
+  double mean_row[kStates] = {};
+  bool known[kStates] = {};
+  int rows = 0;
+  for (int from = 0; from < kStates; ++from) {
+    double total = 0.0;
+    for (int to = 0; to < kStates; ++to) total += stats.transitions[from][to];
+    if (total <= 0.0) continue;
+    known[from] = true;
+    ++rows;
+    for (int to = 0; to < kStates; ++to) {
+      p[from][to] = stats.transitions[from][to] / total;
+      mean_row[to] += p[from][to];
+    }
+  }
+  if (rows == 0) return side.rate_tokens;
+  for (int from = 0; from < kStates; ++from) {
+    if (known[from]) continue;
+    for (int to = 0; to < kStates; ++to) p[from][to] = mean_row[to] / rows;
+  }
+  // Its stationary mix of start states (power iteration from the side's own mix).
+  double pi[kStates];
+  double seqs = 0.0;
+  for (int st = 0; st < kStates; ++st) seqs += side.states.seqs[st];
+  if (seqs <= 0.0) return side.rate_tokens;
+  for (int st = 0; st < kStates; ++st) pi[st] = side.states.seqs[st] / seqs;
+  for (int it = 0; it < 200; ++it) {
+    double next[kStates] = {};
+    for (int from = 0; from < kStates; ++from) {
+      for (int to = 0; to < kStates; ++to) next[to] += pi[from] * p[from][to];
+    }
+    std::copy(next, next + kStates, pi);
+  }
+  // Tokens per sequence-step from each state the side met, weighted by that mix.
+  double covered = 0.0;
+  double per_seq_step = 0.0;
+  for (int st = 0; st < kStates; ++st) {
+    if (side.states.seqs[st] <= 0.0) continue;
+    covered += pi[st];
+    per_seq_step += pi[st] * side.states.tokens[st] / side.states.seqs[st];
+  }
+  const double tokens = side.states.tokens[0] + side.states.tokens[1] + side.states.tokens[2];
+  if (covered < 0.9 || tokens <= 0.0) return side.rate_tokens;
+  // The side's tokens scaled by the re-weighted over the measured tokens per sequence-step.
+  return side.rate_tokens * (per_seq_step / covered) / (tokens / seqs);
 }
 
 double DraftModeSelector::TrialWeight() const {
@@ -263,6 +321,12 @@ void DraftModeSelector::FinishEpoch() {
     stats.seq_steps = stats.seq_steps * options_.content_decay + side.rate_seq_steps;
     stats.content_spread.Add(std::log(std::max(side.rate_tokens / side.rate_seq_steps, 1e-9)),
                              options_.content_decay);
+    for (int from = 0; from < kStates; ++from) {
+      for (int to = 0; to < kStates; ++to) {
+        stats.transitions[from][to] =
+            stats.transitions[from][to] * options_.content_decay + side.states.ended[from][to];
+      }
+    }
   }
   // Time per sequence-step, as tokens are counted: rate = (tokens / sequence-step) / (seconds /
   // sequence-step) exactly, whatever the number of decoding sequences in each epoch.
@@ -272,8 +336,14 @@ void DraftModeSelector::FinishEpoch() {
     if (partner_ >= 0 && partner_ == bucket.incumbent) {
       // The trial: both modes' rates over the same stretch of time and text.
       const Side& theirs = side_[1];
-      const double x = std::log(std::max(mine.rate_tokens, 1e-9) / mine.rate_seconds /
-                                (std::max(theirs.rate_tokens, 1e-9) / theirs.rate_seconds));
+      double mine_tokens = mine.rate_tokens;
+      double their_tokens = theirs.rate_tokens;
+      if (options_.carry_over_correction && lengths_[current_] != 0 && lengths_[partner_] != 0) {
+        mine_tokens = CorrectedTokens(bucket.modes[current_], mine);
+        their_tokens = CorrectedTokens(bucket.modes[partner_], theirs);
+      }
+      const double x = std::log(std::max(mine_tokens, 1e-9) / mine.rate_seconds /
+                                (std::max(their_tokens, 1e-9) / theirs.rate_seconds));
       ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0), TrialWeight());
       MaybeSwitch(bucket);
     }
@@ -512,7 +582,8 @@ void DraftModeSelector::StillWarming() {
 }
 
 void DraftModeSelector::Observe(int decoding, int mode, bool measured, double tokens,
-                                double seconds, double catch_up_seconds) {
+                                double seconds, double catch_up_seconds,
+                                const StepStates* states) {
   if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) || !(seconds > 0.0) ||
       !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
@@ -544,6 +615,13 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
     side->rate_seconds += seconds;
     ++side->rate_steps;
     side->rate_seq_steps += decoding;
+    if (states != nullptr) {
+      for (int from = 0; from < kStates; ++from) {
+        side->states.seqs[from] += states->seqs[from];
+        side->states.tokens[from] += states->tokens[from];
+        for (int to = 0; to < kStates; ++to) side->states.ended[from][to] += states->ended[from][to];
+      }
+    }
   }
 }
 
