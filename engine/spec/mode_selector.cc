@@ -186,33 +186,35 @@ void DraftModeSelector::ComparePaired(BucketStats& bucket, int mode, double log_
 }
 
 double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& side) const {
-  // The mode's transitions between start states, row-normalised; a state never left yet takes
-  // the mean of the others' rows.
-  double p[kStates][kStates] = {};
-  double mean_row[kStates] = {};
-  bool known[kStates] = {};
-  int rows = 0;
+  // The mode's transitions between start states, each row with kStatePrior pseudo-counts spread
+  // as the mode's ends overall: a state seen a few times (twice, say, both times ending where it
+  // began) is not taken for an absorbing one, and a state never left takes the overall mix.
+  double ends[kStates] = {};
+  double all = 0.0;
   for (int from = 0; from < kStates; ++from) {
-    double total = 0.0;
-    for (int to = 0; to < kStates; ++to) total += stats.transitions[from][to];
-    if (total <= 0.0) continue;
-    known[from] = true;
-    ++rows;
     for (int to = 0; to < kStates; ++to) {
-      p[from][to] = stats.transitions[from][to] / total;
-      mean_row[to] += p[from][to];
+      ends[to] += stats.transitions[from][to];
+      all += stats.transitions[from][to];
     }
   }
-  if (rows == 0) return side.rate_tokens;
+  if (all <= 0.0) return side.rate_tokens;
+  double p[kStates][kStates];
   for (int from = 0; from < kStates; ++from) {
-    if (known[from]) continue;
-    for (int to = 0; to < kStates; ++to) p[from][to] = mean_row[to] / rows;
+    double total = kStatePrior;
+    for (int to = 0; to < kStates; ++to) total += stats.transitions[from][to];
+    for (int to = 0; to < kStates; ++to) {
+      p[from][to] = (stats.transitions[from][to] + kStatePrior * ends[to] / all) / total;
+    }
   }
   // Its stationary mix of start states (power iteration from the side's own mix).
-  double pi[kStates];
   double seqs = 0.0;
-  for (int st = 0; st < kStates; ++st) seqs += side.states.seqs[st];
-  if (seqs <= 0.0) return side.rate_tokens;
+  double tokens = 0.0;
+  for (int st = 0; st < kStates; ++st) {
+    seqs += side.states.seqs[st];
+    tokens += side.states.tokens[st];
+  }
+  if (seqs <= 0.0 || tokens <= 0.0) return side.rate_tokens;
+  double pi[kStates];
   for (int st = 0; st < kStates; ++st) pi[st] = side.states.seqs[st] / seqs;
   for (int it = 0; it < 200; ++it) {
     double next[kStates] = {};
@@ -229,8 +231,7 @@ double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& si
     covered += pi[st];
     per_seq_step += pi[st] * side.states.tokens[st] / side.states.seqs[st];
   }
-  const double tokens = side.states.tokens[0] + side.states.tokens[1] + side.states.tokens[2];
-  if (covered < 0.9 || tokens <= 0.0) return side.rate_tokens;
+  if (covered < 0.9) return side.rate_tokens;
   // The side's tokens scaled by the re-weighted over the measured tokens per sequence-step.
   return side.rate_tokens * (per_seq_step / covered) / (tokens / seqs);
 }

@@ -221,9 +221,11 @@ namespace deepinfer::engine::spec {
 // selector keeps the transitions between states (decayed, content_decay per epoch), and a trial
 // between two drafting modes compares each side's tokens per sequence-step re-weighted to the
 // mix of start states its own mode settles into (the stationary distribution of its
-// transitions): sum over states s of pi(s) x (the side's tokens per sequence-step from s), over
-// the states the side met, when they hold at least 90% of pi (else unchanged). No drafting
-// emits one token per step from any state and is left as measured.
+// transitions, each row with two pseudo-counts spread as the mode's ends overall, so that a state
+// seen twice is not taken for an absorbing one): sum over states s of pi(s) x (the side's tokens
+// per sequence-step from s), over the states the side met, when they hold at least 90% of pi
+// (else unchanged). No drafting emits one token per step from any state and is left as
+// measured.
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
@@ -377,6 +379,8 @@ class DraftModeSelector {
     double MeanVariance(double prior_var) const;
   };
   static constexpr double kEpochTimeWeight = 0.3;
+  // Pseudo-counts per row of a mode's transitions between start states (CorrectedTokens).
+  static constexpr double kStatePrior = 2.0;
   struct ModeStats {
     double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
     double weight = 0.0;     // decayed number of comparisons (0: never compared)
