@@ -1423,9 +1423,10 @@ void LlmEngine::Process(Step& step) {
     if (selector_.has_value() && !seq->prefill_only) {
       using Selector = spec::DraftModeSelector;
       const Selector::StartState end =
-          p.draft.empty() ? Selector::kNone
-                          : (p.verify.accepted == static_cast<int>(p.draft.size()) ? Selector::kClean
-                                                                                   : Selector::kDirty);
+          p.draft.empty()
+              ? Selector::kNone
+              : (p.verify.accepted == static_cast<int>(p.draft.size()) ? Selector::kClean
+                                                                       : Selector::kDirty);
       start_states.Add(seq->spec_state, p.draft.empty() ? 1.0 : 1.0 + p.verify.accepted, end);
       seq->spec_state = end;
     }

@@ -243,11 +243,10 @@ double DraftModeSelector::TrialWeight() const {
   double w = 1.0;
   for (const Side& side : side_) {
     const double by_steps = static_cast<double>(side.rate_steps) / options_.epoch_steps;
-    const double by_short =
-        std::min(static_cast<double>(side.rate_steps) / short_steps,
-                 options_.short_epoch_sequence_steps > 0.0
-                     ? side.rate_seq_steps / options_.short_epoch_sequence_steps
-                     : 1.0);
+    const double by_short = std::min(static_cast<double>(side.rate_steps) / short_steps,
+                                     options_.short_epoch_sequence_steps > 0.0
+                                         ? side.rate_seq_steps / options_.short_epoch_sequence_steps
+                                         : 1.0);
     w = std::min(w, std::max(by_steps, by_short));
   }
   return std::clamp(w, 0.0, 1.0);
@@ -583,8 +582,7 @@ void DraftModeSelector::StillWarming() {
 }
 
 void DraftModeSelector::Observe(int decoding, int mode, bool measured, double tokens,
-                                double seconds, double catch_up_seconds,
-                                const StepStates* states) {
+                                double seconds, double catch_up_seconds, const StepStates* states) {
   if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) || !(seconds > 0.0) ||
       !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
@@ -620,7 +618,8 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
       for (int from = 0; from < kStates; ++from) {
         side->states.seqs[from] += states->seqs[from];
         side->states.tokens[from] += states->tokens[from];
-        for (int to = 0; to < kStates; ++to) side->states.ended[from][to] += states->ended[from][to];
+        for (int to = 0; to < kStates; ++to)
+          side->states.ended[from][to] += states->ended[from][to];
       }
     }
   }
