@@ -124,6 +124,8 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         to.epoch_seconds = from.epoch_seconds;
         std::copy(&from.transitions[0][0], &from.transitions[0][0] + kStates * kStates,
                   &to.transitions[0][0]);
+        std::copy(from.state_seqs, from.state_seqs + kStates, to.state_seqs);
+        std::copy(from.state_tokens, from.state_tokens + kStates, to.state_tokens);
       }
     }
     buckets_[b] = std::move(fresh);
@@ -197,7 +199,9 @@ double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& si
       all += stats.transitions[from][to];
     }
   }
-  if (all <= 0.0) return side.rate_tokens;
+  double seqs = 0.0;
+  for (int st = 0; st < kStates; ++st) seqs += side.states.seqs[st];
+  if (all <= 0.0 || seqs <= 0.0) return side.rate_tokens;
   double p[kStates][kStates];
   for (int from = 0; from < kStates; ++from) {
     double total = kStatePrior;
@@ -207,13 +211,6 @@ double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& si
     }
   }
   // Its stationary mix of start states (power iteration from the side's own mix).
-  double seqs = 0.0;
-  double tokens = 0.0;
-  for (int st = 0; st < kStates; ++st) {
-    seqs += side.states.seqs[st];
-    tokens += side.states.tokens[st];
-  }
-  if (seqs <= 0.0 || tokens <= 0.0) return side.rate_tokens;
   double pi[kStates];
   for (int st = 0; st < kStates; ++st) pi[st] = side.states.seqs[st] / seqs;
   for (int it = 0; it < 200; ++it) {
@@ -223,17 +220,21 @@ double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& si
     }
     std::copy(next, next + kStates, pi);
   }
-  // Tokens per sequence-step from each state the side met, weighted by that mix.
-  double covered = 0.0;
-  double per_seq_step = 0.0;
+  // The mode's tokens per sequence-step from each state over its recent epochs, weighted by
+  // that mix against the side's own: the side's tokens scaled by the ratio. States the mode was
+  // seen in fewer than kStateMinSeqs times are left out of both; each mix must keep 90%.
+  double own = 0.0, own_weight = 0.0, met = 0.0, met_weight = 0.0;
   for (int st = 0; st < kStates; ++st) {
-    if (side.states.seqs[st] <= 0.0) continue;
-    covered += pi[st];
-    per_seq_step += pi[st] * side.states.tokens[st] / side.states.seqs[st];
+    if (stats.state_seqs[st] < kStateMinSeqs) continue;
+    const double per = stats.state_tokens[st] / stats.state_seqs[st];
+    own += pi[st] * per;
+    own_weight += pi[st];
+    const double mix = side.states.seqs[st] / seqs;
+    met += mix * per;
+    met_weight += mix;
   }
-  if (covered < 0.9) return side.rate_tokens;
-  // The side's tokens scaled by the re-weighted over the measured tokens per sequence-step.
-  return side.rate_tokens * (per_seq_step / covered) / (tokens / seqs);
+  if (own_weight < 0.9 || met_weight < 0.9 || own <= 0.0 || met <= 0.0) return side.rate_tokens;
+  return side.rate_tokens * (own / own_weight) / (met / met_weight);
 }
 
 double DraftModeSelector::TrialWeight() const {
@@ -326,6 +327,10 @@ void DraftModeSelector::FinishEpoch() {
         stats.transitions[from][to] =
             stats.transitions[from][to] * options_.content_decay + side.states.ended[from][to];
       }
+      stats.state_seqs[from] =
+          stats.state_seqs[from] * options_.content_decay + side.states.seqs[from];
+      stats.state_tokens[from] =
+          stats.state_tokens[from] * options_.content_decay + side.states.tokens[from];
     }
   }
   // Time per sequence-step, as tokens are counted: rate = (tokens / sequence-step) / (seconds /
@@ -338,7 +343,7 @@ void DraftModeSelector::FinishEpoch() {
       const Side& theirs = side_[1];
       double mine_tokens = mine.rate_tokens;
       double their_tokens = theirs.rate_tokens;
-      if (options_.carry_over_correction && lengths_[current_] != 0 && lengths_[partner_] != 0) {
+      if (options_.carry_over_correction) {
         mine_tokens = CorrectedTokens(bucket.modes[current_], mine);
         their_tokens = CorrectedTokens(bucket.modes[partner_], theirs);
       }

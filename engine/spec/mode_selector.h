@@ -218,14 +218,17 @@ namespace deepinfer::engine::spec {
 // = 1 ran 4% faster on its own, and the selector gave k = 2 the bucket. So the engine reports
 // each step's sequences by start state (clean, dirty, or none: no drafts in the previous step)
 // with the tokens they emitted and the state each ended in (StepStates); per bucket and mode the
-// selector keeps the transitions between states (decayed, content_decay per epoch), and a trial
-// between two drafting modes compares each side's tokens per sequence-step re-weighted to the
-// mix of start states its own mode settles into (the stationary distribution of its
-// transitions, each row with two pseudo-counts spread as the mode's ends overall, so that a state
-// seen twice is not taken for an absorbing one): sum over states s of pi(s) x (the side's tokens
-// per sequence-step from s), over the states the side met, when they hold at least 90% of pi
-// (else unchanged). No drafting emits one token per step from any state and is left as
-// measured.
+// selector keeps the transitions between states and the tokens per sequence-step from each state
+// (decayed, content_decay per epoch), and scores each side of a trial by its measured tokens
+// scaled by (its mode's tokens per sequence-step over the mode's own stationary mix of start
+// states) / (the same over the mix the side met): the stationary mix of its transitions, each
+// row with two pseudo-counts spread as the mode's ends overall (a state seen twice is not taken
+// for an absorbing one), over the states seen at least 8 times, which must hold 90% of both
+// mixes (else unchanged). No drafting emits one token per step from any state: its factor is 1.
+// The same holds a drafting mode's steps after no drafting's (they start from "none": at 17-32
+// sequences a draft model's k = 1 emitted 8% fewer tokens per sequence after a step of no
+// drafting than after its own, so trials rated it 1-2% from no drafting where it ran 5% faster on
+// its own, and the bucket passed between them, each pass paying a catch-up; issue 12, session 21).
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
@@ -293,8 +296,8 @@ class DraftModeSelector {
     // A trial cut short by the count leaving its bucket weighs as the share of a whole trial's
     // steps its thinner side ran (see "Trials cut short" above); false: as a whole trial.
     bool weigh_cut_trials = true;
-    // Trials between drafting modes re-weight each side to its own mix of start states (see
-    // "Carry-over correction" above); false: as measured.
+    // Trials re-weight each side to its own mode's mix of start states (see "Carry-over
+    // correction" above); false: as measured.
     bool carry_over_correction = true;
   };
 
@@ -381,6 +384,8 @@ class DraftModeSelector {
   static constexpr double kEpochTimeWeight = 0.3;
   // Pseudo-counts per row of a mode's transitions between start states (CorrectedTokens).
   static constexpr double kStatePrior = 2.0;
+  // Sequence-steps from a start state before its tokens per sequence-step count (CorrectedTokens).
+  static constexpr double kStateMinSeqs = 8.0;
   struct ModeStats {
     double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
     double weight = 0.0;     // decayed number of comparisons (0: never compared)
@@ -398,8 +403,11 @@ class DraftModeSelector {
     // Mean wall time of its epochs begun in this bucket (every step of the epoch's mode, warm-up
     // included; weight kEpochTimeWeight on the newest), 0 before the first.
     double epoch_seconds = 0.0;
-    // Its sequences' transitions between start states (content_decay per epoch).
+    // Its sequences' transitions between start states, and their sequence-steps and tokens by
+    // start state (content_decay per epoch).
     double transitions[kStates][kStates] = {};
+    double state_seqs[kStates] = {};
+    double state_tokens[kStates] = {};
   };
   struct BucketStats {
     std::vector<ModeStats> modes;
