@@ -107,10 +107,9 @@ ABSL_FLAG(bool, spec_weigh_cut_trials, true,
           "With --spec_select: a trial cut short by the count of decoding requests leaving its "
           "bucket weighs as the share of a whole trial's steps it ran; "
           "--nospec_weigh_cut_trials: as a whole trial.");
-ABSL_FLAG(bool, spec_carry_over_correction, true,
-          "With --spec_select: a trial between two drafting modes re-weights each side to the mix "
-          "of start states (after accepted or rejected drafts) its own mode settles into; "
-          "--nospec_carry_over_correction: as measured.");
+ABSL_FLAG(bool, spec_carry_over_correction, false,
+          "With --spec_select: a trial re-weights each side to the mix of start states (after "
+          "accepted, rejected or no drafts) its own mode settles into (default: as measured).");
 ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
           "request's previous draft was accepted whole as well as by match length (default: by "

@@ -103,11 +103,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.weigh_cut_trials);
-  EXPECT_TRUE(o->speculative.select_options.carry_over_correction);
-  absl::SetFlag(&FLAGS_spec_carry_over_correction, false);
+  EXPECT_FALSE(o->speculative.select_options.carry_over_correction);
+  absl::SetFlag(&FLAGS_spec_carry_over_correction, true);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_FALSE(o->speculative.select_options.carry_over_correction);
+  EXPECT_TRUE(o->speculative.select_options.carry_over_correction);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);

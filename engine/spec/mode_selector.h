@@ -207,7 +207,7 @@ namespace deepinfer::engine::spec {
 // min_comparisons): the node then ran 2 sequences at 0.97 tokens/ms where a node drafting one
 // token ran 1.50 (issue 12, session 21, draft model at 8 concurrent requests).
 //
-// Carry-over correction (`carry_over_correction`, default on). Where a step starts decides much
+// Carry-over correction (`carry_over_correction`, default off). Where a step starts decides much
 // of what it emits: a draft model's next draft is accepted far more often after a step whose
 // drafts were all accepted (*clean*) than after one that rejected one (*dirty*): measured at one
 // sequence, 0.85 against 0.56 drafts of one accepted, 1.41 against 1.04 of two, 2.92 against 1.46
@@ -229,6 +229,13 @@ namespace deepinfer::engine::spec {
 // sequences a draft model's k = 1 emitted 8% fewer tokens per sequence after a step of no
 // drafting than after its own, so trials rated it 1-2% from no drafting where it ran 5% faster on
 // its own, and the bucket passed between them, each pass paying a catch-up; issue 12, session 21).
+// Off by default: measured live (issue 12, session 21, both drafters at 1, 8 and 32 concurrent
+// requests, each adaptive node beside one without it in the same rounds) it changed a draft
+// model's node by -2% to +2% (within the rounds' spread) and cost an n-gram node 11% at 32
+// requests (its trials then rated short drafts higher: 2.9 tokens a step against 4.6): a step
+// carries over more than its start state (a dirty start after a long draft, rejected past the
+// first position, is a better start than one after a single rejected draft: 1.67 against 1.56
+// tokens for a draft model's next k = 1 step), which the re-weighting takes for the state's.
 //
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
@@ -298,7 +305,7 @@ class DraftModeSelector {
     bool weigh_cut_trials = true;
     // Trials re-weight each side to its own mode's mix of start states (see "Carry-over
     // correction" above); false: as measured.
-    bool carry_over_correction = true;
+    bool carry_over_correction = false;
   };
 
   // A decoding sequence's state at the start of a step: what its previous step left (see
