@@ -86,6 +86,9 @@ ABSL_FLAG(int32_t, spec_freeze_epochs, 512,
           "With --spec_freeze_below: a frozen bucket re-measures its drafting modes once every "
           "this many of its epochs (each round first catches the draft model up on what it "
           "missed).");
+ABSL_FLAG(int32_t, spec_min_gap_epochs, 4,
+          "With --spec_select: the fewest epochs of a bucket of decoding-request counts between "
+          "two trials of one losing mode, however close it measured (at most 128).");
 ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
@@ -236,6 +239,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.select_options.carry_over_correction =
       absl::GetFlag(FLAGS_spec_carry_over_correction);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
+  o.speculative.select_options.min_gap_epochs = absl::GetFlag(FLAGS_spec_min_gap_epochs);
+  if (o.speculative.select_options.min_gap_epochs < 1 ||
+      o.speculative.select_options.min_gap_epochs > o.speculative.select_options.max_gap_epochs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec_min_gap_epochs: expected 1..", o.speculative.select_options.max_gap_epochs,
+        ", got ", o.speculative.select_options.min_gap_epochs));
+  }
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {
     return absl::InvalidArgumentError(
