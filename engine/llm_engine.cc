@@ -1371,6 +1371,9 @@ void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
   int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0;
   int64_t emitted_tokens = 0;
+  // Start states only matter to the selector's carry-over correction (off by default).
+  const bool track_states =
+      selector_.has_value() && options_.speculative.select_options.carry_over_correction;
   spec::DraftModeSelector::StepStates start_states;
   for (Planned& p : step.items) {
     Sequence* seq = p.seq;
@@ -1420,7 +1423,7 @@ void LlmEngine::Process(Step& step) {
       seq->scheduled_end -= verified - accepted;
       emitted = std::move(p.verify.tokens);
     }
-    if (selector_.has_value() && !seq->prefill_only) {
+    if (track_states && !seq->prefill_only) {
       using Selector = spec::DraftModeSelector;
       const Selector::StartState end =
           p.draft.empty()
@@ -1604,7 +1607,8 @@ void LlmEngine::Process(Step& step) {
       double seconds = measured;
       if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
-                         seconds, step.spec_catch_up_seconds, &start_states);
+                         seconds, step.spec_catch_up_seconds,
+                         track_states ? &start_states : nullptr);
       if (length == spec::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {
