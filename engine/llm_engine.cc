@@ -246,6 +246,9 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       spec::CalibrationOptions co;
       co.positions.max_positions = so.num_speculative_tokens;
       engine->calibration_ = std::make_unique<spec::DraftCalibration>(co);
+      if (so.draft_model_history) {
+        engine->calibration_accepted_ = std::make_unique<spec::DraftCalibration>(co);
+      }
     }
     if (so.adaptive) {
       absl::Status profiled = absl::OkStatus();
@@ -1031,7 +1034,9 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   bool drafts = true;
   if (calibration_ != nullptr) {
     std::vector<std::vector<double>> priors(decodes.size());
-    for (size_t i = 0; i < decodes.size(); ++i) calibration_->PositionPrior(caps[i], &priors[i]);
+    for (size_t i = 0; i < decodes.size(); ++i) {
+      CalibrationFor(decodes[i]->draft_history)->PositionPrior(caps[i], &priors[i]);
+    }
     absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     if (length.ok() && length->adaptive) {
@@ -1370,6 +1375,7 @@ void LlmEngine::ExecutorLoop() {
 void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
   int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0;
+  int64_t calibrated_after_accepted = 0, calibrated_other = 0;
   int64_t emitted_tokens = 0;
   // Start states only matter to the selector's carry-over correction (off by default).
   const bool track_states =
@@ -1409,13 +1415,16 @@ void LlmEngine::Process(Step& step) {
       proposal.tokens = p.draft;
       proposal.match_length = p.draft_match;
       if (calibration_ != nullptr) {
-        calibration_->Observe(p.draft_confidence, verified, accepted);
+        spec::DraftCalibration* calibration = CalibrationFor(p.draft_history);
+        calibration->Observe(p.draft_confidence, verified, accepted);
+        ++(calibration == calibration_accepted_.get() ? calibrated_after_accepted
+                                                      : calibrated_other);
         proposal.confidence = p.draft_confidence;
       } else {
         survival_->Observe(p.draft_match, p.draft_history, verified, accepted);
       }
       drafter_->OnVerified(static_cast<int64_t>(seq->id), proposal, verified, accepted);
-      if (options_.speculative.ngram_history) {
+      if (options_.speculative.ngram_history || calibration_accepted_ != nullptr) {
         seq->draft_history = spec::NgramSurvivalStats::After(verified, accepted);
       }
       // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
@@ -1566,6 +1575,8 @@ void LlmEngine::Process(Step& step) {
   stats_.spec_steps += spec_steps;
   stats_.spec_verified_tokens += spec_verified;
   stats_.spec_accepted_tokens += spec_accepted;
+  stats_.spec_calibrated_after_accepted += calibrated_after_accepted;
+  stats_.spec_calibrated_other += calibrated_other;
   if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
     // The step's period (Schedule through this point) is modelled as s x T(tokens) (the target's
     // forward pass: the cost table scaled by how much slower it runs in service) + drafting + E.
@@ -1733,7 +1744,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // step, chosen before drafting from the prior rows and the target's and the draft's costs.
     std::vector<std::vector<double>> priors(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) {
-      calibration_->PositionPrior(caps[i], &priors[i]);
+      CalibrationFor(decodes[i]->draft_history)->PositionPrior(caps[i], &priors[i]);
     }
     absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
@@ -1809,7 +1820,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (keep_threshold >= 0.0) {
       // a_j = prod_{i<=j} c(confidence_i): the first token is always drafted (the catch-up
       // round that computes it is paid once drafting is on), later ones while a_j is worth it.
-      const spec::DraftCalibration* calibration = calibration_.get();
+      const spec::DraftCalibration* calibration = CalibrationFor(seq->draft_history);
       r.keep_drafting = [calibration, keep_threshold, survival = 1.0](int position,
                                                                       float confidence) mutable {
         survival *= calibration->Conditional(confidence);
@@ -1900,9 +1911,10 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       if (calibration_ != nullptr) {
         // Prior from per-position rates sizes B; the current row (confidences known before
         // each token was chosen) hands out the slots.
-        calibration_->PositionPrior(verify_len[i], &candidates[i].prior);
+        const spec::DraftCalibration* calibration = CalibrationFor(seq->draft_history);
+        calibration->PositionPrior(verify_len[i], &candidates[i].prior);
         if (seq->draft_confidence.size() == static_cast<size_t>(verify_len[i])) {
-          calibration_->Survival(seq->draft_confidence, &candidates[i].current);
+          calibration->Survival(seq->draft_confidence, &candidates[i].current);
         }
       } else {
         survival_->Survival(seq->draft_match, seq->draft_history, verify_len[i],

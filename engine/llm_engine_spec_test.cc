@@ -621,6 +621,50 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   }
 }
 
+// A draft model's confidences are calibrated apart for sequences whose previous verified draft
+// was accepted whole and for the others (SpecOptions::draft_model_history): every verification
+// lands in exactly one of the two; with the target's own weights as the draft (every draft
+// accepted) only each sequence's first lands in the other one, and with a draft that is never
+// accepted (llama_tied on these prompts) all do. Without the option one calibration takes them
+// all. Outputs never change.
+TEST(SpecEngineDraftModelTest, DraftCalibrationIsKeptApartByWhatThePreviousDraftDid) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 61);
+  const auto reqs = GreedyRequests(prompts, 16);
+  const auto n = static_cast<int64_t>(reqs.size());
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+  for (const char* draft : {kLlama, "engine/testdata/models/llama_tied"}) {
+    for (bool history : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << draft << " history " << history);
+      // The other draft drafts one token a step at a fixed length (an adaptive plan soon stops
+      // drafting with it); a selector's fixed modes feed the calibrations the same way.
+      const bool same = std::string(draft) == kLlama;
+      EngineOptions o = WithDraftModel(BaseOptions(), draft, same ? 3 : 1, /*adaptive=*/same);
+      o.speculative.cost_table = &cheap;
+      o.speculative.draft_model_history = history;
+      const RunResult got = RunAll(model.get(), o, reqs);
+      for (const EngineRequest& r : reqs) {
+        EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
+            << r.request_id;
+      }
+      const EngineStats& st = got.stats;
+      ASSERT_GT(st.spec_steps, n);
+      EXPECT_EQ(st.spec_calibrated_after_accepted + st.spec_calibrated_other, st.spec_steps);
+      if (same) {
+        ASSERT_EQ(st.spec_accepted_tokens, st.spec_verified_tokens);
+      } else {
+        ASSERT_EQ(st.spec_accepted_tokens, 0);
+      }
+      if (history && same) {
+        EXPECT_EQ(st.spec_calibrated_other, n);  // each sequence's first draft
+      } else {
+        EXPECT_EQ(st.spec_calibrated_after_accepted, 0);
+      }
+    }
+  }
+}
+
 // A node that prefills locally runs prompt chunks beside its decodes; such a step's period is
 // mostly the prompt's, so the selector leaves it out of its measurements (counted in
 // spec_select_prompt_steps). A lone request's prompt never runs beside a decode: none there.

@@ -117,6 +117,10 @@ ABSL_FLAG(bool, spec_ngram_history, false,
           "With --spec_adaptive and n-gram drafts: key the acceptance estimates by whether the "
           "request's previous draft was accepted whole as well as by match length (default: by "
           "match length alone).");
+ABSL_FLAG(bool, spec_draft_model_history, false,
+          "With --spec_adaptive and a draft model: calibrate the draft's confidences apart for "
+          "requests whose previous draft was accepted whole and for the others (default: one "
+          "calibration).");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "
@@ -253,6 +257,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
                      o.speculative.select_options.freeze_epochs));
   }
   o.speculative.ngram_history = absl::GetFlag(FLAGS_spec_ngram_history);
+  o.speculative.draft_model_history = absl::GetFlag(FLAGS_spec_draft_model_history);
   o.speculative.select_options.trial_stop_below = absl::GetFlag(FLAGS_spec_trial_stop_below);
   o.speculative.select_options.trial_stop_sequence_steps =
       absl::GetFlag(FLAGS_spec_trial_stop_sequence_steps);

@@ -47,6 +47,7 @@ ABSL_DECLARE_FLAG(double, spec_freeze_below);
 ABSL_DECLARE_FLAG(int32_t, spec_freeze_epochs);
 ABSL_DECLARE_FLAG(int32_t, spec_min_gap_epochs);
 ABSL_DECLARE_FLAG(bool, spec_ngram_history);
+ABSL_DECLARE_FLAG(bool, spec_draft_model_history);
 ABSL_DECLARE_FLAG(double, spec_trial_stop_below);
 ABSL_DECLARE_FLAG(double, spec_trial_stop_sequence_steps);
 ABSL_DECLARE_FLAG(int32_t, spec_trial_run_steps);

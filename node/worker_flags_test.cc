@@ -115,10 +115,12 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
   EXPECT_FALSE(o->speculative.ngram_history);
+  EXPECT_FALSE(o->speculative.draft_model_history);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 1);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
+  absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
@@ -129,6 +131,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 16);
   EXPECT_TRUE(o->speculative.ngram_history);
+  EXPECT_TRUE(o->speculative.draft_model_history);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
