@@ -89,6 +89,9 @@ ABSL_FLAG(int32_t, spec_freeze_epochs, 512,
 ABSL_FLAG(int32_t, spec_min_gap_epochs, 4,
           "With --spec_select: the fewest epochs of a bucket of decoding-request counts between "
           "two trials of one losing mode, however close it measured (at most 128).");
+ABSL_FLAG(double, spec_cost_decay, 0.7,
+          "With --spec_select: the weight of a mode's older trials in its score, in [0, 1): "
+          "higher averages more trials (less noise, slower to follow a change).");
 ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
@@ -249,6 +252,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
     return absl::InvalidArgumentError(absl::StrCat(
         "--spec_min_gap_epochs: expected 1..", o.speculative.select_options.max_gap_epochs,
         ", got ", o.speculative.select_options.min_gap_epochs));
+  }
+  o.speculative.select_options.cost_decay = absl::GetFlag(FLAGS_spec_cost_decay);
+  if (!(o.speculative.select_options.cost_decay >= 0.0 &&
+        o.speculative.select_options.cost_decay < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec_cost_decay: expected [0, 1), got ",
+                                                   o.speculative.select_options.cost_decay));
   }
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {
