@@ -89,7 +89,7 @@ ABSL_FLAG(int32_t, spec_freeze_epochs, 512,
 ABSL_FLAG(int32_t, spec_min_gap_epochs, 4,
           "With --spec_select: the fewest epochs of a bucket of decoding-request counts between "
           "two trials of one losing mode, however close it measured (at most 128).");
-ABSL_FLAG(double, spec_cost_decay, 0.7,
+ABSL_FLAG(double, spec_cost_decay, 0.9,
           "With --spec_select: the weight of a mode's older trials in its score, in [0, 1): "
           "higher averages more trials (less noise, slower to follow a change).");
 ABSL_FLAG(bool, spec_interleave, true,

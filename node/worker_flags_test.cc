@@ -126,13 +126,13 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
   absl::SetFlag(&FLAGS_spec_min_gap_epochs, 16);
-  absl::SetFlag(&FLAGS_spec_cost_decay, 0.9);
+  absl::SetFlag(&FLAGS_spec_cost_decay, 0.7);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 16);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_TRUE(o->speculative.draft_model_history);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);

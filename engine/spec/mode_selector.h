@@ -255,7 +255,7 @@ class DraftModeSelector {
     double short_epoch_sequence_steps = 128.0;  // >= 0
     int warmup_steps = 2;                       // >= 0
     int max_warmup_steps = 16;                  // >= warmup_steps: with StillWarming
-    double cost_decay = 0.7;                    // in [0, 1)
+    double cost_decay = 0.9;                    // in [0, 1)
     double content_decay = 0.95;                // in [0, 1)
     double switch_margin = 0.01;                // >= 0
     // Uncertainty and pruning (see above): standard errors in a switch's pessimistic score and a

@@ -698,6 +698,9 @@ TEST(DraftModeSelectorTest, ABucketOnlyPassedThroughMeasuresItsModes) {
     SCOPED_TRACE(any_epoch ? "any epoch" : "after an epoch of the bucket");
     Options o = Stepped(4, 1);
     o.trial_any_epoch = any_epoch;
+    // As designed (session 18): at the default 0.9 the inherited figure fades more slowly and the
+    // visits of this run are too few to hand the bucket over.
+    o.cost_decay = 0.7;
     o.freeze_below = 0.0;
     auto s = DraftModeSelector::Create({0, 1}, o);
     ASSERT_TRUE(s.ok());
@@ -1092,12 +1095,13 @@ TEST(DraftModeSelectorTest, CatchUpsOfMeasuredOrNonDraftingStepsAreNotCharged) {
 
 // Interleaved trials: a new bucket inherits its neighbour's scores (mode 1 at 70% of the plan at
 // one sequence) where mode 1 is in fact level with the plan (at 8). After the bucket's first own
-// trial of it, the inherited figure still weighs 0.7 against the trial's 1 with inherit_weight 1
+// trial of it, the inherited figure still weighs 0.7 (cost_decay 0.7) against the trial's 1 with inherit_weight 1
 // (87%), 0.07 with 0.1 (98%).
 TEST(DraftModeSelectorTest, InheritWeightBoundsWhatANewBucketCarriesOver) {
   for (double w : {1.0, 0.1}) {
     Options o = Stepped(4, 0);
     o.inherit_weight = w;
+    o.cost_decay = 0.7;  // the weights below
     o.min_comparisons = 1;
     auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 1}, o);
     ASSERT_TRUE(s.ok());

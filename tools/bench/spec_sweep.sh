@@ -64,7 +64,7 @@ ANSWER=${SWEEP_ANSWER_TOKENS:-256}
 # workload a draft of 8 accepted whole was followed by another accepted whole 94% of the time at one
 # decoding sequence (issue 12, session 22), so the adaptive n-gram node may verify up to 16; a draft
 # model pays a forward pass per token, and its k = 8 is already well behind k = 4.
-ADAPTIVE_K_NGRAM=${SWEEP_ADAPTIVE_K_NGRAM:-16}
+ADAPTIVE_K_NGRAM=${SWEEP_ADAPTIVE_K_NGRAM:-8}
 ADAPTIVE_K_DRAFT_MODEL=${SWEEP_ADAPTIVE_K_DRAFT_MODEL:-8}
 CPUS=$(nproc)
 PIN=${SWEEP_PIN:-1}
