@@ -85,8 +85,12 @@ namespace deepinfer::engine::spec {
 // interleaved trials below, whose estimates are firm enough; adjacent epochs' were not, so it was
 // off by default until session 13).
 //
-// Defaults: point estimates (switch_z = explore_z = 0, cost_decay 0.7), the gaps weighed by epoch
-// duration (explore_by_time). With switch_z 2, explore_z
+// Defaults: point estimates (switch_z = explore_z = 0), cost_decay 0.9 (0.7 until issue 12, session
+// 22: a new trial of +-25% then moved a score by a third, and single trials handed buckets to
+// modes 5-10% slower, such as k = 2 over the plan and k = 4 at one sequence for a draft model; at
+// 0.9 about a tenth; measured beside 0.7 in the same rounds of two sweeps: a draft model +1-3% at
+// 8 and 32 concurrent requests and +-1% at one, n-gram between -3% and +8%), the gaps weighed by
+// epoch duration (explore_by_time). With switch_z 2, explore_z
 // 1, cost_decay 0.9 and prune_below 0.95 the selector realised 1-3 points more of the best mode's
 // rate in simulations whose first mode was (nearly) the best, but the live sweep (issue 12, session
 // 10) measured it behind the best fixed length in four cells of six, its n-gram node keeping the
