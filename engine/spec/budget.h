@@ -178,7 +178,10 @@ class CostTable {
 };
 
 // Profiles `run_step(tokens, requests)` (returns one step's wall time) `runs` (>= 5) times per
-// shape and builds the table. Errors from run_step are returned as they are.
+// shape and builds the table. A table that comes out flat (CostTable::IsFlat) is profiled once
+// more and the second one kept: one slow first shape (a busy machine), made monotone, flattens the
+// whole table, and a flat table turns adaptive verification off (seen in a test run on 2 busy
+// cores: every shape at the first one's 180 us). Errors from run_step are returned as they are.
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
     absl::Span<const std::pair<int, int>> shapes, int runs = 5);

@@ -441,6 +441,33 @@ TEST(CostTableTest, ProfilesEachShapeAtLeastFiveTimes) {
   EXPECT_EQ(ProfileCostTable(failing, shapes).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// The first shape's runs all slow (a busy machine): made monotone, the first pass's table is flat,
+// so the profile runs once more and keeps the second. A backend that is flat stays flat (after
+// the second pass).
+TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
+  int calls = 0;
+  auto busy_start = [&](int tokens, int requests) -> absl::StatusOr<double> {
+    ++calls;
+    return calls <= 5 ? 1.0 : 1e-3 + 1e-5 * tokens + 1e-4 * requests;
+  };
+  auto table = ProfileCostTable(busy_start, shapes);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(calls, 40);
+  EXPECT_FALSE(table->IsFlat());
+  EXPECT_NEAR(table->StepSeconds(64, 1), 1e-3 + 64e-5 + 1e-4, 1e-12);
+
+  calls = 0;
+  auto flat = [&](int, int) -> absl::StatusOr<double> {
+    ++calls;
+    return 2e-3;
+  };
+  table = ProfileCostTable(flat, shapes);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(calls, 40);
+  EXPECT_TRUE(table->IsFlat());
+}
+
 TEST(SurvivalTest, NgramStatsLearnPerMatchLengthAndPosition) {
   NgramSurvivalStats stats(
       4, {.max_positions = 4, .prior_mean = 0.5, .prior_weight = 2.0, .decay = 0.9999});
