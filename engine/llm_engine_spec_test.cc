@@ -163,14 +163,14 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   for (size_t i = 0; i < reqs.size(); i += 2) reqs[i].sampling.logprobs = 3;
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   int64_t accepted = 0;
+  // The selector needs an adaptive plan: a fixed table, as a profile taken while the machine is
+  // busy can come out flat (every draft verified, no selector).
+  const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
   for (int k : {1, 2, 4, 8}) {
     for (int mode : {0, 1, 2}) {  // fixed k, the adaptive plan, the plan under the selector
       const bool adaptive = mode >= 1;
       SCOPED_TRACE(::testing::Message() << GetParam() << " k " << k << " mode " << mode);
       EngineOptions o = WithSpec(BaseOptions(), k, adaptive);
-      // The selector needs an adaptive plan: a fixed table, as a profile taken while the machine
-      // is busy can come out flat (every draft verified, no selector).
-      const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
       if (mode == 2) {
         o = WithSelector(o);
         o.speculative.cost_table = &table;

@@ -318,8 +318,7 @@ absl::StatusOr<CostTable> ProfileCostTable(
   if (runs < 5) {
     return absl::InvalidArgumentError(absl::StrCat("cost profile runs: expected >= 5, got ", runs));
   }
-  absl::StatusOr<CostTable> table = absl::UnknownError("not profiled");
-  for (int pass = 0; pass < 2; ++pass) {
+  auto profile = [&]() -> absl::StatusOr<CostTable> {
     std::vector<CostTable::Sample> samples;
     for (const auto& [tokens, requests] : shapes) {
       for (int i = 0; i < runs; ++i) {
@@ -328,11 +327,12 @@ absl::StatusOr<CostTable> ProfileCostTable(
         samples.push_back({tokens, requests, *t});
       }
     }
-    table = CostTable::FromSamples(samples, runs);
-    // A flat table from a backend that is not flat: the first shapes ran slow (a busy machine),
-    // and the running maximum carried that to every larger one. Measure once more.
-    if (!table.ok() || !table->IsFlat()) break;
-  }
+    return CostTable::FromSamples(samples, runs);
+  };
+  absl::StatusOr<CostTable> table = profile();
+  // A flat table from a backend that is not flat: the first shapes ran slow (a busy machine),
+  // and the running maximum carried that to every larger one. Measure once more.
+  if (table.ok() && table->IsFlat()) table = profile();
   return table;
 }
 
