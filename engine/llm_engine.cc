@@ -194,6 +194,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       return absl::InvalidArgumentError(absl::StrCat(
           "speculative.num_speculative_tokens: expected [1, 64], got ", so.num_speculative_tokens));
     }
+    if (so.select_max_length < 0 || so.select_max_length > so.num_speculative_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculative.select_max_length: expected [0, num_speculative_tokens = ",
+                       so.num_speculative_tokens, "], got ", so.select_max_length));
+    }
     if (so.adaptive && so.profile_runs < 5) {
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
@@ -294,11 +299,13 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       }
       const bool active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
       if (active && so.select_mode) {
-        // The plan first, then none, then fixed lengths 1, 2, 4, ... k (the order in which a
-        // new bucket tries them).
+        // The plan first, then none, then fixed lengths 1, 2, 4, ... up to select_max_length
+        // (default k; the order in which a new bucket tries them).
+        const int longest =
+            so.select_max_length > 0 ? so.select_max_length : so.num_speculative_tokens;
         std::vector<int> modes = {spec::DraftModeSelector::kPlan, 0};
-        for (int l = 1; l < so.num_speculative_tokens; l *= 2) modes.push_back(l);
-        modes.push_back(so.num_speculative_tokens);
+        for (int l = 1; l < longest; l *= 2) modes.push_back(l);
+        modes.push_back(longest);
         absl::StatusOr<spec::DraftModeSelector> selector =
             spec::DraftModeSelector::Create(std::move(modes), so.select_options);
         if (!selector.ok()) return selector.status();
@@ -1374,7 +1381,7 @@ void LlmEngine::ExecutorLoop() {
 
 void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
-  int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0;
+  int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0, longest_verified = 0;
   int64_t calibrated_after_accepted = 0, calibrated_other = 0;
   int64_t emitted_tokens = 0;
   // Start states only matter to the selector's carry-over correction (off by default).
@@ -1409,6 +1416,7 @@ void LlmEngine::Process(Step& step) {
       ++spec_steps;
       spec_verified += verified;
       spec_accepted += accepted;
+      longest_verified = std::max<int64_t>(longest_verified, verified);
       seq->usage.draft_tokens += verified;
       seq->usage.accepted_draft_tokens += accepted;
       spec::DraftProposal proposal;
@@ -1574,6 +1582,7 @@ void LlmEngine::Process(Step& step) {
   stats_.forward_seconds += step.forward_seconds;
   stats_.spec_steps += spec_steps;
   stats_.spec_verified_tokens += spec_verified;
+  stats_.spec_longest_verified = std::max(stats_.spec_longest_verified, longest_verified);
   stats_.spec_accepted_tokens += spec_accepted;
   stats_.spec_calibrated_after_accepted += calibrated_after_accepted;
   stats_.spec_calibrated_other += calibrated_other;
@@ -1624,6 +1633,8 @@ void LlmEngine::Process(Step& step) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {
         ++stats_.spec_select_fixed_steps;
+        stats_.spec_select_longest_fixed =
+            std::max<int64_t>(stats_.spec_select_longest_fixed, length);
       } else {
         ++stats_.spec_select_off_steps;
       }
@@ -1791,7 +1802,9 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       const int n = static_cast<int>(decodes.size());
       const double draft_token =
           draft_cost_ != nullptr ? draft_scale_ * draft_cost_->StepSeconds(n, n) / n : 0.0;
-      keep_threshold = length->tokens_per_second * (verify_token + draft_token);
+      keep_threshold = spec::ConfidenceStopThreshold(
+          length->tokens_per_second, so.draft_stop_measured_rate ? &rate_check_ : nullptr, n,
+          verify_token + draft_token);
     }
   }
   double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled

@@ -173,6 +173,15 @@ struct SpecOptions {
   // alternate with the incumbent's; draft lengths past a clear loser pruned; buckets where no
   // drafting mode pays frozen, without draft-model upkeep). Off: the plan decides every step.
   bool select_mode = true;
+  // With select_mode: the longest fixed draft length measured against the plan (lengths 1, 2,
+  // 4, ... up to it, and it); 0: num_speculative_tokens. The plan itself may still draft and
+  // verify up to num_speculative_tokens. An n-gram drafter costs nothing per proposed token, so a
+  // long cap lets the plan verify long runs where its estimates say they pay (a request copying
+  // text: at one decoding sequence 65% of 8-token verifications were accepted whole, issue 12,
+  // session 21), while a fixed length that long pays its verification everywhere: at 8
+  // concurrent requests a fixed 16 took the 5-8 bucket (its trials rated it 96-100% of the plan)
+  // and ran a third of the node's time at 76% of the plan's tokens per second (session 22).
+  int select_max_length = 0;                        // in [0, num_speculative_tokens]
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
   // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
   // draft did as well (accepted whole, or not: spec::DraftHistory), not by match length alone.
@@ -188,6 +197,18 @@ struct SpecOptions {
   // the coding workload it measured no better (+5% at 1 concurrent request, -4% at 8, level at
   // 32; the plan's own rate at 5-8 decoding sequences 3% lower, within the noise).
   bool draft_model_history = false;
+  // Adaptive, draft model: the rate in the confidence stop's threshold (each sequence drafts
+  // position j while a_j >= rate x (one more verified token + its share of a draft round)). True:
+  // the tokens per second the plan's drafting steps realised at this many decoding sequences
+  // (spec::DraftingRateCheck, once it has data there), else the plan's predicted rate. Stopping
+  // where a_j falls below the achievable rate x its cost is what maximises tokens per second, and
+  // taking that rate from the steps' outcomes and re-deciding is Dinkelbach's iteration for a
+  // ratio, which converges to the best one; the predicted rate comes from prior rows observed only
+  // where earlier drafts were confident enough to be verified (optimistic), so it stopped drafts
+  // early: at one decoding sequence the plan verified 2.6-2.8 tokens a step while k = 4's 4
+  // emitted 0.3 tokens more for 0.2 ms, 1.5 tokens/ms at the margin against 1.07 on average
+  // (issue 12, session 22's traces).
+  bool draft_stop_measured_rate = true;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
@@ -394,6 +415,10 @@ struct EngineStats {
   int64_t spec_select_epochs = 0;
   int64_t spec_select_explorations = 0;
   int64_t spec_select_mode = -1;
+  // The longest fixed draft length a selector step ran (0: none), and the most draft tokens one
+  // sequence verified in one step (any mode).
+  int64_t spec_select_longest_fixed = 0;
+  int64_t spec_longest_verified = 0;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.

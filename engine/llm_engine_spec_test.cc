@@ -752,6 +752,45 @@ TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
   }
 }
 
+// SpecOptions::select_max_length: the selector measures fixed lengths only up to it, while the
+// plan still drafts and verifies up to k. A draft that is always accepted (the target's own
+// weights) and costs a microsecond makes the plan verify long drafts; the fixed lengths run 1, 2
+// (none longer), or 1, 2, 4, 8 by default. Outputs never change.
+TEST(SpecEngineSelectorTest, FixedLengthsStopAtSelectMaxLengthWhileThePlanVerifiesUpToK) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  const auto prompts = RepetitivePrompts(model->config().vocab_size, 4, 29);
+  const auto reqs = GreedyRequests(prompts, 200);  // enough steps to tour every mode
+  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
+  const spec::CostTable target = LinearCostTable(1e-3, 1e-6), cheap = LinearCostTable(1e-6, 0.0);
+  for (int select_max_length : {2, 0}) {
+    SCOPED_TRACE(::testing::Message() << "select_max_length " << select_max_length);
+    EngineOptions o = WithSelector(WithDraftModel(BaseOptions(), kLlama, 8, /*adaptive=*/true));
+    o.speculative.cost_table = &target;
+    o.speculative.draft_cost_table = &cheap;
+    o.speculative.select_max_length = select_max_length;
+    o.speculative.draft_num_blocks = 256;
+    o.max_running = 2;  // room in the 40-token step for 2 x (1 + 8)
+    const RunResult got = RunAll(model.get(), o, reqs);
+    ExpectSameTokens(got, ref, reqs);
+    const EngineStats& st = got.stats;
+    EXPECT_GT(st.spec_select_plan_steps, 0);
+    EXPECT_GT(st.spec_select_fixed_steps, 0);
+    EXPECT_EQ(st.spec_accepted_tokens, st.spec_verified_tokens);
+    EXPECT_EQ(st.spec_select_longest_fixed, select_max_length == 2 ? 2 : 8);
+    if (select_max_length == 2) {
+      EXPECT_GT(st.spec_longest_verified, 2);  // only the plan drafts that far
+    } else {
+      EXPECT_EQ(st.spec_longest_verified, 8);  // k = 8's whole drafts
+    }
+  }
+  EngineOptions bad = WithDraftModel(BaseOptions(), kLlama, 4, /*adaptive=*/true);
+  bad.speculative.select_max_length = 5;
+  const auto engine = LlmEngine::Create(model.get(), bad);
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("speculative.select_max_length"), std::string::npos)
+      << engine.status();
+}
+
 // Overlap with speculation: an adaptive plan that never drafts (a draft round costing a second,
 // no probes) schedules every step while the previous one runs, exactly as without speculation;
 // with overlap off nothing is overlapped. Outputs never change.

@@ -77,6 +77,12 @@ ABSL_FLAG(bool, spec_select, true,
           "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
           "tokens per second at the current number of decoding requests (each losing mode is "
           "revisited at about 0.2% of the run's cost). --nospec_select: the plan alone.");
+ABSL_FLAG(int32_t, spec_select_max_length, 0,
+          "With --spec_select: the longest fixed draft length measured against the plan (1, 2, "
+          "4, ... up to it); 0: --num_speculative_tokens. The plan may still verify up to "
+          "--num_speculative_tokens: e.g. --speculative=ngram --num_speculative_tokens=16 "
+          "--spec_select_max_length=8 lets it verify 16 where a request copies text, without "
+          "measuring (and risking) a fixed 16 everywhere.");
 ABSL_FLAG(double, spec_freeze_below, 0.99,
           "With --spec_select and a draft model: where not drafting measures fastest and every "
           "drafting mode below this fraction of it, stop keeping the draft model's cache up to "
@@ -124,6 +130,11 @@ ABSL_FLAG(bool, spec_draft_model_history, false,
           "With --spec_adaptive and a draft model: calibrate the draft's confidences apart for "
           "requests whose previous draft was accepted whole and for the others (default: one "
           "calibration).");
+ABSL_FLAG(bool, spec_draft_stop_measured_rate, true,
+          "With --spec_adaptive and a draft model: each request stops drafting where the next "
+          "token's estimated acceptance is worth less than its cost at the tokens/s the plan's "
+          "drafting steps realised (at that many decoding requests); "
+          "--nospec_draft_stop_measured_rate: at the plan's predicted tokens/s.");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "
@@ -232,6 +243,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.max_n = absl::GetFlag(FLAGS_ngram_max);
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
+  o.speculative.select_max_length = absl::GetFlag(FLAGS_spec_select_max_length);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
   o.speculative.select_options.trial_any_epoch = absl::GetFlag(FLAGS_spec_trial_any_epoch);
   o.speculative.select_options.catch_up_charge = absl::GetFlag(FLAGS_spec_catch_up_charge);
@@ -267,6 +279,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   }
   o.speculative.ngram_history = absl::GetFlag(FLAGS_spec_ngram_history);
   o.speculative.draft_model_history = absl::GetFlag(FLAGS_spec_draft_model_history);
+  o.speculative.draft_stop_measured_rate = absl::GetFlag(FLAGS_spec_draft_stop_measured_rate);
   o.speculative.select_options.trial_stop_below = absl::GetFlag(FLAGS_spec_trial_stop_below);
   o.speculative.select_options.trial_stop_sequence_steps =
       absl::GetFlag(FLAGS_spec_trial_stop_sequence_steps);

@@ -116,11 +116,13 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
   EXPECT_FALSE(o->speculative.ngram_history);
   EXPECT_FALSE(o->speculative.draft_model_history);
+  EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 1);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
+  absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, false);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
@@ -128,13 +130,17 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
   absl::SetFlag(&FLAGS_spec_min_gap_epochs, 16);
+  EXPECT_EQ(o->speculative.select_max_length, 0);  // the fixed lengths go up to k
   absl::SetFlag(&FLAGS_spec_cost_decay, 0.7);
+  absl::SetFlag(&FLAGS_spec_select_max_length, 2);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.select_max_length, 2);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 16);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_TRUE(o->speculative.draft_model_history);
+  EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
@@ -230,6 +236,12 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
          absl::SetFlag(&FLAGS_ngram_max, 2);
        },
        "--ngram_max: expected [--ngram_min = 3, 64], got 2"},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "ngram");
+         absl::SetFlag(&FLAGS_num_speculative_tokens, 8);
+         absl::SetFlag(&FLAGS_spec_select_max_length, 16);
+       },
+       "--spec_select_max_length: expected [0, --num_speculative_tokens = 8], got 16"},
   };
   for (const Case& c : cases) {
     absl::FlagSaver restore;

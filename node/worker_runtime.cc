@@ -224,6 +224,11 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--num_speculative_tokens: expected [1, 64], got ", spec.num_speculative_tokens));
   }
+  if (spec.select_max_length < 0 || spec.select_max_length > spec.num_speculative_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_select_max_length: expected [0, --num_speculative_tokens = ",
+                     spec.num_speculative_tokens, "], got ", spec.select_max_length));
+  }
   if (spec.min_n < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--ngram_min: expected >= 1, got ", spec.min_n));
   }

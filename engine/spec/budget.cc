@@ -471,6 +471,15 @@ absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
   return plan;
 }
 
+double ConfidenceStopThreshold(double planned_rate, const DraftingRateCheck* measured, int decoding,
+                               double marginal_seconds, double min_weight) {
+  double rate = planned_rate;
+  if (measured != nullptr && measured->Weight(decoding, /*drafted=*/true) >= min_weight) {
+    rate = measured->Rate(decoding, /*drafted=*/true);
+  }
+  return rate * marginal_seconds;
+}
+
 double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int length) {
   double seconds = 0.0;
   for (int r = 0; r < length; ++r) {

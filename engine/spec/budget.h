@@ -349,6 +349,16 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 double draft_cost_scale = 1.0,
                                                 double min_gain = 0.0);
 
+// A draft model's confidence stop: position j is drafted while its survival a_j is at least
+// rate x `marginal_seconds` (one more verified token and its share of a draft round), which
+// maximises tokens per second when rate is the best achievable one. `rate` is the tokens per
+// second that `measured`'s drafting steps realised at `decoding` sequences once they weigh at
+// least `min_weight`, else `planned_rate` (null `measured`: always planned). Re-deciding at the
+// realised rate is Dinkelbach's iteration for a ratio: it converges to the best rate, where a
+// predicted rate carries its estimates' bias.
+double ConfidenceStopThreshold(double planned_rate, const DraftingRateCheck* measured, int decoding,
+                               double marginal_seconds, double min_weight = 8.0);
+
 // Predicted seconds to draft `length` tokens for requests whose caps are `caps`: the sum over
 // rounds r < length of draft_cost.StepSeconds(n_r, n_r), n_r = requests with cap > r (rounds
 // with none cost nothing).

@@ -608,3 +608,28 @@ TEST(DraftingRateCheckTest, VetoesMeasuredSlowerDraftingUntilItFades) {
 
 }  // namespace
 }  // namespace deepinfer::engine::spec
+
+namespace deepinfer::engine::spec {
+namespace {
+
+// The confidence stop's threshold: the planned rate until the drafting steps at that count weigh
+// min_weight, then their realised tokens per second; other counts' buckets and steps that did not
+// draft do not count; without a check, always the planned rate.
+TEST(ConfidenceStopThresholdTest, TakesTheRealisedRateOnceMeasured) {
+  DraftingRateCheck check;  // decay 0.99
+  EXPECT_DOUBLE_EQ(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4), 0.2);
+  for (int i = 0; i < 5; ++i) check.Observe(1, /*drafted=*/true, 3.0, 0.002);  // 1500 tokens/s
+  for (int i = 0; i < 20; ++i) check.Observe(8, /*drafted=*/true, 24.0, 0.004);
+  for (int i = 0; i < 20; ++i) check.Observe(1, /*drafted=*/false, 1.0, 0.001);
+  EXPECT_LT(check.Weight(1, true), 8.0);
+  EXPECT_DOUBLE_EQ(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4), 0.2);
+  for (int i = 0; i < 5; ++i) check.Observe(1, /*drafted=*/true, 3.0, 0.002);
+  ASSERT_GE(check.Weight(1, true), 8.0);
+  EXPECT_NEAR(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4), 0.15, 1e-12);
+  EXPECT_NEAR(ConfidenceStopThreshold(2000.0, &check, 8, 1e-4), 0.6, 1e-12);  // 6000 tokens/s
+  EXPECT_DOUBLE_EQ(ConfidenceStopThreshold(2000.0, nullptr, 1, 1e-4), 0.2);
+  EXPECT_NEAR(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4, /*min_weight=*/20.0), 0.2, 1e-12);
+}
+
+}  // namespace
+}  // namespace deepinfer::engine::spec

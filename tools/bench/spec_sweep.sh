@@ -45,6 +45,8 @@
 #   whose uncached part on the decode node is short (its history's KV is there) prefills there
 #   instead of re-prefilling the whole history on the prefill node.
 #   SWEEP_ADAPTIVE_K_NGRAM=16, SWEEP_ADAPTIVE_K_DRAFT_MODEL=8: the adaptive nodes' longest draft.
+#   SWEEP_ADAPTIVE_FLAGS_NGRAM, SWEEP_ADAPTIVE_FLAGS_DRAFT_MODEL: more flags for those nodes
+#   (comma-separated; default "--spec_select_max_length=8" and none).
 #   SWEEP_EXTRA="NAME=FLAGS ...": more configurations beside the methods', NAME running every
 #   worker with FLAGS (comma-separated), e.g. SWEEP_EXTRA="off-overlap=--overlap=on".
 set -euo pipefail
@@ -59,13 +61,17 @@ THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
 WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-3}
 ANSWER=${SWEEP_ANSWER_TOKENS:-256}
-# The adaptive nodes' longest draft (--num_speculative_tokens: the plan's cap, and the selector's
-# fixed lengths 1, 2, 4, ... up to it). n-gram drafts cost nothing to make, and on the coding
-# workload a draft of 8 accepted whole was followed by another accepted whole 94% of the time at one
-# decoding sequence (issue 12, session 22), so the adaptive n-gram node may verify up to 16; a draft
-# model pays a forward pass per token, and its k = 8 is already well behind k = 4.
-ADAPTIVE_K_NGRAM=${SWEEP_ADAPTIVE_K_NGRAM:-8}
+# The adaptive nodes' longest draft (--num_speculative_tokens: the plan's cap, and by default the
+# selector's fixed lengths 1, 2, 4, ... up to it). n-gram drafts cost nothing to make, and on the
+# coding workload a draft of 8 accepted whole was followed by another accepted whole 94% of the
+# time at one decoding sequence (issue 12, session 22), so the adaptive n-gram node's plan may
+# verify up to 16 while its fixed lengths stop at 8 (--spec_select_max_length: a fixed 16, measured
+# beside the plan, took the 5-8 bucket at 8 concurrent requests at 76% of the plan's rate); a
+# draft model pays a forward pass per token, and its k = 8 is already well behind k = 4.
+ADAPTIVE_K_NGRAM=${SWEEP_ADAPTIVE_K_NGRAM:-16}
 ADAPTIVE_K_DRAFT_MODEL=${SWEEP_ADAPTIVE_K_DRAFT_MODEL:-8}
+ADAPTIVE_FLAGS_NGRAM=${SWEEP_ADAPTIVE_FLAGS_NGRAM-"--spec_select_max_length=8"}
+ADAPTIVE_FLAGS_DRAFT_MODEL=${SWEEP_ADAPTIVE_FLAGS_DRAFT_MODEL-}
 CPUS=$(nproc)
 PIN=${SWEEP_PIN:-1}
 [ "$CPUS" -ge 2 ] || PIN=0
@@ -119,8 +125,13 @@ for m in $METHODS; do
   for k in $KS; do
     if [ "$k" = adaptive ]; then
       cap=$ADAPTIVE_K_DRAFT_MODEL
-      [ "$m" = ngram ] && cap=$ADAPTIVE_K_NGRAM
-      start_config "$m-adaptive" "--speculative=$m,--num_speculative_tokens=$cap,--spec_adaptive$extra"
+      flags=$ADAPTIVE_FLAGS_DRAFT_MODEL
+      if [ "$m" = ngram ]; then
+        cap=$ADAPTIVE_K_NGRAM
+        flags=$ADAPTIVE_FLAGS_NGRAM
+      fi
+      start_config "$m-adaptive" \
+        "--speculative=$m,--num_speculative_tokens=$cap,--spec_adaptive$extra${flags:+,$flags}"
     else
       start_config "$m-k$k" "--speculative=$m,--num_speculative_tokens=$k$extra"
     fi
