@@ -200,15 +200,20 @@ struct SpecOptions {
   // Adaptive, draft model: the rate in the confidence stop's threshold (each sequence drafts
   // position j while a_j >= rate x (one more verified token + its share of a draft round)). True:
   // the tokens per second the plan's drafting steps realised at this many decoding sequences
-  // (spec::DraftingRateCheck, once it has data there), else the plan's predicted rate. Stopping
-  // where a_j falls below the achievable rate x its cost is what maximises tokens per second, and
-  // taking that rate from the steps' outcomes and re-deciding is Dinkelbach's iteration for a
-  // ratio, which converges to the best one; the predicted rate comes from prior rows observed only
-  // where earlier drafts were confident enough to be verified (optimistic), so it stopped drafts
-  // early: at one decoding sequence the plan verified 2.6-2.8 tokens a step while k = 4's 4
+  // (spec::DraftingRateCheck, once it has data there), else (default) the plan's predicted rate.
+  // Stopping where a_j falls below the achievable rate x its cost maximises tokens per second,
+  // and re-deciding at the realised rate is Dinkelbach's iteration for a ratio; the predicted rate
+  // comes from prior rows observed only where earlier drafts were confident enough to be
+  // verified. At one decoding sequence the plan verified 2.6-2.8 tokens a step where k = 4's 4
   // emitted 0.3 tokens more for 0.2 ms, 1.5 tokens/ms at the margin against 1.07 on average
-  // (issue 12, session 22's traces).
-  bool draft_stop_measured_rate = true;
+  // (issue 12, session 22's traces), which suggested the predicted rate stopped drafts early.
+  // Off by default: measured beside it in the same rounds (session 23) the realised rate drafted
+  // longer and worse (at one decoding sequence 2.9 verified, 0.7 accepted a step, against 2.4
+  // and 1.3; the node 1.731 / 1.144 / 0.883 of no speculation at 1 / 8 / 32 concurrent requests
+  // against 1.716 / 1.210 / 0.944): the calibrated survival of low-confidence positions, which
+  // the threshold then reaches, is optimistic, and a lower realised rate lowers the threshold
+  // further.
+  bool draft_stop_measured_rate = false;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in

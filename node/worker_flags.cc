@@ -130,11 +130,11 @@ ABSL_FLAG(bool, spec_draft_model_history, false,
           "With --spec_adaptive and a draft model: calibrate the draft's confidences apart for "
           "requests whose previous draft was accepted whole and for the others (default: one "
           "calibration).");
-ABSL_FLAG(bool, spec_draft_stop_measured_rate, true,
+ABSL_FLAG(bool, spec_draft_stop_measured_rate, false,
           "With --spec_adaptive and a draft model: each request stops drafting where the next "
           "token's estimated acceptance is worth less than its cost at the tokens/s the plan's "
-          "drafting steps realised (at that many decoding requests); "
-          "--nospec_draft_stop_measured_rate: at the plan's predicted tokens/s.");
+          "drafting steps realised (at that many decoding requests); default: at the plan's "
+          "predicted tokens/s (the realised rate drafted longer and measured worse).");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "

@@ -116,13 +116,13 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
   EXPECT_FALSE(o->speculative.ngram_history);
   EXPECT_FALSE(o->speculative.draft_model_history);
-  EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
+  EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 1);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
-  absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, false);
+  absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
@@ -140,7 +140,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_TRUE(o->speculative.draft_model_history);
-  EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
+  EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);

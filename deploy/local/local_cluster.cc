@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -177,17 +179,24 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterCo
     DI_RETURN_IF_ERROR(cluster->AwaitPort(*cluster->router_));
     cluster->router_address_ = cluster->router_->address;
 
-    // Workers load their models in parallel: spawn all, then wait for each.
+    // Prefill and encoder nodes load their models in parallel; decode nodes start once those
+    // have loaded (a worker writes its port file once it serves), then load theirs in parallel.
+    // An adaptive decode node profiles its step cost at start-up (engine/spec/budget.h), and a
+    // prefill node loading its model on the same cores made that profile 3-4 times too slow for
+    // 32 tokens and more (issue 12, session 23).
     std::vector<std::shared_ptr<Process>> all = {cluster->router_};
-    std::vector<ClusterRole> roles(cluster->config_.num_prefill, ClusterRole::kPrefill);
-    roles.insert(roles.end(), cluster->config_.num_decode, ClusterRole::kDecode);
-    roles.insert(roles.end(), cluster->config_.num_encoders, ClusterRole::kEncoder);
-    for (ClusterRole role : roles) {
-      DI_ASSIGN_OR_RETURN(std::shared_ptr<Process> worker,
-                          cluster->Spawn(role, cluster->NextWorkerName(role)));
-      all.push_back(worker);
+    std::vector<ClusterRole> first(cluster->config_.num_prefill, ClusterRole::kPrefill);
+    first.insert(first.end(), cluster->config_.num_encoders, ClusterRole::kEncoder);
+    const std::vector<ClusterRole> second(cluster->config_.num_decode, ClusterRole::kDecode);
+    for (const std::vector<ClusterRole>* roles : {&std::as_const(first), &second}) {
+      const size_t begin = all.size();
+      for (ClusterRole role : *roles) {
+        DI_ASSIGN_OR_RETURN(std::shared_ptr<Process> worker,
+                            cluster->Spawn(role, cluster->NextWorkerName(role)));
+        all.push_back(worker);
+      }
+      for (size_t i = begin; i < all.size(); ++i) DI_RETURN_IF_ERROR(cluster->AwaitPort(*all[i]));
     }
-    for (size_t i = 1; i < all.size(); ++i) DI_RETURN_IF_ERROR(cluster->AwaitPort(*all[i]));
     return cluster->WaitServing(all, deadline);
   }();
   if (!status.ok()) {

@@ -177,23 +177,28 @@ TEST_F(LocalClusterUnitTest, RouterExitingAtOnceFailsWithItsNameAndLogTail) {
 
 TEST_F(LocalClusterUnitTest, WorkerExitingAtOnceFailsAndStopsTheOthers) {
   WriteScript("router/router", ServeScript("router", 1));
-  // Fails once decode-0 runs, so that the test sees a started process get stopped.
-  WriteScript("prefill_node/prefill_node",
-              absl::StrCat("echo \"args: $*\"\nwhile [ ! -f '", config_.log_dir,
-                           "/decode-0.pid' ]; do sleep 0.01; done\n"
-                           "echo 'prefill: cannot allocate KV pool' >&2\nexit 1\n"));
-  WriteScript("decode_node/decode_node", ServeScript("decode-0", 2));
+  WriteScript("prefill_node/prefill_node", ServeScript("prefill-0", 2));
+  // Decode nodes start once the prefill nodes wrote their port files (their models loaded: an
+  // adaptive decode node's start-up profile must not share the cores with that); this one says
+  // whether it found prefill-0's, then fails, so that the test sees started processes stopped.
+  WriteScript("decode_node/decode_node",
+              absl::StrCat("echo \"args: $*\"\n"
+                           "if [ -f '",
+                           config_.log_dir,
+                           "/prefill-0.port' ]; then echo 'prefill-0 port file: present'; fi\n"
+                           "echo 'decode: cannot allocate KV pool' >&2\nexit 1\n"));
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(config_);
   ASSERT_EQ(cluster.status().code(), absl::StatusCode::kUnavailable) << cluster.status();
   const std::string message(cluster.status().message());
-  EXPECT_THAT(message, HasSubstr("prefill-0 (pid "));
+  EXPECT_THAT(message, HasSubstr("decode-0 (pid "));
   EXPECT_THAT(message, HasSubstr("exit code 1"));
-  EXPECT_THAT(message, HasSubstr("prefill: cannot allocate KV pool"));
+  EXPECT_THAT(message, HasSubstr("decode: cannot allocate KV pool"));
+  EXPECT_THAT(message, HasSubstr("prefill-0 port file: present"));
   // Workers got the router's address from its port file.
-  EXPECT_THAT(message, HasSubstr("--router=127.0.0.1:1 --worker_id=prefill-0"));
+  EXPECT_THAT(message, HasSubstr("--router=127.0.0.1:1 --worker_id=decode-0"));
   // Everything started was stopped and reaped.
   EXPECT_FALSE(Alive(ReadPid("router")));
-  EXPECT_FALSE(Alive(ReadPid("decode-0")));
+  EXPECT_FALSE(Alive(ReadPid("prefill-0")));
 }
 
 TEST_F(LocalClusterUnitTest, BadPortFileIsReported) {

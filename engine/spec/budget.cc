@@ -320,8 +320,8 @@ absl::StatusOr<CostTable> ProfileCostTable(
   }
   auto profile = [&]() -> absl::StatusOr<CostTable> {
     std::vector<CostTable::Sample> samples;
-    for (const auto& [tokens, requests] : shapes) {
-      for (int i = 0; i < runs; ++i) {
+    for (int i = 0; i < runs; ++i) {
+      for (const auto& [tokens, requests] : shapes) {
         absl::StatusOr<double> t = run_step(tokens, requests);
         if (!t.ok()) return t.status();
         samples.push_back({tokens, requests, *t});

@@ -178,7 +178,14 @@ class CostTable {
 };
 
 // Profiles `run_step(tokens, requests)` (returns one step's wall time) `runs` (>= 5) times per
-// shape and builds the table. A table that comes out flat (CostTable::IsFlat) is profiled once
+// shape and builds the table (the median per shape). The runs go round the shapes (every shape
+// once, then again, `runs` times), so each shape's runs spread over the whole profile and a burst
+// of other work shorter than about half of it slows fewer than half of any shape's runs, which the
+// median ignores; consecutive runs per shape put a burst into every run of the shapes it covered
+// (issue 12, session 23: a decode node profiling while its cluster's prefill node loaded the model
+// on the same core measured 32-512 tokens 3-4 times too slow against a node that did not, and its
+// plan then verified 1.2 tokens per sequence where the other verified 4.4). A table that comes
+// out flat (CostTable::IsFlat) is profiled once
 // more and the second one kept: one slow first shape (a busy machine), made monotone, flattens the
 // whole table, and a flat table turns adaptive verification off (seen in a test run on 2 busy
 // cores: every shape at the first one's 180 us). Errors from run_step are returned as they are.

@@ -444,12 +444,39 @@ TEST(CostTableTest, ProfilesEachShapeAtLeastFiveTimes) {
 // The first shape's runs all slow (a busy machine): made monotone, the first pass's table is flat,
 // so the profile runs once more and keeps the second. A backend that is flat stays flat (after
 // the second pass).
+// The runs go round the shapes: a burst of slow runs shorter than half the profile reaches fewer
+// than half of each shape's runs and leaves every median alone (run shape by shape, the same burst
+// would have slowed all five runs of the first shape, and the running maximum would have carried
+// that to the whole table); one longer than that flattens the table, which is then measured once
+// more.
+TEST(CostTableTest, ABurstOfSlowRunsLeavesTheMediansAlone) {
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
+  auto truth = [](int tokens, int requests) { return 1e-3 + 1e-5 * tokens + 1e-4 * requests; };
+  int calls = 0;
+  std::vector<std::pair<int, int>> order;
+  auto burst = [&](int tokens, int requests) -> absl::StatusOr<double> {
+    ++calls;
+    order.push_back({tokens, requests});
+    return calls > 2 && calls <= 10 ? 1.0 : truth(tokens, requests);
+  };
+  auto table = ProfileCostTable(burst, shapes);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(calls, 20);
+  ASSERT_EQ(order.size(), 20u);
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], shapes[i % shapes.size()]) << i;
+  for (const auto& [tokens, requests] : shapes) {
+    EXPECT_NEAR(table->StepSeconds(tokens, requests), truth(tokens, requests), 1e-12)
+        << tokens << " x " << requests;
+  }
+}
+
 TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
   const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
   int calls = 0;
+  // The first three rounds over the shapes run slow: every median is slow, the table flat.
   auto busy_start = [&](int tokens, int requests) -> absl::StatusOr<double> {
     ++calls;
-    return calls <= 5 ? 1.0 : 1e-3 + 1e-5 * tokens + 1e-4 * requests;
+    return calls <= 12 ? 1.0 : 1e-3 + 1e-5 * tokens + 1e-4 * requests;
   };
   auto table = ProfileCostTable(busy_start, shapes);
   ASSERT_TRUE(table.ok()) << table.status();
