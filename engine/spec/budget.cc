@@ -149,11 +149,19 @@ void DraftCalibration::Observe(absl::Span<const float> confidence, int verified,
 double CostTable::Row::Eval(double t) const {
   const size_t n = tokens.size();
   if (n == 1 || t <= tokens[0]) return seconds[0];
-  size_t hi = std::upper_bound(tokens.begin(), tokens.end(), t) - tokens.begin();
-  if (hi >= n) hi = n - 1;  // beyond the last point: extend the last segment
-  const size_t lo = hi - 1;
-  const double slope = (seconds[hi] - seconds[lo]) / (tokens[hi] - tokens[lo]);
-  return seconds[lo] + slope * (t - tokens[lo]);
+  const size_t hi = std::upper_bound(tokens.begin(), tokens.end(), t) - tokens.begin();
+  if (hi < n) {
+    const double slope = (seconds[hi] - seconds[hi - 1]) / (tokens[hi] - tokens[hi - 1]);
+    return seconds[hi - 1] + slope * (t - tokens[hi - 1]);
+  }
+  // At or beyond the last point: the slope back to the last point at or below half its tokens.
+  const size_t last = n - 1;
+  size_t lo = 0;
+  for (size_t i = 0; i < last; ++i) {
+    if (2 * tokens[i] <= tokens[last]) lo = i;
+  }
+  const double slope = (seconds[last] - seconds[lo]) / (tokens[last] - tokens[lo]);
+  return seconds[last] + slope * (t - tokens[last]);
 }
 
 absl::StatusOr<CostTable> CostTable::FromSamples(absl::Span<const Sample> samples, int min_runs) {
@@ -187,11 +195,18 @@ absl::StatusOr<CostTable> CostTable::FromSamples(absl::Span<const Sample> sample
     table.rows_.back().tokens.push_back(shape.second);
     table.rows_.back().seconds.push_back(median);
   }
-  // Monotone: each request count at least the one below, then a running maximum along tokens.
+  // Monotone: each request count at least the one below where that one was measured (beyond its
+  // last point, at least that point: never its extrapolation), then a running maximum along
+  // tokens.
   for (size_t r = 0; r < table.rows_.size(); ++r) {
     Row& row = table.rows_[r];
     for (size_t i = 0; i < row.tokens.size(); ++i) {
-      if (r > 0) row.seconds[i] = std::max(row.seconds[i], table.rows_[r - 1].Eval(row.tokens[i]));
+      if (r > 0) {
+        const Row& below = table.rows_[r - 1];
+        const double bound =
+            row.tokens[i] >= below.tokens.back() ? below.seconds.back() : below.Eval(row.tokens[i]);
+        row.seconds[i] = std::max(row.seconds[i], bound);
+      }
       if (i > 0) row.seconds[i] = std::max(row.seconds[i], row.seconds[i - 1]);
     }
   }

@@ -144,9 +144,15 @@ class DraftCalibration {
 
 // Step time (seconds; any unit works as long as it is used consistently) against the tokens in
 // the step and the number of requests in it. Piecewise linear in tokens through the measured
-// points (constant below the first, extended with the last slope above the last), linear between
-// measured request counts (clamped outside). Non-decreasing in tokens and, at the measured
-// points, in requests.
+// points (constant below the first; above the last, extended with the slope from the last point
+// back to the last one at or below half its tokens, or the first: a last segment one token long,
+// 16 -> 17 tokens, measures noise, not a slope), linear between measured request counts (clamped
+// outside). Non-decreasing in tokens and, at the measured points, in requests where the fewer
+// requests' row was measured (at more tokens than a row measured, its last point is the bound).
+// Issue 12, session 23: with k = 16 the one-request row ended 16 -> 17 tokens at 0.47 ms a token,
+// and raising the 8- and 32-request rows to that extrapolation priced 32 tokens at 8 requests at
+// 7.6-17.8 ms (3.3-4.2 measured at k = 15), so the plan verified 1.2 drafts a sequence where it
+// verified 4.4 at k = 8.
 class CostTable {
  public:
   struct Sample {

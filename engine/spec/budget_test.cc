@@ -410,6 +410,40 @@ TEST(CostTableTest, MedianMonotoneAndInterpolation) {
   }
 }
 
+// Beyond a row's last point the table extends it with the slope back to the last point at or
+// below half its tokens, not the last segment's; and a row of more requests is raised to the
+// one below only where that one was measured. The shape of a k = 16 profile (issue 12, session
+// 23): the one-request row ends 16 -> 17 tokens with a noisy step (0.47 ms for one token), whose
+// extrapolation had priced 32 tokens at 8 requests at 9.3 ms against the 3.4 measured.
+TEST(CostTableTest, ANoisyLastSegmentIsNotExtrapolated) {
+  std::vector<CostTable::Sample> s;
+  auto add = [&](int tokens, int requests, double ms) {
+    for (int run = 0; run < 5; ++run) s.push_back({tokens, requests, ms * 1e-3});
+  };
+  add(1, 1, 1.1);
+  add(8, 1, 1.33);
+  add(16, 1, 1.83);
+  add(17, 1, 2.30);
+  add(8, 8, 1.42);
+  add(16, 8, 1.83);
+  add(32, 8, 3.4);
+  add(64, 8, 6.4);
+  auto table = CostTable::FromSamples(s);
+  ASSERT_TRUE(table.ok()) << table.status();
+  // Requests 8 keep their own measurements above 17 tokens (at least 2.30 ms there).
+  EXPECT_NEAR(table->StepSeconds(32, 8), 3.4e-3, 1e-12);
+  EXPECT_NEAR(table->StepSeconds(64, 8), 6.4e-3, 1e-12);
+  EXPECT_NEAR(table->StepSeconds(16, 8), 1.83e-3, 1e-12);
+  // Requests 1 beyond 17 tokens: the slope from 8 tokens (1.33 ms) to 17 (2.30 ms).
+  const double slope = (2.30 - 1.33) / 9.0 * 1e-3;
+  EXPECT_NEAR(table->StepSeconds(17, 1), 2.30e-3, 1e-12);
+  EXPECT_NEAR(table->StepSeconds(33, 1), 2.30e-3 + 16 * slope, 1e-12);
+  // Requests 8 beyond 64 tokens: the slope from 32 to 64.
+  EXPECT_NEAR(table->StepSeconds(96, 8), 6.4e-3 + 32 * (3.0e-3 / 32), 1e-12);
+  // At the 8-request row's points where one request was measured, more requests never cost less.
+  for (int t : {8, 16}) EXPECT_LE(table->StepSeconds(t, 1), table->StepSeconds(t, 8)) << t;
+}
+
 TEST(CostTableTest, RejectsTooFewRunsAndBadSamples) {
   std::vector<CostTable::Sample> s(4, {8, 1, 1.0});
   EXPECT_EQ(CostTable::FromSamples(s).status().code(), absl::StatusCode::kInvalidArgument);
