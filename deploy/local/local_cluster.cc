@@ -181,9 +181,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterCo
 
     // Prefill and encoder nodes load their models in parallel; decode nodes start once those
     // have loaded (a worker writes its port file once it serves), then load theirs in parallel.
-    // An adaptive decode node profiles its step cost at start-up (engine/spec/budget.h), and a
-    // prefill node loading its model on the same cores made that profile 3-4 times too slow for
-    // 32 tokens and more (issue 12, session 23).
+    // An adaptive decode node profiles its step cost at start-up (engine/spec/budget.h): it
+    // should not share the cores with another node's model loading (a local cluster often runs
+    // every process on the same few cores).
     std::vector<std::shared_ptr<Process>> all = {cluster->router_};
     std::vector<ClusterRole> first(cluster->config_.num_prefill, ClusterRole::kPrefill);
     first.insert(first.end(), cluster->config_.num_encoders, ClusterRole::kEncoder);

@@ -188,13 +188,11 @@ class CostTable {
 // once, then again, `runs` times), so each shape's runs spread over the whole profile and a burst
 // of other work shorter than about half of it slows fewer than half of any shape's runs, which the
 // median ignores; consecutive runs per shape put a burst into every run of the shapes it covered
-// (issue 12, session 23: a decode node profiling while its cluster's prefill node loaded the model
-// on the same core measured 32-512 tokens 3-4 times too slow against a node that did not, and its
-// plan then verified 1.2 tokens per sequence where the other verified 4.4). A table that comes
-// out flat (CostTable::IsFlat) is profiled once
-// more and the second one kept: one slow first shape (a busy machine), made monotone, flattens the
-// whole table, and a flat table turns adaptive verification off (seen in a test run on 2 busy
-// cores: every shape at the first one's 180 us). Errors from run_step are returned as they are.
+// (a cluster's other processes starting on the same cores, say). A table that comes out flat
+// (CostTable::IsFlat) is profiled once more and the second one kept: one slow first shape (a busy
+// machine), made monotone, flattens the whole table, and a flat table turns adaptive verification
+// off (seen in a test run on 2 busy cores: every shape at the first one's 180 us). Errors from
+// run_step are returned as they are.
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
     absl::Span<const std::pair<int, int>> shapes, int runs = 5);
