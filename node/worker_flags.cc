@@ -74,7 +74,8 @@ ABSL_FLAG(bool, spec_adaptive, false,
           "tokens per second, from a cost table profiled on the model at start-up.");
 ABSL_FLAG(bool, spec_select, true,
           "With --spec_adaptive: measure that per-step plan against fixed draft lengths (1, 2, "
-          "4, ... --num_speculative_tokens) and no drafting, and run whichever realises the most "
+          "4, ... --num_speculative_tokens, or --spec_select_max_length) and no drafting, and run "
+          "whichever realises the most "
           "tokens per second at the current number of decoding requests (each losing mode is "
           "revisited at about 0.2% of the run's cost). --nospec_select: the plan alone.");
 ABSL_FLAG(int32_t, spec_select_max_length, 0,

@@ -151,7 +151,7 @@ class DraftCalibration {
 // requests' row was measured (at more tokens than a row measured, its last point is the bound).
 // Issue 12, session 23: with k = 16 the one-request row ended 16 -> 17 tokens at 0.47 ms a token,
 // and raising the 8- and 32-request rows to that extrapolation priced 32 tokens at 8 requests at
-// 7.6-17.8 ms (3.3-4.2 measured at k = 15), so the plan verified 1.2 drafts a sequence where it
+// 7.6-17.8 ms (3.3 ms in a k = 15 profile), so the plan verified 1.2 drafts a sequence where it
 // verified 4.4 at k = 8.
 class CostTable {
  public:
