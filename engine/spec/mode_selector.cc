@@ -376,7 +376,15 @@ void DraftModeSelector::FinishEpoch() {
 
 bool DraftModeSelector::Pruned(const BucketStats& bucket, int mode) const {
   const int length = lengths_[mode];
-  if (length == kPlan || options_.prune_below <= 0.0 || bucket.incumbent < 0) return false;
+  // The plan and no drafting are no points on the lengths' curve (see the header).
+  if (length == kPlan || length == 0 || options_.prune_below <= 0.0 || bucket.incumbent < 0) {
+    return false;
+  }
+  // Its own estimate keeps it in: the neighbour's says nothing against it.
+  const double floor = std::log(options_.prune_below);
+  if (mode != bucket.incumbent && bucket.modes[mode].weight > 0.0 && Score(bucket, mode) >= floor) {
+    return false;
+  }
   // The best draft length (none = 0 included) by its point estimate, among those with one.
   int best = -1;
   double best_score = 0.0;
@@ -414,7 +422,7 @@ bool DraftModeSelector::Pruned(const BucketStats& bucket, int mode) const {
   if (n.weight <= 0.0 || n.comparisons < options_.min_comparisons) return false;
   const double optimistic =
       Score(bucket, neighbour) + options_.explore_z * ScoreError(bucket, neighbour);
-  return optimistic < std::log(options_.prune_below);
+  return optimistic < floor;
 }
 
 bool DraftModeSelector::Frozen(const BucketStats& bucket) const {

@@ -84,6 +84,16 @@ namespace deepinfer::engine::spec {
 // every bucket once k = 2 is known to be behind. The plan is never pruned. Default 0.9 (with the
 // interleaved trials below, whose estimates are firm enough; adjacent epochs' were not, so it was
 // off by default until session 13).
+// Two exceptions. No drafting (length 0) is never pruned: it is not a shorter draft but the
+// absence of a draft round (and of a draft model's upkeep), so its rate is no point on the
+// lengths' curve, and a draft model's k = 1 can be slower than both no drafting and k = 4. And a
+// length whose own estimate (point, inherited or measured) is at least prune_below of the
+// incumbent is not pruned by a neighbour: its figure contradicts the inference from the
+// neighbour's (noise, or no unimodality). Without them a draft-model node at 32 concurrent
+// requests kept its 9-16 bucket on the plan at 82% of a node without speculation's tokens per
+// second there (11% of its time; issue 12, session 24): k = 2 at 88% pruned k = 1 (rated 97%,
+// one trial of its own at 1.035) and with it no drafting, whose 84% was inherited from the 5-8
+// bucket and never once measured in 9-16.
 //
 // Defaults: point estimates (switch_z = explore_z = 0), cost_decay 0.9 (0.7 until issue 12, session
 // 22: a new trial of +-25% then moved a score by a third, and single trials handed buckets to

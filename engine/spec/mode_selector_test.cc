@@ -1331,5 +1331,26 @@ TEST(DraftModeSelectorTest, DefaultsPruneLengthsPastAClearLoser) {
   EXPECT_GT(tokens / (rate[0] * 16 * 3000), 0.99);
 }
 
+// Pruning spares no drafting and lengths whose own figures are high (issue 12, session 24: a
+// draft-model node's 9-16 bucket). At 5-8 sequences no drafting is 84% of the plan and k = 2 80%;
+// at 9-16 no drafting is the fastest mode, k = 1 97%, k = 2 88%, k = 4 98%. The 9-16 bucket
+// inherits 84% for no drafting; once k = 2 measures 88% there, k = 1 (between it and k = 4, the
+// best length) would be pruned past it and no drafting past k = 1, never measured in the bucket.
+TEST(DraftModeSelectorTest, NoDraftingAndLengthsRatedHighAreNotPruned) {
+  Options o = Stepped(16, 0);
+  o.freeze_below = 0.0;
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4}, o);
+  ASSERT_TRUE(s.ok());
+  RunSteps(*s, 8, {100.0, 84.0, 95.0, 80.0, 96.0}, 16 * 400);
+  ASSERT_EQ(s->Incumbent(8), 0);
+  ASSERT_LT(s->Relative(8, 1), 0.9);
+  const std::vector<double> rate = {100.0, 125.0, 97.0, 88.0, 98.0};
+  RunSteps(*s, 16, rate, 16 * 100);
+  const std::vector<int> ran = RunSteps(*s, 16, rate, 16 * 400);
+  EXPECT_EQ(s->Incumbent(16), 1);
+  EXPECT_GT(ran[1], 0.9 * 16 * 400);
+  EXPECT_GT(s->Relative(16, 2), 0.0);  // k = 1 measured in the bucket
+}
+
 }  // namespace
 }  // namespace deepinfer::engine::spec
