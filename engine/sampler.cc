@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/softmax_cpu.h"
 
 namespace deepinfer::engine {
 namespace {
@@ -174,9 +175,8 @@ double Sampler::Uniform() {
 SampleResult Sampler::Sample(const float* logits, int vocab) {
   SampleResult result;
   // Raw log-softmax for logprobs.
-  const float raw_max = *std::max_element(logits, logits + vocab);
-  double raw_sum = 0.0;
-  for (int i = 0; i < vocab; ++i) raw_sum += std::exp(static_cast<double>(logits[i] - raw_max));
+  const float raw_max = kernels::RowMaxCpu(logits, vocab);
+  const double raw_sum = kernels::SumExpCpu(logits, vocab, raw_max);
   const float log_z = raw_max + static_cast<float>(std::log(raw_sum));
 
   int32_t chosen = 0;

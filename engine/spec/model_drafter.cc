@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model_config.h"
+#include "kernels/softmax_cpu.h"
 
 namespace deepinfer::engine::spec {
 
@@ -189,11 +190,16 @@ int32_t ModelDrafter::Choose(const float* logits, float temperature, bool keep_p
       best = v;
     }
   }
-  weights_.resize(vocab_);
   double total = 0.0;
-  for (int v = 0; v < vocab_; ++v) {
-    weights_[v] = std::exp(static_cast<double>((logits[v] - max_logit) * inv_t));
-    total += weights_[v];
+  if (temperature <= 0.0f) {
+    // Greedy: only the normaliser (the confidence) is needed, not each token's weight.
+    total = kernels::SumExpCpu(logits, vocab_, max_logit);
+  } else {
+    weights_.resize(vocab_);
+    for (int v = 0; v < vocab_; ++v) {
+      weights_[v] = std::exp(static_cast<double>((logits[v] - max_logit) * inv_t));
+      total += weights_[v];
+    }
   }
   // The arg-max has weight 1: its probability is the largest.
   const float confidence = static_cast<float>(1.0 / total);

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/softmax_cpu.h"
 
 namespace deepinfer::engine::spec {
 
@@ -40,9 +41,8 @@ int32_t Verifier::Draw(const std::vector<double>& weights, double total) {
 SampleResult Verifier::Result(const float* logits, int vocab, int32_t token) const {
   SampleResult result;
   result.token = token;
-  const float raw_max = *std::max_element(logits, logits + vocab);
-  double raw_sum = 0.0;
-  for (int i = 0; i < vocab; ++i) raw_sum += std::exp(static_cast<double>(logits[i] - raw_max));
+  const float raw_max = kernels::RowMaxCpu(logits, vocab);
+  const double raw_sum = kernels::SumExpCpu(logits, vocab, raw_max);
   const float log_z = raw_max + static_cast<float>(std::log(raw_sum));
   result.logprob = logits[token] - log_z;
   const int n = std::min(processor_.params().logprobs, vocab);
