@@ -98,9 +98,10 @@ void LogitsProcessor::Penalise(const float* logits, int vocab, absl::Span<const 
 }
 
 int32_t LogitsProcessor::Greedy(const float* logits, int vocab, absl::Span<const int32_t> pending) {
+  // Without penalties the logits are the penalised ones: no copy.
+  if (!uses_history_) return static_cast<int32_t>(kernels::ArgMaxCpu(logits, vocab));
   Penalise(logits, vocab, pending);
-  return static_cast<int32_t>(std::max_element(penalised_.begin(), penalised_.end()) -
-                              penalised_.begin());
+  return static_cast<int32_t>(kernels::ArgMaxCpu(penalised_.data(), vocab));
 }
 
 void LogitsProcessor::Distribution(const float* logits, int vocab,

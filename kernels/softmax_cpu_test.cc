@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -59,6 +60,34 @@ TEST(SoftmaxCpuTest, FindsTheMaxAnywhere) {
           EXPECT_EQ(RowMaxCpuWithIsa(x.data(), n, isa), 2.5f) << n << " " << where;
         }
       }
+    }
+  }
+}
+
+// The arg-max is std::max_element's on every row: ties (the first wins), NaN entries (skipped
+// after the first entry, kept as the first), all -inf, tails.
+TEST(SoftmaxCpuTest, ArgMaxIsMaxElements) {
+  std::mt19937 rng(11);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 2, 7, 8, 9, 31, 64, 4096, 4101}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      // Few distinct values make ties common.
+      std::uniform_int_distribution<int> value(-3, 3);
+      std::vector<float> x(n);
+      for (float& v : x) v = static_cast<float>(value(rng));
+      std::uniform_int_distribution<int64_t> at(0, n - 1);
+      if (trial % 4 == 1) x[at(rng)] = nan;
+      if (trial % 4 == 2) x[0] = nan;
+      if (trial % 8 == 3) std::fill(x.begin(), x.end(), -inf);
+      if (trial % 8 == 7) x[at(rng)] = inf;
+      const int64_t want = std::max_element(x.begin(), x.end()) - x.begin();
+      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
+        if (!CpuSupports(isa)) continue;
+        ASSERT_EQ(ArgMaxCpuWithIsa(x.data(), n, isa), want)
+            << CpuIsaName(isa) << " n " << n << " trial " << trial;
+      }
+      ASSERT_EQ(ArgMaxCpu(x.data(), n), want);
     }
   }
 }

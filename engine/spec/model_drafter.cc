@@ -182,14 +182,8 @@ int32_t ModelDrafter::Choose(const float* logits, float temperature, bool keep_p
                              const std::function<bool(int, float)>* keep, int position,
                              DraftProposal* out) {
   const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
-  int32_t best = 0;
-  float max_logit = logits[0];
-  for (int v = 1; v < vocab_; ++v) {
-    if (logits[v] > max_logit) {
-      max_logit = logits[v];
-      best = v;
-    }
-  }
+  const int32_t best = static_cast<int32_t>(kernels::ArgMaxCpu(logits, vocab_));
+  const float max_logit = logits[best];
   double total = 0.0;
   if (temperature <= 0.0f) {
     // Greedy: only the normaliser (the confidence) is needed, not each token's weight.

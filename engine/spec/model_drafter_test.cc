@@ -1,5 +1,6 @@
 #include "engine/spec/model_drafter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -120,6 +121,69 @@ TEST(ModelDrafterTest, RejectedDraftsAreTruncatedToTheCommonPrefix) {
   before = d->computed_tokens();
   EXPECT_EQ(Propose(d.get(), 7, other, 2), Reference(other, 2));
   EXPECT_EQ(d->computed_tokens() - before, 1 + 1);
+}
+
+// The demo draft model (a sliding window of 64 in every other layer) over contexts well past its
+// window, as an adaptive engine drives it: draft lengths change from step to step (0: the cache
+// only fed), each step accepts a prefix of the drafts and appends a correction. Every proposal is
+// the greedy continuation computed from scratch.
+TEST(ModelDrafterTest, ChangingLengthsPastTheWindowDraftWhatAFreshCacheWould) {
+  auto loaded = Model::Load("models/demo-draft", ModelOptions{1});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  Model* model = loaded->get();
+  const int vocab = model->config().vocab_size;
+  auto fresh = [&](std::vector<int32_t> ctx, int k) {
+    const int block_size = 16;
+    const int blocks = static_cast<int>((ctx.size() + k) / block_size + 1);
+    auto cache = KvCache::Create(model->MakeKvCacheConfig(blocks, block_size));
+    EXPECT_TRUE(cache.ok());
+    std::vector<int32_t> table(blocks);
+    for (int b = 0; b < blocks; ++b) table[b] = b;
+    std::vector<int32_t> out;
+    std::vector<float> logits;
+    for (int i = 0; i < k; ++i) {
+      SequenceInput in;
+      in.tokens = ctx.data();
+      in.num_tokens = static_cast<int64_t>(ctx.size());
+      in.block_table = table.data();
+      in.num_blocks = blocks;
+      EXPECT_TRUE(model->Forward({in}, cache->get(), &logits).ok());
+      const int32_t best =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      out.push_back(best);
+      ctx.push_back(best);
+    }
+    return out;
+  };
+  ModelDrafterOptions o;
+  o.num_blocks = 128;
+  o.block_size = 16;
+  auto made = ModelDrafter::Create(model, vocab, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ModelDrafter& d = **made;
+  std::mt19937 rng(3);
+  std::vector<int32_t> ctx(90);
+  for (int32_t& t : ctx) t = static_cast<int32_t>(rng() % (vocab - 10)) + 5;
+  const int lengths[] = {2, 4, 2, 4, 0, 4, 1, 4, 8, 2, 0, 0, 4, 2, 4, 2, 8, 1, 2, 4};
+  for (int step = 0; step < 60; ++step) {
+    const int k = lengths[step % 20];
+    std::vector<DraftRequest> requests(1);
+    requests[0].seq_id = 1;
+    requests[0].context = ctx;
+    requests[0].k = k;
+    std::vector<int32_t> accepted;
+    if (k == 0) {
+      ASSERT_TRUE(d.Feed(requests).ok());
+    } else {
+      std::vector<DraftProposal> out;
+      ASSERT_TRUE(d.ProposeBatch(requests, &out).ok());
+      ASSERT_EQ(out[0].tokens, fresh(ctx, k)) << "step " << step << " k " << k;
+      const int take = static_cast<int>(rng() % (k + 1));
+      accepted.assign(out[0].tokens.begin(), out[0].tokens.begin() + take);
+    }
+    ctx.insert(ctx.end(), accepted.begin(), accepted.end());
+    ctx.push_back(static_cast<int32_t>(rng() % (vocab - 10)) + 5);
+  }
 }
 
 TEST(ModelDrafterTest, BatchEqualsOneAtATime) {
