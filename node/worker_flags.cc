@@ -148,6 +148,10 @@ ABSL_FLAG(int32_t, spec_trial_run_steps, 1,
           "With --spec_select: a trial alternates runs of this many steps of the mode on trial "
           "and the current mode, each run's first step (which starts from the other mode's "
           "state) left unmeasured when above 1; 1: single steps, every one measured.");
+ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 0,
+          "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
+          "many requests decode (single steps above: runs of long steps made trials costly); 0: "
+          "at any count.");
 
 namespace deepinfer::node {
 namespace {
@@ -295,6 +299,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
     return absl::InvalidArgumentError(
         absl::StrCat("--spec_trial_run_steps: expected >= 1, got ",
                      o.speculative.select_options.trial_run_steps));
+  }
+  o.speculative.select_options.trial_run_max_decoding =
+      absl::GetFlag(FLAGS_spec_trial_run_max_decoding);
+  if (o.speculative.select_options.trial_run_max_decoding < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_trial_run_max_decoding: expected >= 0, got ",
+                     o.speculative.select_options.trial_run_max_decoding));
   }
   if (!(o.speculative.select_options.trial_stop_sequence_steps >= 0.0)) {
     return absl::InvalidArgumentError(

@@ -120,12 +120,14 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 1);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 0);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
+  absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 4);
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
@@ -144,6 +146,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
@@ -192,6 +195,8 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
        "--spec_trial_stop_sequence_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, -1); },
+       "--spec_trial_run_max_decoding:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
       {[] { absl::SetFlag(&FLAGS_device, "gpu"); },

@@ -36,8 +36,9 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
       !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
-      options.trial_run_steps < 1 || !(options.catch_up_horizon_seconds > 0.0) ||
-      !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0)) {
+      options.trial_run_steps < 1 || options.trial_run_max_decoding < 0 ||
+      !(options.catch_up_horizon_seconds > 0.0) || !(options.inherit_weight > 0.0) ||
+      !(options.inherit_weight <= 1.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -46,7 +47,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
-        "trial_run_steps >= 1, catch_up_horizon_seconds > 0, 0 < inherit_weight <= 1");
+        "trial_run_steps >= 1, trial_run_max_decoding >= 0, catch_up_horizon_seconds > 0, 0 < "
+        "inherit_weight <= 1");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -559,6 +561,11 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     partner_ = options_.interleave && mode != incumbent ? incumbent : -1;
     partner_next_ = false;
     run_taken_ = 0;
+    // Bucket b holds up to 2^b decoding sequences.
+    run_steps_ = options_.trial_run_max_decoding == 0 ||
+                         (b < 30 && (int64_t{1} << b) <= options_.trial_run_max_decoding)
+                     ? options_.trial_run_steps
+                     : 1;
     current_ = mode;
     epoch_bucket_ = b;
     side_[0] = side_[1] = Side();
@@ -577,8 +584,8 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     // A trial: the mode on trial and the incumbent take turns, in runs of trial_run_steps steps
     // whose first step (which starts from the other side's state) is not measured.
     if (partner_next_) choice.mode = partner_;
-    if (options_.trial_run_steps > 1 && run_taken_ == 0) choice.measured = false;
-    if (++run_taken_ >= options_.trial_run_steps) {
+    if (run_steps_ > 1 && run_taken_ == 0) choice.measured = false;
+    if (++run_taken_ >= run_steps_) {
       run_taken_ = 0;
       partner_next_ = !partner_next_;
     }

@@ -157,6 +157,14 @@ namespace deepinfer::engine::spec {
 // the other against its worse ones. With `trial_run_steps` N > 1 the sides alternate runs of N
 // steps, and each run's first step is not measured (N = 3: a third of the trial's steps).
 // Default 1.
+// Runs only where steps are cheap (`trial_run_max_decoding`, default 0 = every bucket). At one
+// sequence a draft model's trials of single steps are biased by the steps' carry-over far beyond
+// their noise: a draft of 4 after one of 2 accepted 0.94 tokens where it accepted 1.38 after one
+// of 4 that had accepted as many (the same 1 draft and a correction), and trials rated k = 4 at
+// 90% of k = 2 where the two fixed-length nodes ran k = 4 7% faster (issue 12, session 24). Runs
+// of 3 gained 2-3% at 1 and 8 concurrent requests (session 19) but lost 6% at 32, where a
+// run's unmeasured first steps made trials a quarter of the node's time; with this option the
+// runs apply only to the small buckets, whose steps take a few milliseconds.
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -297,6 +305,9 @@ class DraftModeSelector {
     // A trial alternates runs of this many steps of each side, the first step of each run left
     // unmeasured when above 1 (see above); 1: single steps, every one measured.
     int trial_run_steps = 1;  // >= 1
+    // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
+    // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
+    int trial_run_max_decoding = 0;           // >= 0
     double freeze_below = 0.99;               // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run
@@ -499,6 +510,7 @@ class DraftModeSelector {
   int partner_ = -1;                 // interleaved trial: the incumbent alternated with
   bool partner_next_ = false;        // whose turn after the warm-up: the partner's
   int run_taken_ = 0;                // steps of the current side's run (trial_run_steps)
+  int run_steps_ = 1;                // the current epoch's run length (trial_run_max_decoding)
   bool epoch_upkeep_ = true;         // Choice::upkeep of the epoch's steps
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
   int warmup_left_ = 0;              // Choose calls left unmeasured after a change
