@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
   std::printf("vocab %d  iters %d  reps %d (medians, us per row)\n", vocab,
               absl::GetFlag(FLAGS_iters), absl::GetFlag(FLAGS_reps));
   const double max_element = Time(
-      row, [](const std::vector<float>& x) { return std::max_element(x.begin(), x.end()) - x.begin(); },
+      row,
+      [](const std::vector<float>& x) { return std::max_element(x.begin(), x.end()) - x.begin(); },
       &sink);
   std::printf("%-8s %-26s %8.3f\n", "-", "std::max_element", max_element);
   double scalar_lse = 0.0, scalar_argmax = 0.0;
@@ -81,8 +82,8 @@ int main(int argc, char** argv) {
       scalar_lse = lse;
       scalar_argmax = argmax;
     }
-    std::printf("%-8s %-26s %8.3f  (x%.1f against scalar)\n",
-                deepinfer::kernels::CpuIsaName(isa), "max + sum of exp", lse, scalar_lse / lse);
+    std::printf("%-8s %-26s %8.3f  (x%.1f against scalar)\n", deepinfer::kernels::CpuIsaName(isa),
+                "max + sum of exp", lse, scalar_lse / lse);
     std::printf("%-8s %-26s %8.3f  (x%.1f against scalar, x%.1f against max_element)\n",
                 deepinfer::kernels::CpuIsaName(isa), "arg-max", argmax, scalar_argmax / argmax,
                 max_element / argmax);
