@@ -1012,6 +1012,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     gate.mode = choice.mode;
     gate.mode_measured = choice.measured;
     gate.upkeep = choice.upkeep;
+    gate.upkeep_catch_up = choice.catch_up;
     const int length = selector_->length(choice.mode);
     if (length != spec::DraftModeSelector::kPlan) {
       gate.fixed_length = length;
@@ -1211,7 +1212,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
         options_.speculative.draft_upkeep_tokens > 0) {
       bool drafted = false;
       for (const Sequence* seq : decodes) drafted = drafted || !seq->draft.empty();
-      if (!drafted && gate.upkeep) UpkeepDrafter(decodes, step.get());
+      if (!drafted && gate.upkeep) UpkeepDrafter(decodes, gate.upkeep_catch_up, step.get());
     }
   }
   // Decodes first (one token each, plus drafts), then continuing prefills.
@@ -1685,7 +1686,7 @@ int64_t LlmEngine::CatchUpExcess(int64_t lag) const {
 
 bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const { return CatchUpExcess(lag) > 0; }
 
-void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step) {
+void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   std::vector<spec::DraftRequest> requests;
   int64_t lags = 0;
@@ -1695,6 +1696,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step)
     const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
                         model_drafter_->cached_length(static_cast<int64_t>(seq->id));
     if (lag < lag_min) continue;
+    if (!catch_up && CatchesUpOnPrompt(lag)) continue;
     if (CatchesUpOnPrompt(lag)) {
       step->spec_prompt_catch_up = true;
       excess += CatchUpExcess(lag);

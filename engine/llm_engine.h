@@ -516,8 +516,10 @@ class LlmEngine {
     bool mode_measured = false;
     int fixed_length = -1;
     // Whether a step that drafts nothing feeds the draft model (UpkeepDrafter): not in a bucket
-    // the selector froze (spec::DraftModeSelector::Choice::upkeep).
+    // the selector froze (spec::DraftModeSelector::Choice::upkeep), and whether that feeding
+    // also catches up sequences far behind (Choice::catch_up).
     bool upkeep = true;
+    bool upkeep_catch_up = true;
   };
 
   void SchedulerLoop();
@@ -569,8 +571,9 @@ class LlmEngine {
   // `fixed_length` >= 1: draft that many tokens per sequence (capped by max_tokens and the
   // budget) and verify all, as without adaptive verification; -1: the adaptive plan.
   // Draft model, adaptive, a step that drafts nothing: feeds the draft model the decoding
-  // sequences whose draft KV lags by SpecOptions::draft_upkeep_tokens or more.
-  void UpkeepDrafter(const std::vector<Sequence*>& decodes, Step* step);
+  // sequences whose draft KV lags by SpecOptions::draft_upkeep_tokens or more; with `catch_up`
+  // false only those within the steady bound (not CatchesUpOnPrompt).
+  void UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step);
   // Draft model: whether a sequence whose draft KV lags its context by `lag` tokens is catching
   // up on a whole prompt (Step::spec_prompt_catch_up), beyond what steady drafting or the upkeep
   // leaves behind (2 x draft_upkeep_tokens + k + 1).

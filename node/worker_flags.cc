@@ -144,11 +144,17 @@ ABSL_FLAG(double, spec_trial_stop_sequence_steps, 32,
           "With --spec_select: the sequence-steps (steps x decoding requests) each side of a trial "
           "must cover before it may end early (few steps of one or two requests say little), for "
           "a mode just below --spec_trial_stop_below; x log(that) / log(its ratio) for others.");
-ABSL_FLAG(int32_t, spec_trial_run_steps, 1,
+ABSL_FLAG(int32_t, spec_trial_run_steps, 3,
           "With --spec_select: a trial alternates runs of this many steps of the mode on trial "
           "and the current mode, each run's first step (which starts from the other mode's "
-          "state) left unmeasured when above 1; 1: single steps, every one measured.");
-ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 0,
+          "state) left unmeasured when above 1 (see --spec_trial_run_max_decoding); 1: single "
+          "steps, every one measured.");
+ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
+          "With --spec_select and a draft model: whether steps of a bucket held by no drafting "
+          "feed the draft model everything requests are behind by (a new prompt, what a frozen "
+          "bucket skipped); false: only requests within a few tokens, the others catch up when "
+          "they next draft.");
+ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 4,
           "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
           "many requests decode (single steps above: runs of long steps made trials costly); 0: "
           "at any count.");
@@ -300,6 +306,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         absl::StrCat("--spec_trial_run_steps: expected >= 1, got ",
                      o.speculative.select_options.trial_run_steps));
   }
+  o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
   o.speculative.select_options.trial_run_max_decoding =
       absl::GetFlag(FLAGS_spec_trial_run_max_decoding);
   if (o.speculative.select_options.trial_run_max_decoding < 0) {

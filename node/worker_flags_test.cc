@@ -119,15 +119,17 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
-  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 1);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 0);
+  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
+  EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
-  absl::SetFlag(&FLAGS_spec_trial_run_steps, 3);
-  absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 4);
+  absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
+  absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 8);
+  absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
@@ -145,8 +147,9 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
-  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
+  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
+  EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");

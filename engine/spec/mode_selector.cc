@@ -510,6 +510,7 @@ int DraftModeSelector::Decide(int b) {
   bucket.modes[pick].last_epoch = epoch;
   if (pick != inc) ++explorations_;
   epoch_upkeep_ = pick != inc || !frozen;
+  epoch_catch_up_ = pick != inc || lengths_[inc] != 0 || options_.off_epoch_catch_up;
   return pick;
 }
 
@@ -577,6 +578,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   const bool warmup = warmup_left_ > 0;
   choice.measured = !warmup;
   choice.upkeep = epoch_upkeep_;
+  choice.catch_up = epoch_catch_up_;
   if (warmup) {
     --warmup_left_;
     ++warmup_taken_;

@@ -156,15 +156,20 @@ namespace deepinfer::engine::spec {
 // a mode whose steps leave that state often is measured against the other's better starts, and
 // the other against its worse ones. With `trial_run_steps` N > 1 the sides alternate runs of N
 // steps, and each run's first step is not measured (N = 3: a third of the trial's steps).
-// Default 1.
-// Runs only where steps are cheap (`trial_run_max_decoding`, default 0 = every bucket). At one
+// Default 3 (1 until issue 12, session 24), at up to 4 decoding sequences (below).
+// Runs only where steps are cheap (`trial_run_max_decoding`, default 4; 0 = every bucket). At one
 // sequence a draft model's trials of single steps are biased by the steps' carry-over far beyond
 // their noise: a draft of 4 after one of 2 accepted 0.94 tokens where it accepted 1.38 after one
 // of 4 that had accepted as many (the same 1 draft and a correction), and trials rated k = 4 at
 // 90% of k = 2 where the two fixed-length nodes ran k = 4 7% faster (issue 12, session 24). Runs
 // of 3 gained 2-3% at 1 and 8 concurrent requests (session 19) but lost 6% at 32, where a
 // run's unmeasured first steps made trials a quarter of the node's time; with this option the
-// runs apply only to the small buckets, whose steps take a few milliseconds.
+// runs apply only to the small buckets, whose steps take a few milliseconds. Measured beside
+// single steps in the same rounds of two sweeps (session 24, decode tokens/s over no
+// speculation): a draft model +4% and +4% at 1 request (its node then ran k = 4 at one sequence,
+// at the k = 4 node's rate, where single-step trials had handed k = 2 the bucket), -1% and +2% at
+// 8, +4% and +4% at 32; n-gram +4% and -4% at 1 (its plan runs 99% of the time either way), +2%
+// and -1% at 8, -4% and +1% at 32.
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -259,6 +264,17 @@ namespace deepinfer::engine::spec {
 // first position, is a better start than one after a single rejected draft: 1.67 against 1.56
 // tokens for a draft model's next k = 1 step), which the re-weighting takes for the state's.
 //
+// Catching up while not drafting (`off_epoch_catch_up`, default on = as before). An unfrozen
+// bucket whose incumbent drafts nothing keeps the draft model's cache up to date in its
+// incumbent's epochs (the upkeep), and when the count enters it from a frozen bucket every
+// sequence is hundreds of tokens behind: that upkeep is then a catch-up of everything the frozen
+// bucket skipped, paid by steps that draft nothing. Measured (issue 12, session 24, draft model at
+// 32 concurrent requests, trials in runs of 3 at up to 4 sequences): 17-32 frozen on no drafting,
+// 9-16 held by no drafting unfrozen (the plan at 99%), whose steps ran at 2.14 tokens/ms against
+// 3.14 in a node without speculation. Off: those epochs' upkeep feeds only sequences within the
+// steady bound (SpecOptions::draft_upkeep_tokens), a trial's drafting steps catch up the others
+// (its warm-up). Not measured in a sweep yet.
+//
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
 class DraftModeSelector {
@@ -304,10 +320,10 @@ class DraftModeSelector {
     double trial_stop_sequence_steps = 32.0;  // >= 0
     // A trial alternates runs of this many steps of each side, the first step of each run left
     // unmeasured when above 1 (see above); 1: single steps, every one measured.
-    int trial_run_steps = 1;  // >= 1
+    int trial_run_steps = 3;  // >= 1 (1 until issue 12, session 24)
     // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
     // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
-    int trial_run_max_decoding = 0;           // >= 0
+    int trial_run_max_decoding = 4;           // >= 0 (0 until issue 12, session 24)
     double freeze_below = 0.99;               // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run
@@ -331,6 +347,9 @@ class DraftModeSelector {
     // Trials re-weight each side to its own mode's mix of start states (see "Carry-over
     // correction" above); false: as measured.
     bool carry_over_correction = false;
+    // Whether the upkeep of an incumbent's epochs that draft nothing also catches up sequences
+    // far behind (Choice::catch_up; see "Catching up while not drafting" above).
+    bool off_epoch_catch_up = true;
   };
 
   // A decoding sequence's state at the start of a step: what its previous step left (see
@@ -353,6 +372,10 @@ class DraftModeSelector {
     // Whether a step that drafts nothing should keep a draft model's cache up to date: false
     // in a frozen bucket's epochs of its incumbent (see above).
     bool upkeep = true;
+    // With upkeep: whether it also feeds sequences far behind (a whole new prompt, or what a
+    // frozen bucket skipped); false in the epochs of an incumbent that drafts nothing when
+    // off_epoch_catch_up is off.
+    bool catch_up = true;
   };
 
   // `modes`: the modes' draft lengths (kPlan, 0 or a fixed length), distinct, non-empty.
@@ -512,6 +535,7 @@ class DraftModeSelector {
   int run_taken_ = 0;                // steps of the current side's run (trial_run_steps)
   int run_steps_ = 1;                // the current epoch's run length (trial_run_max_decoding)
   bool epoch_upkeep_ = true;         // Choice::upkeep of the epoch's steps
+  bool epoch_catch_up_ = true;       // Choice::catch_up of the epoch's steps
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
   int warmup_left_ = 0;              // Choose calls left unmeasured after a change
   int warmup_taken_ = 0;             // of them, returned since the change

@@ -645,12 +645,15 @@ TEST(DraftModeSelectorTest, MachineNoiseStillLetsAFasterModeTakeOver) {
 }
 
 // Default options (interleaved trials) with epochs of `epoch_steps` steps, no minimum time, and
-// `warmup_steps` warm-up steps: the tests below.
+// `warmup_steps` warm-up steps: the tests below. Trials alternate single steps (the default until
+// session 24; runs of steps, where a test sets trial_run_steps, at any count).
 Options Stepped(int epoch_steps, int warmup_steps) {
   Options o;
   o.epoch_steps = epoch_steps;
   o.epoch_seconds = 0.0;
   o.warmup_steps = warmup_steps;
+  o.trial_run_steps = 1;
+  o.trial_run_max_decoding = 0;
   return o;
 }
 
@@ -1384,6 +1387,37 @@ TEST(DraftModeSelectorTest, RunsOnlyUpToTheirDecodingCount) {
         decoding <= 4 ? std::vector<int>{0, 1, 1, 0, 1, 1} : std::vector<int>{1, 1, 1, 1, 1, 1};
     EXPECT_EQ(std::vector<int>(modes.begin(), modes.begin() + 6), want_modes);
     EXPECT_EQ(std::vector<int>(measured.begin(), measured.begin() + 6), want_measured);
+  }
+}
+
+// off_epoch_catch_up: with it off, the epochs of an incumbent that drafts nothing (unfrozen
+// here) ask for upkeep without catch-up; trials, and drafting incumbents' epochs, with it. On
+// (the default): every step may catch up.
+TEST(DraftModeSelectorTest, OffEpochsOfNoDraftingSkipTheCatchUpWhenAsked) {
+  for (const bool catch_up : {true, false}) {
+    SCOPED_TRACE(catch_up);
+    Options o = Stepped(8, 0);
+    o.freeze_below = 0.0;
+    o.off_epoch_catch_up = catch_up;
+    auto s = DraftModeSelector::Create({0, 1}, o);  // no drafting first: the incumbent
+    ASSERT_TRUE(s.ok());
+    int incumbent_steps = 0, incumbent_catch_up = 0, trial_steps = 0, trial_catch_up = 0;
+    for (int i = 0; i < 2000; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(1);
+      EXPECT_TRUE(c.upkeep);
+      if (s->partner() >= 0) {
+        ++trial_steps;
+        trial_catch_up += c.catch_up ? 1 : 0;
+      } else {
+        ++incumbent_steps;
+        incumbent_catch_up += c.catch_up ? 1 : 0;
+      }
+      s->Observe(1, c.mode, c.measured, (c.mode == 0 ? 100.0 : 70.0) * 0.01, 0.01);
+    }
+    ASSERT_EQ(s->Incumbent(1), 0);
+    ASSERT_GT(trial_steps, 0);
+    EXPECT_EQ(trial_catch_up, trial_steps);
+    EXPECT_EQ(incumbent_catch_up, catch_up ? incumbent_steps : 0);
   }
 }
 
