@@ -118,7 +118,7 @@ void LogitsProcessor::Distribution(const float* logits, int vocab,
       (params_.top_k > 0 && params_.top_k < vocab) || params_.top_p < 1.0f || params_.min_p > 0.0f;
   if (!truncates) {
     // Plain softmax; the order of summation is the only difference from the sorted path.
-    const float mx = *std::max_element(l.begin(), l.end());
+    const float mx = kernels::RowMaxCpu(l.data(), vocab);
     double sum = 0.0;
     for (int i = 0; i < vocab; ++i) sum += (*probs)[i] = std::exp(static_cast<double>(l[i] - mx));
     for (double& p : *probs) p /= sum;
