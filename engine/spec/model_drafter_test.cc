@@ -222,7 +222,9 @@ TEST(ModelDrafterTest, KeepDraftingStopsEachRequestBeforeTheDeclinedToken) {
       EXPECT_EQ(asked[i][j].first, static_cast<int>(j));
       EXPECT_GT(asked[i][j].second, 0.0f);
       EXPECT_LE(asked[i][j].second, 1.0f);
-      if (j < out[i].confidence.size()) EXPECT_EQ(asked[i][j].second, out[i].confidence[j]);
+      if (j < out[i].confidence.size()) {
+        EXPECT_EQ(asked[i][j].second, out[i].confidence[j]);
+      }
     }
   }
   // The next proposal continues from the cache as usual (a stopped draft left nothing stale).
