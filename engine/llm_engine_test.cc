@@ -3,15 +3,14 @@
 // cache on or off, chunked prefill on or off, overlap on or off, and under preemption; and under
 // random load with aborts no KV block may leak.
 #include "engine/llm_engine.h"
-#include "engine/kv_copy_test_util.h"
-#include "engine/output_collector.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <future>
-#include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -19,6 +18,8 @@
 #include <vector>
 
 #include "engine/chat_template/chat_template.h"
+#include "engine/kv_copy_test_util.h"
+#include "engine/output_collector.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -190,11 +191,20 @@ TEST_F(LlmEngineTest, PrefixCacheServesTheSecondTurn) {
 
 TEST_F(LlmEngineTest, StatsCountThePendingPrefillBacklog) {
   EngineOptions o;
-  o.num_blocks = 1024;
+  o.num_blocks = 600;
   o.block_size = 4;
   o.max_batch_tokens = 8;  // a 1500-token prompt takes ~190 steps to prefill
   auto engine = LlmEngine::Create(model_, o).value();
   ASSERT_TRUE(engine->Start().ok());
+  // A reservation (for a remote prefill that never comes) holds 500 of the 600 blocks, so the
+  // 1500-token prompt (375 blocks) waits with all its tokens pending until the test frees them:
+  // the backlog cannot be computed before this thread looks, however late it looks (it was, in
+  // ~190 fast steps, when the prompt was admitted at once and this thread stalled).
+  EngineRequest hog;
+  hog.request_id = "hog";
+  hog.prompt.assign(500 * o.block_size, 5);
+  hog.sampling = Greedy(1);
+  ASSERT_TRUE(engine->ReserveForRemotePrefill(hog, [](const EngineOutput&) {}).ok());
   Collector c;
   EngineRequest req;
   req.request_id = "long";
@@ -202,15 +212,18 @@ TEST_F(LlmEngineTest, StatsCountThePendingPrefillBacklog) {
   req.sampling = Greedy(2);
   ASSERT_TRUE(engine->Submit(req, c.Callback()).ok());
   int64_t seen = 0;
-  for (int i = 0; i < 2000 && seen == 0; ++i) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (seen == 0 && std::chrono::steady_clock::now() < give_up) {
     seen = engine->GetStats().pending_prefill_tokens;
     if (seen == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_GT(seen, 0);
-  EXPECT_LE(seen, 1500);
+  EXPECT_EQ(seen, 1500);
+  ASSERT_TRUE(engine->FailRemotePrefill("hog", absl::CancelledError("test done with it")).ok());
   ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+  EXPECT_TRUE(c.results()["long"].status.ok()) << c.results()["long"].status;
   int64_t after = -1;
-  for (int i = 0; i < 200 && after != 0; ++i) {
+  const auto drained_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (after != 0 && std::chrono::steady_clock::now() < drained_by) {
     after = engine->GetStats().pending_prefill_tokens;
     if (after != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -257,13 +270,22 @@ TEST_F(LlmEngineTest, FullQueueIsResourceExhaustedAndAcceptedRequestsFinish) {
   o.max_waiting = 2;
   auto engine = LlmEngine::Create(model_, o).value();
   ASSERT_TRUE(engine->Start().ok());
+  // A reservation (for a remote prefill that never comes) holds 60 of the 64 blocks, too few
+  // left for any prompt here: nothing is admitted, so the queue cannot drain while it fills,
+  // however long this thread stalls between submissions. (A running request generating 200
+  // tokens could finish first, and a fourth submission was accepted.)
+  EngineRequest hog;
+  hog.request_id = "hog";
+  hog.prompt.assign(60 * o.block_size, 5);
+  hog.sampling = Greedy(1);
+  ASSERT_TRUE(engine->ReserveForRemotePrefill(hog, [](const EngineOutput&) {}).ok());
   Collector c;
   int accepted = 0, rejected = 0;
   for (int i = 0; i < 30 && rejected == 0; ++i) {
     EngineRequest req;
     req.request_id = "f" + std::to_string(i);
     req.prompt = prompts_[0];
-    req.sampling = Greedy(200);  // keeps the single running slot busy while the queue fills
+    req.sampling = Greedy(200);
     absl::Status s = engine->Submit(req, c.Callback());
     if (s.ok()) {
       ++accepted;
@@ -272,9 +294,10 @@ TEST_F(LlmEngineTest, FullQueueIsResourceExhaustedAndAcceptedRequestsFinish) {
       ++rejected;
     }
   }
-  // One running + two queued: the fourth submission at the latest is refused.
+  // Two queued: the third submission is refused.
   EXPECT_EQ(rejected, 1);
-  EXPECT_LE(accepted, 3);
+  EXPECT_EQ(accepted, 2);
+  ASSERT_TRUE(engine->FailRemotePrefill("hog", absl::CancelledError("test done with it")).ok());
   ASSERT_TRUE(c.WaitFor(accepted, std::chrono::seconds(120)));
   auto results = c.results();
   EXPECT_EQ(static_cast<int>(results.size()), accepted);
@@ -315,6 +338,29 @@ TEST_F(LlmEngineTest, RandomLoadWithAbortsLeaksNoBlocks) {
       if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
       engine->Abort("q" + std::to_string(rng() % (i + 1)));
     }
+    if (i == n / 2) {
+      // The random aborts land only while their target is live, which this thread, stalled, can
+      // miss every time. This request is aborted from its own first output (on the scheduler
+      // thread), so the abort is handled within the next two steps: it always lands, mid-load.
+      EngineRequest live;
+      live.request_id = "live";
+      live.prompt = prompts_[0];
+      live.sampling = Greedy(64);
+      OutputCallback collect = c.Callback();
+      auto abort_sent = std::make_shared<bool>(false);
+      LlmEngine* e = engine.get();
+      ASSERT_TRUE(engine
+                      ->Submit(live,
+                               [collect, abort_sent, e](const EngineOutput& out) {
+                                 if (!out.finished && !*abort_sent) {
+                                   *abort_sent = true;
+                                   EXPECT_TRUE(e->Abort("live"));
+                                 }
+                                 collect(out);
+                               })
+                      .ok());
+      ++submitted;
+    }
   }
   ASSERT_TRUE(c.WaitFor(submitted, std::chrono::seconds(240)));
   auto results = c.results();
@@ -324,6 +370,8 @@ TEST_F(LlmEngineTest, RandomLoadWithAbortsLeaksNoBlocks) {
     if (r.finish == FinishReason::kAborted) ++aborted;
   }
   EXPECT_EQ(static_cast<int>(results.size()), submitted);
+  EXPECT_EQ(results["live"].finish, FinishReason::kAborted);
+  EXPECT_LT(results["live"].tokens.size(), 64u);
   // Let the scheduler release blocks of the last finished steps.
   EngineStats s;
   for (int i = 0; i < 200; ++i) {
