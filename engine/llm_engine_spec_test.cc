@@ -420,13 +420,39 @@ TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
         if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
         engine->Abort("q" + std::to_string(rng() % (i + 1)));
       }
+      if (i == n / 2) {
+        // The random aborts land only while their target is live, which this thread, stalled,
+        // can miss every time. This request is aborted from its own first output (on the
+        // scheduler thread), so the abort is handled within the next two steps: it always
+        // lands, mid-load.
+        EngineRequest live;
+        live.request_id = "live";
+        live.prompt = prompts[0];
+        live.sampling = Greedy(64);
+        OutputCallback collect = c.Callback();
+        auto abort_sent = std::make_shared<bool>(false);
+        LlmEngine* e = engine.get();
+        ASSERT_TRUE(engine
+                        ->Submit(live,
+                                 [collect, abort_sent, e](const EngineOutput& out) {
+                                   if (!out.finished && !*abort_sent) {
+                                     *abort_sent = true;
+                                     EXPECT_TRUE(e->Abort("live"));
+                                   }
+                                   collect(out);
+                                 })
+                        .ok());
+      }
     }
-    ASSERT_TRUE(c.WaitFor(n, std::chrono::seconds(240)));
+    ASSERT_TRUE(c.WaitFor(n + 1, std::chrono::seconds(240)));
+    auto results = c.results();
     int aborted = 0;
-    for (const auto& [id, r] : c.results()) {
+    for (const auto& [id, r] : results) {
       EXPECT_EQ(r.final_outputs, 1) << id;
       if (r.finish == FinishReason::kAborted) ++aborted;
     }
+    EXPECT_EQ(results["live"].finish, FinishReason::kAborted);
+    EXPECT_LT(results["live"].tokens.size(), 64u);
     EngineStats s;
     for (int i = 0; i < 200; ++i) {
       s = engine->GetStats();
@@ -437,7 +463,9 @@ TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
     EXPECT_EQ(s.blocks.free_blocks + s.blocks.cached_blocks, 64);
     EXPECT_GT(aborted, 0);
     EXPECT_GT(s.spec_verified_tokens, 0);
-    if (select) EXPECT_GT(s.spec_select_epochs, 4);
+    if (select) {
+      EXPECT_GT(s.spec_select_epochs, 4);
+    }
   }
 }
 
