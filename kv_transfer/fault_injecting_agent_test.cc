@@ -46,7 +46,9 @@ class FaultTest : public ::testing::Test {
 };
 
 TEST_F(FaultTest, DelayKeepsBuffersPinned) {
-  f_->SetCompletionDelay(absl::Milliseconds(50));
+  // The delay runs on the real clock and the three refusals below must all come within it: long
+  // enough that a stalled test thread cannot outlast it (it did 50 ms), short of Later().
+  f_->SetCompletionDelay(absl::Seconds(1));
   ASSERT_TRUE(f_->Post(h_, TransferOp::kWrite, all_, all_, nullptr, Later()).ok());
   EXPECT_EQ(f_->Poll(h_)->state, TransferState::kInProgress);
   EXPECT_EQ(f_->DeregisterMemory(ar_).code(), absl::StatusCode::kFailedPrecondition);
