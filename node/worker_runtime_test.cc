@@ -219,6 +219,15 @@ TEST(WorkerRuntimeTest, ServesPrometheusMetricsFromItsStats) {
                     .ok());
     ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
   }
+  // The final output goes out before the engine frees the request's blocks and publishes its
+  // queue figures (at the end of that scheduler iteration): wait for them, or a scrape right away
+  // can see the finished request still running and its blocks in use.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up) {
+    const internal::v1::WorkerStats s = rt->Stats();
+    if (s.running_sequences() == 0 && s.used_kv_blocks() == 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   absl::StatusOr<std::string> text = testutil::HttpGet(rt->metrics_port());
   ASSERT_TRUE(text.ok()) << text.status();
   using testutil::SampleValue;
