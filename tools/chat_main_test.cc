@@ -2,6 +2,7 @@
 // request building from flags, streamed and buffered output, the summary line, JSON output, and
 // the error path.
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -40,6 +41,18 @@ class ScriptedInference final : public v1::Inference::Service {
     chunk.add_token_ids(10);
     chunk.set_text_delta("Hel");
     writer->Write(chunk);
+    std::string pace_path;
+    {
+      absl::MutexLock lock(&mu_);
+      pace_path = pace_path_;
+    }
+    if (!pace_path.empty()) {
+      // The client has read the first chunk once it printed it.
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
+      while (ReadFile(pace_path).find("Hel") == std::string::npos && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
     absl::SleepFor(absl::Milliseconds(20));
     chunk.clear_token_ids();
     chunk.add_token_ids(11);
@@ -62,9 +75,24 @@ class ScriptedInference final : public v1::Inference::Service {
     return last_request_;
   }
 
+  // From now on the second chunk is written 20 ms after the client printed the first to `path`
+  // (its output), not 20 ms after the first was written: the gap the client measures between
+  // reading them is then at least 20 ms however late its threads run (a client that read the
+  // first chunk late, after both had arrived, measured ~0).
+  void PaceByClientOutput(const std::string& path) {
+    absl::MutexLock lock(&mu_);
+    pace_path_ = path;
+  }
+
  private:
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
   absl::Mutex mu_;
   v1::ChatRequest last_request_ ABSL_GUARDED_BY(mu_);
+  std::string pace_path_ ABSL_GUARDED_BY(mu_);
 };
 
 class ChatMainTest : public ::testing::Test {
@@ -79,9 +107,14 @@ class ChatMainTest : public ::testing::Test {
   }
 
   // Runs the chat binary with `args`; returns its exit code and fills `output`.
-  int RunChat(std::vector<std::string> args, std::string* output) {
+  // The output file of the `run`th RunChat call.
+  static std::string LogPath(int run) {
     const char* tmp = getenv("TEST_TMPDIR");
-    const std::string log = absl::StrCat(tmp ? tmp : "/tmp", "/chat.", ++runs_, ".log");
+    return absl::StrCat(tmp ? tmp : "/tmp", "/chat.", run, ".log");
+  }
+
+  int RunChat(std::vector<std::string> args, std::string* output) {
+    const std::string log = LogPath(++runs_);
     SubprocessOptions options;
     options.argv = {"tools/chat", absl::StrCat("--router=", server_->address())};
     options.argv.insert(options.argv.end(), args.begin(), args.end());
@@ -128,6 +161,7 @@ TEST_F(ChatMainTest, StreamsTextAndPrintsTheSummary) {
 }
 
 TEST_F(ChatMainTest, JsonPrintsChunksAndASummaryWithTimings) {
+  service_.PaceByClientOutput(LogPath(runs_ + 1));
   std::string out;
   ASSERT_EQ(RunChat({"--messages_json=[{\"role\":\"user\",\"content\":\"Q\"},"
                      "{\"role\":\"assistant\",\"content\":\"A\"},"
@@ -149,7 +183,8 @@ TEST_F(ChatMainTest, JsonPrintsChunksAndASummaryWithTimings) {
   EXPECT_EQ(summary["completion_tokens"], 3);
   EXPECT_EQ(summary["cached_prompt_tokens"], 4);
   EXPECT_EQ(summary["finish_reason"], "LENGTH");
-  // Two gaps of >= 20 ms by construction: one ITL sample (between the two token chunks).
+  // Two gaps of >= 20 ms by construction: one ITL sample (between the two token chunks), >= 20 ms
+  // as the client measures it (PaceByClientOutput).
   EXPECT_GE(summary["itl_ms"]["max"].get<double>(), 15.0);
   EXPECT_GT(summary["ttft_ms"].get<double>(), 0.0);
   EXPECT_GE(summary["e2e_ms"].get<double>(), summary["ttft_ms"].get<double>() + 15.0);
