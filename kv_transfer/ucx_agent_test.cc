@@ -159,26 +159,36 @@ TEST_P(UcxInProcessTest, RandomWritesLandBeforeTheirNotification) {
 // Both progress threads idle long enough to block (on the worker's event fd where UCX offers
 // one, otherwise polling every ucx_max_idle_sleep): a write and its notification still complete
 // promptly, far sooner than the 100 ms safety timeout of a blocked wait, every time.
+// A missed wake costs ~70 ms (the rest of that timeout) on every try; a loaded machine can also
+// deschedule one of the four threads involved for that long, but not on every try: each post gets
+// up to three tries to come in under 50 ms.
 TEST_P(UcxInProcessTest, IdleAgentsWakeForPostsAndArrivingNotifications) {
-  for (uint64_t post = 1; post <= 5; ++post) {
-    absl::SleepFor(absl::Milliseconds(30));  // idle: past the spin and the growing sleeps
-    FillPattern(post, 0, a_ptr_, kBlock);
-    PatternPayload payload;
-    payload.seed = post;
-    payload.blocks.push_back({0, 3});
-    Notification note{post, 0, 1, payload.Encode()};
-    const absl::Time start = absl::Now();
-    ASSERT_TRUE(a_->Post(handle_, TransferOp::kWrite, {0}, {3}, &note,
-                         absl::Now() + absl::Seconds(10))
-                    .ok());
-    ASSERT_TRUE(b_->WaitForNotifications(absl::Now() + absl::Seconds(10)));
-    const absl::Duration took = absl::Now() - start;
-    EXPECT_LT(took, absl::Milliseconds(50)) << "post " << post;
-    ASSERT_EQ(b_->DrainNotifications().size(), 1u);
-    ASSERT_TRUE(CheckPattern(post, 0, b_ptr_ + 3 * kBlock, kBlock));
-    auto st = a_->Wait(handle_, absl::Now() + absl::Seconds(10));
-    ASSERT_TRUE(st.ok());
-    ASSERT_EQ(st->state, TransferState::kDone) << st->status;
+  uint64_t seed = 0;
+  for (int post = 1; post <= 5; ++post) {
+    std::vector<absl::Duration> tries;
+    while (tries.size() < 3 && (tries.empty() || tries.back() >= absl::Milliseconds(50))) {
+      absl::SleepFor(absl::Milliseconds(30));  // idle: past the spin and the growing sleeps
+      ++seed;
+      FillPattern(seed, 0, a_ptr_, kBlock);
+      PatternPayload payload;
+      payload.seed = seed;
+      payload.blocks.push_back({0, 3});
+      Notification note{seed, 0, 1, payload.Encode()};
+      const absl::Time start = absl::Now();
+      ASSERT_TRUE(
+          a_->Post(handle_, TransferOp::kWrite, {0}, {3}, &note, absl::Now() + absl::Seconds(10))
+              .ok());
+      ASSERT_TRUE(b_->WaitForNotifications(absl::Now() + absl::Seconds(10)));
+      tries.push_back(absl::Now() - start);
+      ASSERT_EQ(b_->DrainNotifications().size(), 1u);
+      ASSERT_TRUE(CheckPattern(seed, 0, b_ptr_ + 3 * kBlock, kBlock));
+      auto st = a_->Wait(handle_, absl::Now() + absl::Seconds(10));
+      ASSERT_TRUE(st.ok());
+      ASSERT_EQ(st->state, TransferState::kDone) << st->status;
+    }
+    EXPECT_LT(tries.back(), absl::Milliseconds(50))
+        << "post " << post << ": " << tries.size() << " tries, the first took "
+        << absl::FormatDuration(tries.front());
   }
 }
 
