@@ -135,22 +135,29 @@ TEST_F(ClusterFaultsTest, DecodeNodeKilledMidStream) {
 
 TEST_F(ClusterFaultsTest, PrefillNodeKilledMidTransferIsRetriedElsewhere) {
   StartCluster("prefill_killed", 2, 1);
-  constexpr int kRequests = 6;
-  std::mt19937 rng(5);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < kRequests; ++i) {
-    std::vector<int32_t> p;
-    for (int k = 0; k < 1200; ++k) p.push_back(static_cast<int32_t>(rng() % 700));
-    prompts.push_back(p);
-  }
-  std::vector<StreamResult> got(kRequests);
+  constexpr int kClients = 6;
+  // Each client sends new long prompts back to back until the kill, so the prefill nodes have
+  // work whenever this thread looks (a single round of prompts was computed within ~100 ms, which
+  // a stalled thread here could miss entirely).
+  std::atomic<bool> killed{false};
+  std::vector<std::vector<std::vector<int32_t>>> prompts(kClients);
+  std::vector<std::vector<StreamResult>> got(kClients);
   std::vector<std::thread> threads;
-  for (int i = 0; i < kRequests; ++i) {
-    threads.emplace_back([&, i] { got[i] = GenerateStream(*stub_, prompts[i], 8); });
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937 rng(5 + i);
+      do {
+        std::vector<int32_t> p;
+        for (int k = 0; k < 1200; ++k) p.push_back(static_cast<int32_t>(rng() % 700));
+        got[i].push_back(GenerateStream(*stub_, p, 8));
+        prompts[i].push_back(std::move(p));
+      } while (!killed.load());
+    });
   }
   // Kill the busiest prefill node while the long prompts are being computed and written.
   int victim = -1;
-  for (int tries = 0; tries < 200 && victim < 0; ++tries) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (victim < 0 && absl::Now() < give_up) {
     const auto workers = cluster_->workers();
     for (size_t i = 0; i < workers.size(); ++i) {
       if (workers[i].name.rfind("prefill-", 0) != 0) continue;
@@ -159,14 +166,20 @@ TEST_F(ClusterFaultsTest, PrefillNodeKilledMidTransferIsRetriedElsewhere) {
     }
     if (victim < 0) absl::SleepFor(absl::Milliseconds(1));
   }
-  ASSERT_GE(victim, 0) << "no prefill node ever had work";
+  killed.store(true);  // the clients' requests in flight now are the ones the kill hits
   const absl::Time killed_at = absl::Now();
-  ASSERT_TRUE(cluster_->Signal(victim, SIGKILL).ok());
-  ASSERT_TRUE(cluster_->WaitExit(victim, absl::Seconds(10)).ok());
+  const bool signalled = victim >= 0 && cluster_->Signal(victim, SIGKILL).ok();
+  const bool exited = signalled && cluster_->WaitExit(victim, absl::Seconds(10)).ok();
   for (auto& t : threads) t.join();
-  for (int i = 0; i < kRequests; ++i) {
-    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
-    EXPECT_EQ(got[i].tokens, Reference(*model_, prompts[i], 8)) << i;
+  ASSERT_GE(victim, 0) << "no prefill node ever had work";
+  ASSERT_TRUE(signalled);
+  ASSERT_TRUE(exited);
+  for (int i = 0; i < kClients; ++i) {
+    for (size_t j = 0; j < got[i].size(); ++j) {
+      ASSERT_TRUE(got[i][j].status.ok())
+          << i << "/" << j << ": " << got[i][j].status.error_message();
+      EXPECT_EQ(got[i][j].tokens, Reference(*model_, prompts[i][j], 8)) << i << "/" << j;
+    }
   }
   // The decode node let go of every reservation the dead node could have written into within
   // the transfer deadline (3 s) + the agent's abort grace (1 s) + the quiesce grace (2 s).
