@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -270,10 +271,13 @@ TEST(PagedAttentionCpuTest, BatchMatchesSingleCalls) {
 
 // A token's output does not depend on the other tokens of its call: verifying several draft
 // tokens in one call gives each exactly what decoding it alone gives (speculative decoding's
-// greedy output relies on this), with and without a sliding window, on every path.
+// greedy output relies on this), with and without a sliding window, on every path. On tiles, with
+// the demo model's group of 3: 2 tokens (6 rows: the softmax by row, as one token's 3), 6 tokens
+// (one task: a 5-token tile by key and a 1-token tile by row) and 23 (a task of four 5-token tiles
+// and one of a 3-token tile: 9 rows, by key).
 TEST(PagedAttentionCpuTest, TokensAreInvariantToTheirCall) {
   const int heads = 6, kv_heads = 2, dim = 64, block = 16;
-  const int64_t start = 90, tokens = 11, total = start + tokens;
+  const int64_t start = 90, max_tokens = 23, total = start + max_tokens;
   const int64_t nblocks = (total + block - 1) / block;
   const int64_t stride = static_cast<int64_t>(block) * kv_heads * dim;
   std::mt19937 rng(21);
@@ -283,15 +287,16 @@ TEST(PagedAttentionCpuTest, TokensAreInvariantToTheirCall) {
   for (auto& x : vc) x = F32ToBf16(dist(rng));
   std::vector<int32_t> table(nblocks);
   for (int64_t b = 0; b < nblocks; ++b) table[b] = static_cast<int32_t>((b * 3) % nblocks);
-  std::vector<float> q(tokens * heads * dim);
+  std::vector<float> q(max_tokens * heads * dim);
   for (float& x : q) x = RoundTo(DType::kBF16, dist(rng));
   auto pool = ThreadPool::Create(2);
   for (CpuIsa isa : OptimisedIsas()) {
-    for (int window : {0, 40}) {
+    for (const auto& [window, tokens] :
+         {std::pair<int, int64_t>{0, 23}, {40, 23}, {0, 6}, {40, 2}}) {
       PagedAttentionParams p =
           Bf16Params(heads, kv_heads, dim, block, stride, kc, vc, table.data());
       p.sliding_window = window;
-      std::vector<float> all(q.size());
+      std::vector<float> all(tokens * heads * dim);
       p.q = q.data();
       p.out = all.data();
       p.num_tokens = tokens;
@@ -309,7 +314,8 @@ TEST(PagedAttentionCpuTest, TokensAreInvariantToTheirCall) {
         PagedAttentionCpuWithIsa(single, nullptr, isa);
         for (int64_t i = 0; i < heads * dim; ++i) {
           ASSERT_EQ(one[i], all[t * heads * dim + i])
-              << CpuIsaName(isa) << " window " << window << " token " << t << " at " << i;
+              << CpuIsaName(isa) << " window " << window << " tokens " << tokens << " token " << t
+              << " at " << i;
         }
       }
     }
