@@ -30,6 +30,15 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 
 // Adaptive speculative decoding: weight of each step's overhead sample in the running average.
 constexpr double kOverheadWeight = 0.1;
+// ... and the most a sample counts for, as a multiple of the average (or of a floor): a step the
+// OS descheduled for tens of milliseconds then moves it by at most 30% (0.1 x 3), where it made
+// drafting look hundreds of times dearer, and only drafting steps (none, then) would have brought
+// it back. A lasting change (a slower machine) is still followed, a bounded step at a time.
+constexpr double kOutlierFactor = 4.0;
+
+double BoundedEmaStep(double ema, double sample, double floor) {
+  return ema + kOverheadWeight * (std::min(sample, kOutlierFactor * std::max(ema, floor)) - ema);
+}
 // Every this many epochs of the mode selector, its measured rates go to the log.
 constexpr int64_t kSelectorLogEpochs = 64;
 // A draft model drafts a longer draft (or any) only when the plan expects it to beat the best
@@ -1607,7 +1616,7 @@ void LlmEngine::Process(Step& step) {
     // overlapped ones (no drafts) have their own overhead: the plan weighs drafting at the first
     // against not drafting at the second.
     const double sample = measured - step.forward_seconds - step.spec_draft_model_seconds;
-    ema = have ? ema + kOverheadWeight * (sample - ema) : sample;
+    ema = have ? BoundedEmaStep(ema, sample, 100e-6) : sample;
     have = true;
     const double emitted = static_cast<double>(emitted_tokens + spec_accepted);
     if (step.spec_drafting >= 0) {
@@ -1897,7 +1906,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (adaptive && !probe && !caught_up && draft_profiled > 0.0 && draft_seconds > 0.0) {
       // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
       // and catch-up rounds are left out: they also prefill the draft cache.
-      draft_scale_ += kOverheadWeight * (draft_seconds / draft_profiled - draft_scale_);
+      draft_scale_ = BoundedEmaStep(draft_scale_, draft_seconds / draft_profiled, 0.0);
     }
     if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
     for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
