@@ -161,10 +161,21 @@ TEST_F(LlmEngineVisionTest, PreemptedSequencesRecomputeTheirImages) {
   auto engine = LlmEngine::Create(model_, o).value();
   ASSERT_TRUE(engine->Start().ok());
   OutputCollector c;
+  // They must be admitted together (one at a time, nothing is preempted): the scheduler thread
+  // waits in a one-token request's output until all three are queued, however late this thread.
+  std::promise<void> queued;
+  std::shared_future<void> all_queued = queued.get_future().share();
+  EngineRequest gate;
+  gate.request_id = "gate";
+  gate.prompt = {Prompt(0).ids[0]};
+  gate.sampling.temperature = 0;
+  gate.sampling.max_tokens = 1;
+  ASSERT_TRUE(engine->Submit(gate, [all_queued](const EngineOutput&) { all_queued.wait(); }).ok());
   const int which[3] = {0, 0, 1};
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(engine->Submit(Request(absl::StrCat("p", i), Prompt(which[i])), c.Callback()).ok());
   }
+  queued.set_value();
   ASSERT_TRUE(c.WaitFor(3, std::chrono::seconds(60)));
   auto results = c.results();
   for (int i = 0; i < 3; ++i) {
@@ -317,15 +328,27 @@ TEST_F(LlmEngineVisionTest, AbortedImageRequestsFreeTheirBlocks) {
   auto engine = LlmEngine::Create(model_, o).value();
   ASSERT_TRUE(engine->Start().ok());
   OutputCollector c;
+  LlmEngine* e = engine.get();
   for (int i = 0; i < 4; ++i) {
-    EngineRequest r = Request(absl::StrCat("a", i), Prompt(i % 2));
+    const std::string id = absl::StrCat("a", i);
+    EngineRequest r = Request(id, Prompt(i % 2));
+    OutputCallback callback = c.Callback();
     if (i % 2 == 0) {
-      // The aborted requests could not finish before the abort even if this thread stalled for
-      // hundreds of engine steps (a loaded CI machine): no eos, the whole context as budget.
+      // This thread aborts them right away, mostly mid-prefill. Should it stall past their
+      // prefill (a loaded machine), each aborts itself at its first output (on the scheduler
+      // thread), and it cannot finish first: no eos, the whole context as budget.
       r.sampling.ignore_eos = true;
       r.sampling.max_tokens = 512 - static_cast<int>(r.prompt.size());
+      callback = [collect = std::move(callback), e, id,
+                  sent = std::make_shared<bool>(false)](const EngineOutput& out) {
+        if (!out.finished && !*sent) {
+          *sent = true;
+          e->Abort(id);
+        }
+        collect(out);
+      };
     }
-    ASSERT_TRUE(engine->Submit(r, c.Callback()).ok());
+    ASSERT_TRUE(engine->Submit(r, callback).ok());
   }
   for (int i = 0; i < 4; i += 2) engine->Abort(absl::StrCat("a", i));
   ASSERT_TRUE(c.WaitFor(4, std::chrono::seconds(60)));
