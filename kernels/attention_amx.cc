@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/amx_tiles.h"
@@ -325,230 +324,219 @@ DI_AMX void AttentionTasksAmx(const PagedAttentionParams& p, int64_t begin, int6
     const int64_t t_begin = chunk * tpt;
     const int64_t t_end = std::min(p.num_tokens, t_begin + tpt);
     const int rows = static_cast<int>((t_end - t_begin) * group);
-    // One body, compiled for a single tile (a decode step's token and drafts of up to 4: the
-    // tile loops fold away) and for any number.
-    auto run = [&](auto tile_count) DI_AMX {
-      const int num_tiles = tile_count;
-      // Row r: token t_begin + r / group, query head kvh * group + r % group; it is row r %
-      // tile_rows of tile r / tile_rows.
-      auto tile_rows_of = [&](int t) { return std::min(tile_rows, rows - t * tile_rows); };
-      // A tile's softmax runs by row (vectors of 8 keys of one row) for a few rows, as a decode
-      // step's one token has, and by key (vectors of the tile's 16 rows for one key: no
-      // transposition of the score tiles, twice the lanes) for more. Both give every row the same
-      // result.
-      auto by_key = [&](int t) { return tile_rows_of(t) > 8; };
-      int64_t row_first[kRows * kMaxTiles], row_last[kRows * kMaxTiles];
-      for (int r = 0; r < rows; ++r) {
-        row_last[r] = p.start_position + t_begin + r / group;
-        row_first[r] = first_key(row_last[r]);
-      }
-      const int64_t lo = row_first[0], hi = row_last[rows - 1];
-      const int64_t base = lo / kKeys * kKeys;  // key blocks aligned to absolute positions
-      const int64_t key_blocks = (hi - base) / kKeys + 1;
-      const int64_t keys = key_blocks * kKeys;
+    const int num_tiles = (rows + tile_rows - 1) / tile_rows;
+    // Row r: token t_begin + r / group, query head kvh * group + r % group; it is row r %
+    // tile_rows of tile r / tile_rows.
+    auto tile_rows_of = [&](int t) { return std::min(tile_rows, rows - t * tile_rows); };
+    // A tile's softmax runs by row (vectors of 8 keys of one row) for a few rows, as a decode
+    // step's one token has, and by key (vectors of the tile's 16 rows for one key: no
+    // transposition of the score tiles, twice the lanes) for more. Both give every row the same
+    // result.
+    auto by_key = [&](int t) { return tile_rows_of(t) > 8; };
+    int64_t row_first[kRows * kMaxTiles], row_last[kRows * kMaxTiles];
+    for (int r = 0; r < rows; ++r) {
+      row_last[r] = p.start_position + t_begin + r / group;
+      row_first[r] = first_key(row_last[r]);
+    }
+    const int64_t lo = row_first[0], hi = row_last[rows - 1];
+    const int64_t base = lo / kKeys * kKeys;  // key blocks aligned to absolute positions
+    const int64_t key_blocks = (hi - base) / kKeys + 1;
+    const int64_t keys = key_blocks * kKeys;
 
-      // Q^T per tile as the score products' second operand: tile (t, d), row i, column c = dims
-      // (32 d + 2 i, 32 d + 2 i + 1) of the tile's row c.
-      std::fill(q_at, q_at + num_tiles * d_tiles * kTileElems, 0);
-      for (int r = 0; r < rows; ++r) {
-        const float* q =
-            p.q + ((t_begin + r / group) * p.num_heads + kvh * group + r % group) * int64_t{hd};
-        const int t = r / tile_rows, c = r % tile_rows;
-        for (int d = 0; d < hd; d += 2) {
-          uint16_t* at =
-              q_at + (t * d_tiles + d / kDims) * kTileElems + ((d % kDims) / 2) * kKeys + 2 * c;
-          at[0] = Top(q[d]);
-          at[1] = Top(q[d + 1]);
-        }
+    // Q^T per tile as the score products' second operand: tile (t, d), row i, column c = dims
+    // (32 d + 2 i, 32 d + 2 i + 1) of the tile's row c.
+    std::fill(q_at, q_at + num_tiles * d_tiles * kTileElems, 0);
+    for (int r = 0; r < rows; ++r) {
+      const float* q =
+          p.q + ((t_begin + r / group) * p.num_heads + kvh * group + r % group) * int64_t{hd};
+      const int t = r / tile_rows, c = r % tile_rows;
+      for (int d = 0; d < hd; d += 2) {
+        uint16_t* at =
+            q_at + (t * d_tiles + d / kDims) * kTileElems + ((d % kDims) / 2) * kKeys + 2 * c;
+        at[0] = Top(q[d]);
+        at[1] = Top(q[d + 1]);
       }
+    }
 
-      // Scores: per group of 16 keys, K (read in place, once for all the task's tiles: the later
-      // tiles' loads hit L1) . Q^T of each tile, transposed into rows of `scores`.
-      float* s = s_at;
-      for (int64_t g = 0; g < keys / kGroupKeys; ++g) {
-        const int64_t key0 = base + g * kGroupKeys;
-        if (key0 + kGroupKeys <= lo || key0 > hi) {
-          // No row attends to these keys (and their block may be gone): masked below.
-          for (int t = 0; t < num_tiles; ++t) {
-            float* st = s + static_cast<int64_t>(t) * keys * 16;
-            if (by_key(t)) {
-              std::fill(st + g * kGroupKeys * 16, st + (g + 1) * kGroupKeys * 16, 0.0f);
-            } else {
-              for (int c = 0; c < tile_rows_of(t); ++c) {
-                std::fill(st + c * keys + g * kGroupKeys, st + c * keys + (g + 1) * kGroupKeys,
-                          0.0f);
-              }
-            }
-          }
-          continue;
-        }
-        const uint16_t* k = slot(k_cache, key0, kvh);
-        // The rows come from memory (a long context's cache is far larger than L2): the keys two
-        // groups on, and this group's values (packed below), are fetched while this group runs.
-        const int64_t ahead = key0 + 2 * kGroupKeys;
-        if (ahead + kGroupKeys <= hi + 1) {
-          const char* k_ahead = reinterpret_cast<const char*>(slot(k_cache, ahead, kvh));
-          for (int i = 0; i < kGroupKeys; ++i) {
-            for (int line = 0; line < hd * 2; line += 64) {
-              _mm_prefetch(k_ahead + i * slot_stride * 2 + line, _MM_HINT_T0);
-            }
-          }
-        }
-        const char* v_here = reinterpret_cast<const char*>(slot(v_cache, key0, kvh));
-        for (int i = 0; i < kGroupKeys; ++i) {
-          for (int line = 0; line < hd * 2; line += 64) {
-            _mm_prefetch(v_here + i * slot_stride * 2 + line, _MM_HINT_T1);
-          }
-        }
-        // Accumulator t (0-3) for tile t: each K tile is loaded once for all of them, and their
-        // products are independent (no tile waits for the previous one's).
-        for (int t = 0; t < num_tiles; ++t) ZeroAccumulator(t);
-        for (int d = 0; d < d_tiles; ++d) {
-          _tile_loadd(4, k + d * kDims, slot_stride * 2);
-          for (int t = 0; t < num_tiles; ++t) {
-            AccumulateScores(t, q_at + (t * d_tiles + d) * kTileElems);
-          }
-        }
+    // Scores: per group of 16 keys, K (read in place, once for all the task's tiles: the later
+    // tiles' loads hit L1) . Q^T of each tile, transposed into rows of `scores`.
+    float* s = s_at;
+    for (int64_t g = 0; g < keys / kGroupKeys; ++g) {
+      const int64_t key0 = base + g * kGroupKeys;
+      if (key0 + kGroupKeys <= lo || key0 > hi) {
+        // No row attends to these keys (and their block may be gone): masked below.
         for (int t = 0; t < num_tiles; ++t) {
           float* st = s + static_cast<int64_t>(t) * keys * 16;
           if (by_key(t)) {
-            StoreOut(t, st + g * kGroupKeys * 16);
-            continue;
+            std::fill(st + g * kGroupKeys * 16, st + (g + 1) * kGroupKeys * 16, 0.0f);
+          } else {
+            for (int c = 0; c < tile_rows_of(t); ++c) {
+              std::fill(st + c * keys + g * kGroupKeys, st + c * keys + (g + 1) * kGroupKeys, 0.0f);
+            }
           }
-          StoreOut(t, c_tile);
-          const int n = tile_rows_of(t);
-          for (int c = 0; c < n; ++c) {
-            float* sr = st + c * keys + g * kGroupKeys;
-            for (int i = 0; i < kGroupKeys; ++i) sr[i] = c_tile[i * 16 + c];
+        }
+        continue;
+      }
+      const uint16_t* k = slot(k_cache, key0, kvh);
+      // The rows come from memory (a long context's cache is far larger than L2): the keys two
+      // groups on, and this group's values (packed below), are fetched while this group runs.
+      const int64_t ahead = key0 + 2 * kGroupKeys;
+      if (ahead + kGroupKeys <= hi + 1) {
+        const char* k_ahead = reinterpret_cast<const char*>(slot(k_cache, ahead, kvh));
+        for (int i = 0; i < kGroupKeys; ++i) {
+          for (int line = 0; line < hd * 2; line += 64) {
+            _mm_prefetch(k_ahead + i * slot_stride * 2 + line, _MM_HINT_T0);
           }
         }
       }
-
-      // Softmax per row over its keys [row_first, row_last]; probabilities (bf16 values) go to the
-      // P tiles: tile (t, b), row c, column i = key base + 32 b + i of the tile's row c. Rows past
-      // a tile's rows stay zero.
-      std::fill(p_at, p_at + num_tiles * key_blocks * kTileElems, 0);
-      const __m256 vscale = _mm256_set1_ps(p.scale);
-      const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-      const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int r = 0; r < rows; ++r) {
-        const int t = r / tile_rows;
-        if (by_key(t)) continue;
-        float* sr = s + static_cast<int64_t>(t) * keys * 16 + (r % tile_rows) * keys;
-        uint16_t* p_row =
-            p_at + (r / tile_rows) * key_blocks * kTileElems + (r % tile_rows) * kKeys;
-        const __m256 first = _mm256_set1_ps(static_cast<float>(row_first[r] - base));
-        const __m256 last = _mm256_set1_ps(static_cast<float>(row_last[r] - base));
-        __m256 vmax = neg_inf;
-        for (int64_t i = 0; i < keys; i += 8) {
-          const __m256 idx = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(i)), lane);
-          const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(idx, first, _CMP_GE_OQ),
-                                            _mm256_cmp_ps(idx, last, _CMP_LE_OQ));
-          __m256 v = avx2::RoundTo(rt, _mm256_loadu_ps(sr + i));
-          v = avx2::RoundTo(rt, _mm256_mul_ps(v, vscale));
-          v = _mm256_blendv_ps(neg_inf, v, keep);
-          _mm256_storeu_ps(sr + i, v);
-          vmax = _mm256_max_ps(vmax, v);
-        }
-        alignas(32) float m8[8];
-        _mm256_store_ps(m8, vmax);
-        float max_score = m8[0];
-        for (int i = 1; i < 8; ++i) max_score = std::max(max_score, m8[i]);
-        const __m256 vm = _mm256_set1_ps(max_score);
-        __m256 vsum = _mm256_setzero_ps();
-        for (int64_t i = 0; i < keys; i += 8) {
-          // exp(-inf) is 0: keys outside the row add nothing, wherever its task's keys start.
-          const __m256 e = avx2::Exp(_mm256_sub_ps(_mm256_loadu_ps(sr + i), vm));
-          _mm256_storeu_ps(sr + i, e);
-          vsum = _mm256_add_ps(vsum, e);
-        }
-        const __m256 vs = _mm256_set1_ps(avx2::Hsum(vsum));
-        for (int64_t i = 0; i < keys; i += 8) {
-          const __m256 prob = avx2::RoundTo(rt, _mm256_div_ps(_mm256_loadu_ps(sr + i), vs));
-          // Top halves of the 8 values (exact: they are bf16 values).
-          const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(prob), 16);
-          const __m128i packed =
-              _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
-          uint16_t* dst = p_row + (i / kKeys) * kTileElems + (i % kKeys);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
+      const char* v_here = reinterpret_cast<const char*>(slot(v_cache, key0, kvh));
+      for (int i = 0; i < kGroupKeys; ++i) {
+        for (int line = 0; line < hd * 2; line += 64) {
+          _mm_prefetch(v_here + i * slot_stride * 2 + line, _MM_HINT_T1);
         }
       }
-
+      // Accumulator t (0-3) for tile t: each K tile is loaded once for all of them, and their
+      // products are independent (no tile waits for the previous one's).
+      for (int t = 0; t < num_tiles; ++t) ZeroAccumulator(t);
+      for (int d = 0; d < d_tiles; ++d) {
+        _tile_loadd(4, k + d * kDims, slot_stride * 2);
+        for (int t = 0; t < num_tiles; ++t) {
+          AccumulateScores(t, q_at + (t * d_tiles + d) * kTileElems);
+        }
+      }
       for (int t = 0; t < num_tiles; ++t) {
-        if (!by_key(t)) continue;
+        float* st = s + static_cast<int64_t>(t) * keys * 16;
+        if (by_key(t)) {
+          StoreOut(t, st + g * kGroupKeys * 16);
+          continue;
+        }
+        StoreOut(t, c_tile);
         const int n = tile_rows_of(t);
-        int32_t first_at[16], last_at[16];
         for (int c = 0; c < n; ++c) {
-          first_at[c] = static_cast<int32_t>(row_first[t * tile_rows + c] - base);
-          last_at[c] = static_cast<int32_t>(row_last[t * tile_rows + c] - base);
-        }
-        SoftmaxByKey(s + static_cast<int64_t>(t) * keys * 16, keys, n, first_at, last_at, p.scale,
-                     p_at + static_cast<int64_t>(t) * key_blocks * kTileElems);
-      }
-
-      // V as the output products' second operand, packed once for all the task's tiles: tile
-      // (b, c), row i = keys (base + 32 b + 2 i, + 1) interleaved over dims 16 c .. 16 c + 15. Keys
-      // outside [lo, hi] are zero (past hi the slots hold no value yet; before lo the block may be
-      // gone).
-      const __m256i zero = _mm256_setzero_si256();
-      for (int64_t b = 0; b < key_blocks; ++b) {
-        for (int i = 0; i < kKeys / 2; ++i) {
-          const int64_t ka = base + b * kKeys + 2 * i, kb = ka + 1;
-          const uint16_t* va = ka >= lo && ka <= hi ? slot(v_cache, ka, kvh) : nullptr;
-          const uint16_t* vb = kb >= lo && kb <= hi ? slot(v_cache, kb, kvh) : nullptr;
-          for (int c = 0; c < v_chunks; ++c) {
-            const __m256i a =
-                va != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + c * 16))
-                              : zero;
-            const __m256i bv =
-                vb != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + c * 16))
-                              : zero;
-            const __m256i lo8 = _mm256_unpacklo_epi16(a, bv);  // pairs of dims 0-3 | 8-11
-            const __m256i hi8 = _mm256_unpackhi_epi16(a, bv);  // pairs of dims 4-7 | 12-15
-            uint16_t* dst = v_at + (b * v_chunks + c) * kTileElems + i * kKeys;
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                                _mm256_permute2x128_si256(lo8, hi8, 0x20));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
-                                _mm256_permute2x128_si256(lo8, hi8, 0x31));
-          }
+          float* sr = st + c * keys + g * kGroupKeys;
+          for (int i = 0; i < kGroupKeys; ++i) sr[i] = c_tile[i * 16 + c];
         }
       }
+    }
 
-      // out = P . V per tile, four 16-dim chunks at a time over the key blocks in order.
-      for (int t = 0; t < num_tiles; ++t) {
-        const uint16_t* p_tile = p_at + static_cast<int64_t>(t) * key_blocks * kTileElems;
-        const int n = tile_rows_of(t);
-        for (int c0 = 0; c0 < v_chunks; c0 += 4) {
-          const int chunks = std::min(4, v_chunks - c0);
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-          for (int64_t b = 0; b < key_blocks; ++b) {
-            _tile_loadd(4, p_tile + b * kTileElems, 64);
-            for (int c = 0; c < chunks; ++c) {
-              AccumulateOut(c, v_at + (b * v_chunks + c0 + c) * kTileElems);
-            }
-          }
+    // Softmax per row over its keys [row_first, row_last]; probabilities (bf16 values) go to the
+    // P tiles: tile (t, b), row c, column i = key base + 32 b + i of the tile's row c. Rows past
+    // a tile's rows stay zero.
+    std::fill(p_at, p_at + num_tiles * key_blocks * kTileElems, 0);
+    const __m256 vscale = _mm256_set1_ps(p.scale);
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int r = 0; r < rows; ++r) {
+      const int t = r / tile_rows;
+      if (by_key(t)) continue;
+      float* sr = s + static_cast<int64_t>(t) * keys * 16 + (r % tile_rows) * keys;
+      uint16_t* p_row = p_at + (r / tile_rows) * key_blocks * kTileElems + (r % tile_rows) * kKeys;
+      const __m256 first = _mm256_set1_ps(static_cast<float>(row_first[r] - base));
+      const __m256 last = _mm256_set1_ps(static_cast<float>(row_last[r] - base));
+      __m256 vmax = neg_inf;
+      for (int64_t i = 0; i < keys; i += 8) {
+        const __m256 idx = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(i)), lane);
+        const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(idx, first, _CMP_GE_OQ),
+                                          _mm256_cmp_ps(idx, last, _CMP_LE_OQ));
+        __m256 v = avx2::RoundTo(rt, _mm256_loadu_ps(sr + i));
+        v = avx2::RoundTo(rt, _mm256_mul_ps(v, vscale));
+        v = _mm256_blendv_ps(neg_inf, v, keep);
+        _mm256_storeu_ps(sr + i, v);
+        vmax = _mm256_max_ps(vmax, v);
+      }
+      alignas(32) float m8[8];
+      _mm256_store_ps(m8, vmax);
+      float max_score = m8[0];
+      for (int i = 1; i < 8; ++i) max_score = std::max(max_score, m8[i]);
+      const __m256 vm = _mm256_set1_ps(max_score);
+      __m256 vsum = _mm256_setzero_ps();
+      for (int64_t i = 0; i < keys; i += 8) {
+        // exp(-inf) is 0: keys outside the row add nothing, wherever its task's keys start.
+        const __m256 e = avx2::Exp(_mm256_sub_ps(_mm256_loadu_ps(sr + i), vm));
+        _mm256_storeu_ps(sr + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+      }
+      const __m256 vs = _mm256_set1_ps(avx2::Hsum(vsum));
+      for (int64_t i = 0; i < keys; i += 8) {
+        const __m256 prob = avx2::RoundTo(rt, _mm256_div_ps(_mm256_loadu_ps(sr + i), vs));
+        // Top halves of the 8 values (exact: they are bf16 values).
+        const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(prob), 16);
+        const __m128i packed =
+            _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+        uint16_t* dst = p_row + (i / kKeys) * kTileElems + (i % kKeys);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
+      }
+    }
+
+    for (int t = 0; t < num_tiles; ++t) {
+      if (!by_key(t)) continue;
+      const int n = tile_rows_of(t);
+      int32_t first_at[16], last_at[16];
+      for (int c = 0; c < n; ++c) {
+        first_at[c] = static_cast<int32_t>(row_first[t * tile_rows + c] - base);
+        last_at[c] = static_cast<int32_t>(row_last[t * tile_rows + c] - base);
+      }
+      SoftmaxByKey(s + static_cast<int64_t>(t) * keys * 16, keys, n, first_at, last_at, p.scale,
+                   p_at + static_cast<int64_t>(t) * key_blocks * kTileElems);
+    }
+
+    // V as the output products' second operand, packed once for all the task's tiles: tile
+    // (b, c), row i = keys (base + 32 b + 2 i, + 1) interleaved over dims 16 c .. 16 c + 15. Keys
+    // outside [lo, hi] are zero (past hi the slots hold no value yet; before lo the block may be
+    // gone).
+    const __m256i zero = _mm256_setzero_si256();
+    for (int64_t b = 0; b < key_blocks; ++b) {
+      for (int i = 0; i < kKeys / 2; ++i) {
+        const int64_t ka = base + b * kKeys + 2 * i, kb = ka + 1;
+        const uint16_t* va = ka >= lo && ka <= hi ? slot(v_cache, ka, kvh) : nullptr;
+        const uint16_t* vb = kb >= lo && kb <= hi ? slot(v_cache, kb, kvh) : nullptr;
+        for (int c = 0; c < v_chunks; ++c) {
+          const __m256i a = va != nullptr
+                                ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + c * 16))
+                                : zero;
+          const __m256i bv = vb != nullptr
+                                 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + c * 16))
+                                 : zero;
+          const __m256i lo8 = _mm256_unpacklo_epi16(a, bv);  // pairs of dims 0-3 | 8-11
+          const __m256i hi8 = _mm256_unpackhi_epi16(a, bv);  // pairs of dims 4-7 | 12-15
+          uint16_t* dst = v_at + (b * v_chunks + c) * kTileElems + i * kKeys;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                              _mm256_permute2x128_si256(lo8, hi8, 0x20));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16),
+                              _mm256_permute2x128_si256(lo8, hi8, 0x31));
+        }
+      }
+    }
+
+    // out = P . V per tile, four 16-dim chunks at a time over the key blocks in order.
+    for (int t = 0; t < num_tiles; ++t) {
+      const uint16_t* p_tile = p_at + static_cast<int64_t>(t) * key_blocks * kTileElems;
+      const int n = tile_rows_of(t);
+      for (int c0 = 0; c0 < v_chunks; c0 += 4) {
+        const int chunks = std::min(4, v_chunks - c0);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t b = 0; b < key_blocks; ++b) {
+          _tile_loadd(4, p_tile + b * kTileElems, 64);
           for (int c = 0; c < chunks; ++c) {
-            StoreOut(c, c_tile);
-            for (int rr = 0; rr < n; ++rr) {
-              const int r = t * tile_rows + rr;
-              float* out =
-                  p.out +
-                  ((t_begin + r / group) * p.num_heads + kvh * group + r % group) * int64_t{hd} +
-                  (c0 + c) * 16;
-              _mm256_storeu_ps(out, avx2::RoundTo(rt, _mm256_load_ps(c_tile + rr * 16)));
-              _mm256_storeu_ps(out + 8, avx2::RoundTo(rt, _mm256_load_ps(c_tile + rr * 16 + 8)));
-            }
+            AccumulateOut(c, v_at + (b * v_chunks + c0 + c) * kTileElems);
+          }
+        }
+        for (int c = 0; c < chunks; ++c) {
+          StoreOut(c, c_tile);
+          for (int rr = 0; rr < n; ++rr) {
+            const int r = t * tile_rows + rr;
+            float* out =
+                p.out +
+                ((t_begin + r / group) * p.num_heads + kvh * group + r % group) * int64_t{hd} +
+                (c0 + c) * 16;
+            _mm256_storeu_ps(out, avx2::RoundTo(rt, _mm256_load_ps(c_tile + rr * 16)));
+            _mm256_storeu_ps(out + 8, avx2::RoundTo(rt, _mm256_load_ps(c_tile + rr * 16 + 8)));
           }
         }
       }
-    };
-    if (rows <= tile_rows) {
-      run(std::integral_constant<int, 1>());
-    } else {
-      run((rows + tile_rows - 1) / tile_rows);
     }
   }
 }
