@@ -547,10 +547,12 @@ bool DraftModeSelector::EpochOver() const {
 
 DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   const int b = Bucket(std::max(decoding, 1));
-  // The count moved to a bucket that runs another mode: its incumbent takes over at once.
+  // The count moved to a bucket that runs another mode: its incumbent takes over at once. So it
+  // does where a trial runs (even one of that bucket's incumbent): the trial's partner is the
+  // incumbent of the bucket it began in, whose steps would run on here, uncounted.
   const bool left = options_.follow_bucket && epoch_bucket_ >= 0 && b != epoch_bucket_ &&
                     static_cast<size_t>(b) < buckets_.size() && buckets_[b].incumbent >= 0 &&
-                    buckets_[b].incumbent != current_;
+                    (buckets_[b].incumbent != current_ || partner_ >= 0);
   if (epoch_bucket_ < 0 || EpochOver() || left) {
     if (epoch_bucket_ >= 0) FinishEpoch();
     const int mode = Decide(b);

@@ -71,7 +71,13 @@ namespace deepinfer::engine::spec {
 // another bucket whose incumbent is not the epoch's mode (`follow_bucket`, default on): without
 // it, epochs begun at 1-4 decoding sequences ran the plan on at 5-8, where k = 1 was the incumbent,
 // and took 22% of the draft-model node's time there (issue 12, session 11, concurrency 8). A
-// bucket not yet run, or run by the epoch's mode, lets the epoch go on.
+// bucket not yet run, or run by the epoch's mode, lets the epoch go on, but not an interleaved
+// trial (below), whatever that bucket runs: its partner is the incumbent of the bucket it began
+// in, and only that bucket's steps count. A trial of the plan begun at one sequence, against k = 4
+// there, ran on through 2-8 sequences, where the plan was the incumbent, with k = 4 in runs of 3
+// in every other run until each side had its steps and seconds (~50 steps of 5-8 sequences): 21%
+// of a draft-model node's time at 8 concurrent requests ran k = 4 at 5-8 sequences, 6% slower than
+// the plan there, counted for nothing (issue 12, session 26).
 //
 // Draft lengths are unimodal in rate (each longer draft adds a verified position whose survival
 // only falls, and a draft round's cost): past the best length, a longer one is slower than the

@@ -458,6 +458,52 @@ TEST(DraftModeSelectorTest, AnotherBucketsIncumbentTakesOverAtOnce) {
   }
 }
 
+// An interleaved trial ends when the count enters another bucket with an incumbent, even one
+// that runs the mode on trial: the trial's partner (its own bucket's incumbent) would otherwise
+// run on there in every other step, counted for nothing.
+TEST(DraftModeSelectorTest, ATrialEndsInAnotherBucketWhateverItsIncumbent) {
+  for (const bool follow : {true, false}) {
+    Options o;
+    o.epoch_steps = 4;
+    o.epoch_seconds = 0.0;
+    o.max_gap_epochs = 8;
+    o.freeze_below = 0.0;
+    o.follow_bucket = follow;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    // One sequence: drafting (mode 1) pays; 32: it does not.
+    RunSteps(*s, 1, {100.0, 200.0}, 800);
+    RunSteps(*s, 32, {900.0, 600.0}, 800);
+    ASSERT_EQ(s->Incumbent(1), 1);
+    ASSERT_EQ(s->Incumbent(32), 0);
+    // Into a trial (a revisit) of mode 0 at one sequence, past its warm-up.
+    bool in_trial = false;
+    for (int i = 0; i < 4000 && !in_trial; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(1);
+      in_trial = s->current() == 0 && s->partner() == 1 && c.measured;
+      s->Observe(1, c.mode, c.measured, c.mode == 1 ? 2.0 : 1.0, 0.01);
+    }
+    ASSERT_TRUE(in_trial);
+    const int64_t epochs = s->epochs();
+    // 32 sequences, whose incumbent is the mode on trial.
+    std::vector<int> ran(2, 0);
+    for (int i = 0; i < 3; ++i) {
+      const DraftModeSelector::Choice c = s->Choose(32);
+      ++ran[c.mode];
+      s->Observe(32, c.mode, c.measured, c.mode == 1 ? 6.0 : 9.0, 0.01);
+    }
+    if (follow) {
+      EXPECT_EQ(s->epochs(), epochs + 1);
+      EXPECT_EQ(s->partner(), -1);
+      EXPECT_EQ(ran[1], 0);
+    } else {
+      EXPECT_EQ(s->epochs(), epochs);
+      EXPECT_EQ(s->partner(), 1);
+      EXPECT_GT(ran[1], 0);
+    }
+  }
+}
+
 // An epoch needs its measured steps and seconds; only its bucket's steps give its rate, and an
 // epoch with too few of them (under half) is not compared.
 TEST(DraftModeSelectorTest, EpochsLastTheirSecondsAndCountTheirBucket) {
