@@ -154,9 +154,10 @@ ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
           "bucket skipped); false: only requests within a few tokens, the others catch up when "
           "they next draft.");
-ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 0,
+ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 4,
           "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
-          "many requests decode (single steps above); 0: at any count.");
+          "many requests decode (single steps above: runs of long steps made trials costly); 0: "
+          "at any count.");
 
 namespace deepinfer::node {
 namespace {

@@ -162,28 +162,25 @@ namespace deepinfer::engine::spec {
 // a mode whose steps leave that state often is measured against the other's better starts, and
 // the other against its worse ones. With `trial_run_steps` N > 1 the sides alternate runs of N
 // steps, and each run's first step is not measured (N = 3: a third of the trial's steps).
-// Default 3 (1 until issue 12, session 24), in every bucket (below).
-// Runs in every bucket by default (`trial_run_max_decoding`, 0; a count N > 0: only in buckets of
-// at most N decoding sequences, single steps above). At one sequence a draft model's trials of
-// single steps are biased by the steps' carry-over far beyond their noise: a draft of 4 after one
-// of 2 accepted 0.94 tokens where it accepted 1.38 after one of 4 that had accepted as many (the
-// same 1 draft and a correction), and trials rated k = 4 at 90% of k = 2 where the two fixed-length
-// nodes ran k = 4 7% faster (issue 12, session 24). Runs of 3 gained 2-3% at 1 and 8 concurrent
-// requests (session 19) but lost 6% at 32, where a run's unmeasured first steps made trials a
-// quarter of the node's time; with this option the runs apply only to the small buckets, whose
-// steps take a few milliseconds. Measured beside single steps in the same rounds of two sweeps
-// (session 24, decode tokens/s over no speculation): a draft model +4% and +4% at 1 request (its
-// node then ran k = 4 at one sequence, at the k = 4 node's rate, where single-step trials had
-// handed k = 2 the bucket), -1% and +2% at 8, +4% and +4% at 32; n-gram +4% and -4% at 1 (its plan
-// runs 99% of the time either way), +2% and -1% at 8, -4% and +1% at 32. Default 4 then (session
-// 24), 0 since session 26: at 17-32 decoding sequences single-step trials measured the plan, whose
-// short drafts end clean more often, on the start states of the longer draft alternated with it,
-// and that draft on the plan's: the plan's steps after a k = 2 step emitted 1.58 tokens a
-// sequence, 2.49 tokens/ms, after one of its own 1.98 and 2.79, and k = 2's after a plan step 2.58
-// tokens/ms, after its own 2.35; so trials rated k = 2 level with the plan, whose own steps ran 19%
-// faster, and k = 2 held the bucket 66% of a draft-model node's time at 32 concurrent requests
-// (step traces of session 25's sweeps; the same against k = 4: 2.45 / 2.45 in trials, 2.70 / 2.57
-// on their own).
+// Default 3 (1 until issue 12, session 24), at up to 4 decoding sequences (below).
+// Runs only where steps are cheap (`trial_run_max_decoding`, default 4; 0 = every bucket). At one
+// sequence a draft model's trials of single steps are biased by the steps' carry-over far beyond
+// their noise: a draft of 4 after one of 2 accepted 0.94 tokens where it accepted 1.38 after one
+// of 4 that had accepted as many (the same 1 draft and a correction), and trials rated k = 4 at
+// 90% of k = 2 where the two fixed-length nodes ran k = 4 7% faster (issue 12, session 24). Runs
+// of 3 gained 2-3% at 1 and 8 concurrent requests (session 19) but lost 6% at 32, where a
+// run's unmeasured first steps made trials a quarter of the node's time; with this option the
+// runs apply only to the small buckets, whose steps take a few milliseconds. Measured beside
+// single steps in the same rounds of two sweeps (session 24, decode tokens/s over no
+// speculation): a draft model +4% and +4% at 1 request (its node then ran k = 4 at one sequence,
+// at the k = 4 node's rate, where single-step trials had handed k = 2 the bucket), -1% and +2% at
+// 8, +4% and +4% at 32; n-gram +4% and -4% at 1 (its plan runs 99% of the time either way), +2%
+// and -1% at 8, -4% and +1% at 32. Tried again in session 26 at every count (0), beside 4 in the
+// same rounds of one sweep: a draft model -5% at 8 and -4% at 32 concurrent requests (its node
+// then held k = 4 at 17-32 sequences, 72% of its time), +1% at 1; n-gram level at 8 and 32. Step
+// traces had suggested it (the plan's steps at 17-32 after one of its own emitted 2.79 tokens/ms,
+// after a k = 2 step 2.49), but those after its own came from its epochs as the incumbent, at
+// other times: the machine's drift more than carry-over.
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -336,8 +333,8 @@ class DraftModeSelector {
     // unmeasured when above 1 (see above); 1: single steps, every one measured.
     int trial_run_steps = 3;  // >= 1 (1 until issue 12, session 24)
     // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
-    // steps above); 0: every bucket. See "Runs in every bucket" above.
-    int trial_run_max_decoding = 0;           // >= 0 (4 in issue 12, sessions 24-25)
+    // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
+    int trial_run_max_decoding = 4;           // >= 0 (0 until issue 12, session 24)
     double freeze_below = 0.99;               // in [0, 1]: frozen buckets (above); 0: none
     int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
     double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run

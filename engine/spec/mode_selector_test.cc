@@ -1402,37 +1402,44 @@ TEST(DraftModeSelectorTest, NoDraftingAndLengthsRatedHighAreNotPruned) {
 }
 
 // trial_run_max_decoding: runs of 3 (each run's first step unmeasured) in the buckets up to that
-// many decoding sequences, single steps above it.
+// many decoding sequences (by default 4), single steps above it; 0: in every bucket.
 TEST(DraftModeSelectorTest, RunsOnlyUpToTheirDecodingCount) {
-  Options o = Stepped(8, 0);
-  o.trial_run_steps = 3;
-  o.trial_run_max_decoding = 4;
-  auto s = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(s.ok());
-  // Whether, in a trial, the modes alternate in runs of 3 with the first unmeasured, or singly.
-  auto trial_shape = [&](int decoding) {
-    std::vector<int> modes, measured;
-    for (int i = 0; i < 400; ++i) {
-      const DraftModeSelector::Choice c = s->Choose(decoding);
-      if (s->partner() >= 0) {
-        modes.push_back(c.mode);
-        measured.push_back(c.measured ? 1 : 0);
+  EXPECT_EQ(Options().trial_run_max_decoding, 4);
+  EXPECT_EQ(Options().trial_run_steps, 3);
+  for (const int max_decoding : {4, 0}) {
+    SCOPED_TRACE(max_decoding);
+    Options o = Stepped(8, 0);
+    o.trial_run_steps = 3;
+    o.trial_run_max_decoding = max_decoding;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    // Whether, in a trial, the modes alternate in runs of 3 with the first unmeasured, or singly.
+    auto trial_shape = [&](int decoding) {
+      std::vector<int> modes, measured;
+      for (int i = 0; i < 400; ++i) {
+        const DraftModeSelector::Choice c = s->Choose(decoding);
+        if (s->partner() >= 0) {
+          modes.push_back(c.mode);
+          measured.push_back(c.measured ? 1 : 0);
+        }
+        s->Observe(decoding, c.mode, c.measured, (c.mode == 0 ? 100.0 : 95.0) * 0.01, 0.01);
       }
-      s->Observe(decoding, c.mode, c.measured, (c.mode == 0 ? 100.0 : 95.0) * 0.01, 0.01);
+      return std::make_pair(modes, measured);
+    };
+    for (int decoding : {1, 4, 5, 32}) {
+      SCOPED_TRACE(decoding);
+      const auto [modes, measured] = trial_shape(decoding);
+      ASSERT_GE(modes.size(), 6u);
+      // The first trial's steps: runs of 3 (first unmeasured) up to max_decoding sequences (any
+      // count for 0), else single.
+      const bool runs = max_decoding == 0 || decoding <= max_decoding;
+      const std::vector<int> want_modes =
+          runs ? std::vector<int>{1, 1, 1, 0, 0, 0} : std::vector<int>{1, 0, 1, 0, 1, 0};
+      const std::vector<int> want_measured =
+          runs ? std::vector<int>{0, 1, 1, 0, 1, 1} : std::vector<int>{1, 1, 1, 1, 1, 1};
+      EXPECT_EQ(std::vector<int>(modes.begin(), modes.begin() + 6), want_modes);
+      EXPECT_EQ(std::vector<int>(measured.begin(), measured.begin() + 6), want_measured);
     }
-    return std::make_pair(modes, measured);
-  };
-  for (int decoding : {1, 4, 5, 32}) {
-    SCOPED_TRACE(decoding);
-    const auto [modes, measured] = trial_shape(decoding);
-    ASSERT_GE(modes.size(), 6u);
-    // The first trial's steps: runs of 3 (first unmeasured) up to 4 sequences, else single.
-    const std::vector<int> want_modes =
-        decoding <= 4 ? std::vector<int>{1, 1, 1, 0, 0, 0} : std::vector<int>{1, 0, 1, 0, 1, 0};
-    const std::vector<int> want_measured =
-        decoding <= 4 ? std::vector<int>{0, 1, 1, 0, 1, 1} : std::vector<int>{1, 1, 1, 1, 1, 1};
-    EXPECT_EQ(std::vector<int>(modes.begin(), modes.begin() + 6), want_modes);
-    EXPECT_EQ(std::vector<int>(measured.begin(), measured.begin() + 6), want_measured);
   }
 }
 
