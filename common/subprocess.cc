@@ -1,6 +1,7 @@
 #include "common/subprocess.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -24,6 +26,19 @@ extern char** environ;
 
 namespace deepinfer {
 namespace {
+
+// "CPUs 0-3,6" for the set; "no CPUs" when empty.
+std::string CpuListString(const cpu_set_t& set) {
+  std::vector<std::string> ranges;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    int last = cpu;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+    ranges.push_back(last == cpu ? absl::StrCat(cpu) : absl::StrCat(cpu, "-", last));
+    cpu = last;
+  }
+  return ranges.empty() ? "no CPUs" : absl::StrCat("CPUs ", absl::StrJoin(ranges, ","));
+}
 
 // Resolves a bare program name through PATH in the parent, so the child only calls execve.
 absl::StatusOr<std::string> ResolveProgram(const std::string& program) {
@@ -60,22 +75,26 @@ void CloseRange(int first, int last, int open_max) {
   for (int fd = first; fd <= std::min(last, open_max); ++fd) close(fd);
 }
 
-[[noreturn]] void ReportExecFailure(int error_fd) {
-  int err = errno;
+// Sends errno to the parent, negated when the CPU affinity failed (not exec).
+[[noreturn]] void ReportExecFailure(int error_fd, bool affinity = false) {
+  int err = affinity ? -errno : errno;
   ssize_t ignored = write(error_fd, &err, sizeof(err));
   (void)ignored;
   _exit(127);
 }
 
 // Runs in the forked child: only async-signal-safe calls from here to execve.
-[[noreturn]] void ExecChild(const char* program, char* const* argv, char* const* envp,
-                            int stdin_fd, int log_fd, int error_fd, bool new_process_group,
+[[noreturn]] void ExecChild(const char* program, char* const* argv, char* const* envp, int stdin_fd,
+                            int log_fd, int error_fd, bool new_process_group, const cpu_set_t* cpus,
                             pid_t parent, int open_max) {
   auto fail = [error_fd]() { ReportExecFailure(error_fd); };
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail();
   // The parent may have died between fork and prctl: then nobody will ever reap or stop us.
   if (getppid() != parent) _exit(126);
   if (new_process_group && setpgid(0, 0) != 0) fail();
+  if (cpus != nullptr && sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+    ReportExecFailure(error_fd, /*affinity=*/true);
+  }
 
   struct sigaction dfl;
   memset(&dfl, 0, sizeof(dfl));
@@ -145,6 +164,16 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(SubprocessOptions 
   for (std::string& e : env) env_ptrs.push_back(e.data());
   env_ptrs.push_back(nullptr);
   const int open_max = static_cast<int>(std::min<long>(sysconf(_SC_OPEN_MAX), 1 << 16));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int configured = static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+  for (int cpu : options.cpus) {
+    if (cpu < 0 || cpu >= std::min(configured, CPU_SETSIZE)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cpus: CPU ", cpu, " does not exist (this machine has CPUs 0-", configured - 1, ")"));
+    }
+    CPU_SET(cpu, &cpus);
+  }
 
   int stdin_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (stdin_fd < 0) return absl::InternalError(absl::StrCat("open /dev/null: ", strerror(errno)));
@@ -170,8 +199,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(SubprocessOptions 
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
-    ExecChild(program->c_str(), argv_ptrs.data(), env_ptrs.data(), stdin_fd, log_fd,
-              error_pipe[1], options.new_process_group, parent, open_max);
+    ExecChild(program->c_str(), argv_ptrs.data(), env_ptrs.data(), stdin_fd, log_fd, error_pipe[1],
+              options.new_process_group, options.cpus.empty() ? nullptr : &cpus, parent, open_max);
   }
   int fork_errno = errno;
   close(error_pipe[1]);
@@ -192,6 +221,12 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(SubprocessOptions 
   if (n > 0) {
     int ignored;
     while (waitpid(pid, &ignored, 0) < 0 && errno == EINTR) {
+    }
+    if (child_errno < 0) {
+      // The kernel refused the affinity: CPUs offline, or outside the cpuset (cgroup) we run in.
+      return absl::InvalidArgumentError(absl::StrCat("cpus: ", *program, " cannot run on ",
+                                                     CpuListString(cpus), ": ",
+                                                     strerror(-child_errno)));
     }
     return ExecError(child_errno, *program);
   }
@@ -292,6 +327,31 @@ std::string TailFile(const std::string& path, int max_lines, size_t max_bytes) {
   if (pos != std::string::npos && pos < text.size() && text[pos] == '\n') ++pos;
   if (pos == std::string::npos) pos = 0;
   return text.substr(pos);
+}
+
+absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view field, absl::string_view text) {
+  std::vector<int> cpus;
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected CPU numbers and ranges such as \"1\" or \"0-3,6\", got \"",
+                     text, "\" (", why, ")"));
+  };
+  if (text.empty()) return cpus;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::vector<absl::string_view> ends = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    int first = 0, last = 0;
+    if (!absl::SimpleAtoi(ends[0], &first) || first < 0 ||
+        (ends.size() == 2 && (!absl::SimpleAtoi(ends[1], &last) || last < 0))) {
+      return bad(absl::StrCat("\"", part, "\" is not a CPU or a range"));
+    }
+    if (ends.size() == 1) last = first;
+    if (last < first) return bad(absl::StrCat("the range \"", part, "\" runs backwards"));
+    if (last >= CPU_SETSIZE) return bad(absl::StrCat("CPUs go up to ", CPU_SETSIZE - 1));
+    for (int cpu = first; cpu <= last; ++cpu) {
+      if (std::find(cpus.begin(), cpus.end(), cpu) == cpus.end()) cpus.push_back(cpu);
+    }
+  }
+  return cpus;
 }
 
 }  // namespace deepinfer

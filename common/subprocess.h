@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -58,6 +59,12 @@ struct SubprocessOptions {
   std::string log_path;
   bool truncate_log = true;
   bool new_process_group = true;
+  // Non-empty: the CPUs the child may run on (its affinity, set before exec, inherited by its
+  // threads), e.g. a decode node kept off the cores its cluster's other processes use, from its
+  // first instruction (its start-up profiles time forward passes). Start returns
+  // kInvalidArgument "cpus: ..." for a CPU the machine does not have, or a set the kernel refuses
+  // (CPUs offline or outside the cpuset the process runs in).
+  std::vector<int> cpus;
 };
 
 class Subprocess {
@@ -111,6 +118,11 @@ class Subprocess {
 // The last `max_lines` lines of a text file (at most `max_bytes` from its end), for error
 // messages about a child that failed. Empty when the file cannot be read.
 std::string TailFile(const std::string& path, int max_lines = 20, size_t max_bytes = 8192);
+
+// Parses a CPU list as taskset and cgroups write it ("1", "0-3,6"; duplicates dropped, order
+// kept) for SubprocessOptions::cpus. Empty text: no CPUs (no affinity set). kInvalidArgument
+// naming `field` for anything else.
+absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view field, absl::string_view text);
 
 }  // namespace deepinfer
 

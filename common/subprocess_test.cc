@@ -1,8 +1,10 @@
 #include "common/subprocess.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -225,6 +227,64 @@ TEST(TailFileTest, ReturnsTheLastLines) {
   EXPECT_EQ(TailFile(path, 10), "one\ntwo\nthree\nfour");
   EXPECT_EQ(TailFile(path, 1, 6), "four");
   EXPECT_EQ(TailFile("/nonexistent/file"), "");
+}
+
+// The CPUs this test may run on, ascending.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+TEST(SubprocessTest, ChildRunsOnTheCpusGiven) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  const int cpu = allowed.back();
+  const std::string log = TempPath("affinity");
+  SubprocessOptions options;
+  // The kernel's own account of the child's affinity, after exec.
+  options.argv = {"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+  options.log_path = log;
+  options.cpus = {cpu};
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(std::move(options));
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE((*p)->Wait(absl::Seconds(10))->ok());
+  EXPECT_EQ(ReadAll(log), absl::StrCat("Cpus_allowed_list:\t", cpu, "\n"));
+  unlink(log.c_str());
+}
+
+TEST(SubprocessTest, CpusTheMachineLacksAreRefusedByName) {
+  const int configured = static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+  for (int cpu : {configured, -1, CPU_SETSIZE}) {
+    SubprocessOptions options;
+    options.argv = {"/bin/true"};
+    options.cpus = {AllowedCpus().front(), cpu};
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Start(std::move(options));
+    ASSERT_FALSE(p.ok()) << cpu;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find(absl::StrCat("cpus: CPU ", cpu, " does not exist")),
+              std::string::npos)
+        << p.status();
+  }
+}
+
+TEST(ParseCpuListTest, ListsAndRanges) {
+  EXPECT_EQ(*ParseCpuList("f", "1"), std::vector<int>({1}));
+  EXPECT_EQ(*ParseCpuList("f", "0-3,6"), std::vector<int>({0, 1, 2, 3, 6}));
+  EXPECT_EQ(*ParseCpuList("f", "5,2-3,3"), std::vector<int>({5, 2, 3}));
+  EXPECT_TRUE(ParseCpuList("f", "")->empty());
+  for (const char* bad : {"x", "1,", "3-1", "-2", "1-", "0-99999", "1 2"}) {
+    absl::StatusOr<std::vector<int>> cpus = ParseCpuList("--decode_cpus", bad);
+    ASSERT_FALSE(cpus.ok()) << bad;
+    EXPECT_EQ(cpus.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(cpus.status().message().rfind("--decode_cpus: expected CPU numbers", 0), 0)
+        << cpus.status();
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -34,6 +35,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/process_lifecycle.h"
+#include "common/subprocess.h"
 #include "deploy/local/local_cluster.h"
 #include "deploy/local/supervisor.h"
 
@@ -76,6 +78,13 @@ ABSL_FLAG(int, max_decode, 4, "--autoscale: most decode nodes.");
 ABSL_FLAG(absl::Duration, autoscale_interval, absl::Seconds(5),
           "--autoscale: how often the router re-plans and the supervisor follows.");
 ABSL_FLAG(std::vector<std::string>, decode_flags, {}, "Extra decode_node flags.");
+ABSL_FLAG(std::string, decode_cpus, "",
+          "CPUs the decode nodes run on from their start, as taskset writes them (\"1\", "
+          "\"2-3\"); empty: inherited. With --other_cpus, decode nodes keep to their own cores as "
+          "on machines of their own (benchmarks: tools/bench/spec_sweep.sh).");
+ABSL_FLAG(std::string, other_cpus, "",
+          "CPUs the router, prefill nodes and encoders run on (as --decode_cpus); empty: "
+          "inherited.");
 
 namespace deepinfer::deploy {
 namespace {
@@ -185,6 +194,16 @@ int Run(const char* argv0) {
   }
   config.prefill_flags = absl::GetFlag(FLAGS_prefill_flags);
   config.decode_flags = absl::GetFlag(FLAGS_decode_flags);
+  for (auto [flag, name, cpus] :
+       {std::tuple{&FLAGS_decode_cpus, "--decode_cpus", &config.decode_cpus},
+        std::tuple{&FLAGS_other_cpus, "--other_cpus", &config.other_cpus}}) {
+    absl::StatusOr<std::vector<int>> parsed = ParseCpuList(name, absl::GetFlag(*flag));
+    if (!parsed.ok()) {
+      fprintf(stderr, "launcher: %s\n", std::string(parsed.status().message()).c_str());
+      return 1;
+    }
+    *cpus = *std::move(parsed);
+  }
   config.log_dir = UserPath(absl::GetFlag(FLAGS_log_dir));
   if (config.log_dir.empty()) {
     const char* tmp = getenv("TMPDIR");

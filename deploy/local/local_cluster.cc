@@ -233,6 +233,7 @@ absl::StatusOr<std::shared_ptr<LocalCluster::Process>> LocalCluster::Spawn(
                      : WorkerCommandLine(config_, role, name, router_address_, port_file);
   options.env = ClusterEnvironment(config_);
   options.log_path = process->log_path;
+  options.cpus = role == ClusterRole::kDecode ? config_.decode_cpus : config_.other_cpus;
   absl::StatusOr<std::unique_ptr<Subprocess>> subprocess = Subprocess::Start(std::move(options));
   if (!subprocess.ok()) {
     return absl::Status(subprocess.status().code(),

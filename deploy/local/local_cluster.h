@@ -68,6 +68,13 @@ struct LocalClusterConfig {
   std::vector<std::string> prefill_flags;
   std::vector<std::string> decode_flags;
   std::vector<std::string> encoder_flags;
+  // CPU placement (SubprocessOptions::cpus) from each process's start: decode nodes on
+  // decode_cpus, every other process (router, prefill nodes, encoders) on other_cpus; empty:
+  // inherited. As decode nodes run on machines of their own in a deployment: a decode node's
+  // start-up profile of its forward passes (the adaptive speculation's cost table) then times
+  // its own cores, not the cluster's other processes starting beside it.
+  std::vector<int> decode_cpus;
+  std::vector<int> other_cpus;
   // Extra environment for every process. UCX_TLS=sm,self is added unless set here or in the
   // caller's environment (processes on one host move KV over shared memory).
   std::vector<std::pair<std::string, std::string>> env;

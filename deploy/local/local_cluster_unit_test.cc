@@ -1,6 +1,7 @@
 // LocalCluster without the real binaries: command lines, environment, config validation, and the
 // start-up failure paths, with shell scripts in bin_dir that exit, hang or write port files.
 // The success path (everything SERVING) is in local_cluster_test, against the real binaries.
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -199,6 +200,27 @@ TEST_F(LocalClusterUnitTest, WorkerExitingAtOnceFailsAndStopsTheOthers) {
   // Everything started was stopped and reaped.
   EXPECT_FALSE(Alive(ReadPid("router")));
   EXPECT_FALSE(Alive(ReadPid("prefill-0")));
+}
+
+TEST_F(LocalClusterUnitTest, DecodeNodesRunOnTheirCpusFromTheStart) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  int cpu = CPU_SETSIZE - 1;
+  while (cpu > 0 && !CPU_ISSET(cpu, &set)) --cpu;
+  config_.decode_cpus = {cpu};
+  WriteScript("router/router", ServeScript("router", 1));
+  WriteScript("prefill_node/prefill_node", ServeScript("prefill-0", 2));
+  // The kernel's account of the decode node's affinity, from its first command.
+  WriteScript("decode_node/decode_node", "grep Cpus_allowed_list /proc/self/status\nexit 1\n");
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(config_);
+  ASSERT_EQ(cluster.status().code(), absl::StatusCode::kUnavailable) << cluster.status();
+  EXPECT_THAT(cluster.status().message(), HasSubstr(absl::StrCat("Cpus_allowed_list:\t", cpu)));
+  // A CPU the machine lacks fails the start, by name.
+  config_.decode_cpus = {CPU_SETSIZE - 1};
+  cluster = LocalCluster::Start(config_);
+  EXPECT_EQ(cluster.status().code(), absl::StatusCode::kInvalidArgument) << cluster.status();
+  EXPECT_THAT(cluster.status().message(), HasSubstr("decode-0: cpus: CPU"));
 }
 
 TEST_F(LocalClusterUnitTest, BadPortFileIsReported) {

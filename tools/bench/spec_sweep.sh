@@ -31,8 +31,9 @@
 #   CPU backend's AMX paths a round at 8 concurrent requests is ~550 decode steps (~5 s), and one
 #   cold round left the n-gram node still trialling a quarter of its steps (0.94 of k = 4, two
 #   rounds), four left it trialling 6-12% and ahead of k = 4 in 3 rounds of 3 (issue 12, session 17).
-#   SWEEP_PIN=1 (default, on a machine with >= 2 CPUs): every decode node runs on the last CPU,
-#   every other process (launchers, routers, prefill nodes, the bench client) on the others, as
+#   SWEEP_PIN=1 (default, on a machine with >= 2 CPUs): every decode node runs on the last CPU
+#   from its start (launcher --decode_cpus: its start-up cost profile times that CPU), every other
+#   process (launchers, routers, prefill nodes, the bench client) on the others, as
 #   prefill and decode nodes run on their own machines in a deployment: a prefill burst then no
 #   longer slows the decode node's steps, which made decode speed swing with the prefill timing
 #   (per-round ranges of 2-3x at concurrency 32 unpinned). SWEEP_PIN=0: no pinning.
@@ -79,7 +80,8 @@ DECODE_CPU=$((CPUS - 1))
 OTHER_CPUS=0-$((CPUS - 2))
 # Prefix that runs a command on the non-decode CPUs when pinning (taskset execs it: same pid).
 PINNED=()
-[ "$PIN" = 1 ] && PINNED=(taskset -c "$OTHER_CPUS")
+DECODE_PIN=()
+[ "$PIN" = 1 ] && PINNED=(taskset -c "$OTHER_CPUS") && DECODE_PIN=(--decode_cpus="$DECODE_CPU")
 bazel build --config=opt //deploy/local:launcher //tools/bench 2>&1 | { grep -v linux-sandbox || true; } | tail -1
 BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
@@ -100,7 +102,7 @@ trap stop_all EXIT
 start_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready
   "${PINNED[@]}" "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
-    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" ${SWEEP_LAUNCHER_FLAGS:-} \
+    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" "${DECODE_PIN[@]}" ${SWEEP_LAUNCHER_FLAGS:-} \
     ${flags:+--prefill_flags="$flags"} --decode_flags="$flags${SWEEP_TRACE:+${flags:+,}--log_level=debug}" \
     >"$WORK/$name.out" 2>&1 &
   PID[$name]=$!
@@ -109,12 +111,13 @@ start_config() {  # name, flags (comma-separated)
   [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; exit 1; }
   ROUTER[$name]=$(cat "$ready")
   if [ "$PIN" = 1 ]; then
-    # The launcher's children inherited the other CPUs; its decode nodes (every thread) move.
-    local pid
+    # The launcher started its decode nodes on the decode CPU (--decode_cpus): check it did.
+    local pid cpus
     for pid in $(pgrep -P "${PID[$name]}" -f decode_node); do
-      taskset -a -p -c "$DECODE_CPU" "$pid" >/dev/null
+      cpus=$(awk '/^Cpus_allowed_list/ {print $2}' "/proc/$pid/status")
+      [ "$cpus" = "$DECODE_CPU" ] || { echo "$name: decode_node $pid runs on CPUs $cpus, not $DECODE_CPU" >&2; exit 1; }
     done
-    [ -n "$(pgrep -P "${PID[$name]}" -f decode_node)" ] || { echo "$name: no decode_node child to pin" >&2; exit 1; }
+    [ -n "$(pgrep -P "${PID[$name]}" -f decode_node)" ] || { echo "$name: no decode_node child found" >&2; exit 1; }
   fi
 }
 
