@@ -149,6 +149,10 @@ ABSL_FLAG(int32_t, spec_trial_run_steps, 3,
           "and the current mode, each run's first step (which starts from the other mode's "
           "state) left unmeasured when above 1 (see --spec_trial_run_max_decoding); 1: single "
           "steps, every one measured.");
+ABSL_FLAG(int32_t, spec_trial_run_unmeasured, 1,
+          "With --spec_select and --spec_trial_run_steps above 1: how many first steps of each "
+          "run are left unmeasured (at most the run's length - 1): a forward pass right after "
+          "one of another shape costs more, for more than one step.");
 ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "With --spec_select and a draft model: whether steps of a bucket held by no drafting "
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
@@ -305,6 +309,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
     return absl::InvalidArgumentError(
         absl::StrCat("--spec_trial_run_steps: expected >= 1, got ",
                      o.speculative.select_options.trial_run_steps));
+  }
+  o.speculative.select_options.trial_run_unmeasured =
+      absl::GetFlag(FLAGS_spec_trial_run_unmeasured);
+  if (o.speculative.select_options.trial_run_unmeasured < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_trial_run_unmeasured: expected >= 1, got ",
+                     o.speculative.select_options.trial_run_unmeasured));
   }
   o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
   o.speculative.select_options.trial_run_max_decoding =

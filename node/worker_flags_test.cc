@@ -120,6 +120,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
@@ -198,6 +199,7 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
        "--spec_trial_stop_sequence_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, 0); }, "--spec_trial_run_unmeasured:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, -1); },
        "--spec_trial_run_max_decoding:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},

@@ -36,9 +36,9 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
       !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
-      options.trial_run_steps < 1 || options.trial_run_max_decoding < 0 ||
-      !(options.catch_up_horizon_seconds > 0.0) || !(options.inherit_weight > 0.0) ||
-      !(options.inherit_weight <= 1.0)) {
+      options.trial_run_steps < 1 || options.trial_run_unmeasured < 1 ||
+      options.trial_run_max_decoding < 0 || !(options.catch_up_horizon_seconds > 0.0) ||
+      !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -47,7 +47,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
-        "trial_run_steps >= 1, trial_run_max_decoding >= 0, catch_up_horizon_seconds > 0, 0 < "
+        "trial_run_steps >= 1, trial_run_unmeasured >= 1, trial_run_max_decoding >= 0, "
+        "catch_up_horizon_seconds > 0, 0 < "
         "inherit_weight <= 1");
   }
   return DraftModeSelector(std::move(modes), options);
@@ -586,9 +587,12 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     ++warmup_taken_;
   } else if (partner_ >= 0) {
     // A trial: the mode on trial and the incumbent take turns, in runs of trial_run_steps steps
-    // whose first step (which starts from the other side's state) is not measured.
+    // whose first trial_run_unmeasured steps (which start from the other side's state) are not
+    // measured (at least one step of each run is).
     if (partner_next_) choice.mode = partner_;
-    if (run_steps_ > 1 && run_taken_ == 0) choice.measured = false;
+    if (run_steps_ > 1 && run_taken_ < std::min(options_.trial_run_unmeasured, run_steps_ - 1)) {
+      choice.measured = false;
+    }
     if (++run_taken_ >= run_steps_) {
       run_taken_ = 0;
       partner_next_ = !partner_next_;

@@ -182,6 +182,15 @@ namespace deepinfer::engine::spec {
 // after a k = 2 step 2.49), but those after its own came from its epochs as the incumbent, at
 // other times: the machine's drift more than carry-over.
 //
+// Runs of steps and the step before. A forward pass also costs more right after one of another
+// shape: measured on a 2-core AVX2 VM (issue 12, session 27; demo model, one sequence, context 32)
+// a one-token forward pass took 1.0-1.25 ms among one-token passes, 1.6-2.1 ms right after a
+// 17-token one, and still as much in the second one-token pass after it. In an n-gram node's
+// trials at one sequence (runs of 3), k = 1's forward passes took 2.26, 2.19 and 2.01 ms by place
+// in the run, 1.99 ms in a node running k = 1 alone: the measured steps of a short mode's runs
+// still pay for the long mode's steps before them. `trial_run_unmeasured` leaves more of each
+// run's first steps out (with longer runs, so that each still measures some).
+//
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
 // `freeze_below` of it: its incumbent's steps then tell the engine not to keep a draft model's
@@ -332,6 +341,9 @@ class DraftModeSelector {
     // A trial alternates runs of this many steps of each side, the first step of each run left
     // unmeasured when above 1 (see above); 1: single steps, every one measured.
     int trial_run_steps = 3;  // >= 1 (1 until issue 12, session 24)
+    // Of each run (trial_run_steps above 1), this many first steps are not measured (at most
+    // trial_run_steps - 1): see "Runs of steps and the step before" above.
+    int trial_run_unmeasured = 1;  // >= 1
     // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
     // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
     int trial_run_max_decoding = 4;           // >= 0 (0 until issue 12, session 24)

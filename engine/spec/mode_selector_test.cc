@@ -796,6 +796,37 @@ TEST(DraftModeSelectorTest, TrialsAlternateInRunsWhoseFirstStepIsNotMeasured) {
   EXPECT_NEAR(s->Relative(2, 0), 100.0 / 150.0, 1e-9);
 }
 
+TEST(DraftModeSelectorTest, RunsLeaveTheirFirstStepsUnmeasured) {
+  Options o = Stepped(4, 1);
+  o.min_comparisons = 1;
+  o.trial_run_steps = 5;
+  o.trial_run_unmeasured = 2;
+  auto s = DraftModeSelector::Create({0, 1}, o);
+  ASSERT_TRUE(s.ok());
+  std::vector<int> modes;
+  std::vector<int> measured;
+  RecordChoices(*s, 5 + 16, &modes, &measured);
+  // The incumbent's first epoch, then mode 1's trial: its warm-up step, then runs of five whose
+  // first two steps are not measured, until each side has measured four.
+  EXPECT_EQ(modes,
+            std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(measured,
+            std::vector<int>({0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1}));
+  // At least one step of a run is measured, whatever trial_run_unmeasured says.
+  o.trial_run_steps = 2;
+  o.trial_run_unmeasured = 5;
+  auto t = DraftModeSelector::Create({0, 1}, o);
+  ASSERT_TRUE(t.ok());
+  modes.clear();
+  measured.clear();
+  RecordChoices(*t, 5 + 9, &modes, &measured);
+  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1}));
+  o.trial_run_unmeasured = 0;
+  EXPECT_EQ(DraftModeSelector::Create({0, 1}, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A step's outcome can depend on the step before it: an n-gram drafter whose draft was rejected
 // leaves a request just past a divergence from the text it copies, where its next draft matches
 // less. Here mode 1 (long drafts) leaves a request in that state after 60% of its steps, the
