@@ -1,5 +1,7 @@
 #include "node/worker_flags.h"
 
+#include <cmath>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -153,6 +155,12 @@ ABSL_FLAG(int32_t, spec_trial_run_unmeasured, 1,
           "With --spec_select and --spec_trial_run_steps above 1: how many first steps of each "
           "run are left unmeasured (at most the run's length - 1): a forward pass right after "
           "one of another shape costs more, for more than one step.");
+ABSL_FLAG(double, spec_trial_run_tokens, 0.0,
+          "With --spec_select and --spec_trial_run_steps above 1: above 0, a run lasts until its "
+          "measured steps have emitted this many tokens per decoding request, instead of "
+          "--spec_trial_run_steps steps, so that both sides are measured on as much of the same "
+          "text (runs of equal steps rate a long draft on easier text than a short one); 0: runs "
+          "of steps.");
 ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "With --spec_select and a draft model: whether steps of a bucket held by no drafting "
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
@@ -316,6 +324,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
     return absl::InvalidArgumentError(
         absl::StrCat("--spec_trial_run_unmeasured: expected >= 1, got ",
                      o.speculative.select_options.trial_run_unmeasured));
+  }
+  o.speculative.select_options.trial_run_tokens = absl::GetFlag(FLAGS_spec_trial_run_tokens);
+  if (!(o.speculative.select_options.trial_run_tokens >= 0.0) ||
+      !std::isfinite(o.speculative.select_options.trial_run_tokens)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_trial_run_tokens: expected a finite number >= 0, got ",
+                     o.speculative.select_options.trial_run_tokens));
   }
   o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
   o.speculative.select_options.trial_run_max_decoding =

@@ -121,6 +121,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
@@ -200,6 +201,7 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
        "--spec_trial_stop_sequence_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, 0); }, "--spec_trial_run_unmeasured:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, -1.0); }, "--spec_trial_run_tokens:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, -1); },
        "--spec_trial_run_max_decoding:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},

@@ -37,8 +37,9 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
       !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
       options.trial_run_steps < 1 || options.trial_run_unmeasured < 1 ||
-      options.trial_run_max_decoding < 0 || !(options.catch_up_horizon_seconds > 0.0) ||
-      !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0)) {
+      !(options.trial_run_tokens >= 0.0) || options.trial_run_max_decoding < 0 ||
+      !(options.catch_up_horizon_seconds > 0.0) || !(options.inherit_weight > 0.0) ||
+      !(options.inherit_weight <= 1.0)) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -47,7 +48,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
-        "trial_run_steps >= 1, trial_run_unmeasured >= 1, trial_run_max_decoding >= 0, "
+        "trial_run_steps >= 1, trial_run_unmeasured >= 1, trial_run_tokens >= 0, "
+        "trial_run_max_decoding >= 0, "
         "catch_up_horizon_seconds > 0, 0 < "
         "inherit_weight <= 1");
   }
@@ -565,6 +567,7 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
     partner_ = options_.interleave && mode != incumbent ? incumbent : -1;
     partner_next_ = false;
     run_taken_ = 0;
+    run_tokens_ = 0.0;
     // Bucket b holds up to 2^b decoding sequences.
     run_steps_ = options_.trial_run_max_decoding == 0 ||
                          (b < 30 && (int64_t{1} << b) <= options_.trial_run_max_decoding)
@@ -582,9 +585,23 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   choice.measured = !warmup;
   choice.upkeep = epoch_upkeep_;
   choice.catch_up = epoch_catch_up_;
+  text_run_step_ = false;
   if (warmup) {
     --warmup_left_;
     ++warmup_taken_;
+  } else if (partner_ >= 0 && run_steps_ > 1 && options_.trial_run_tokens > 0) {
+    // A trial in runs of text: the run's measured steps so far have their tokens (Observe); it
+    // ends once they reach trial_run_tokens per decoding sequence.
+    const int unmeasured = options_.trial_run_unmeasured;
+    if (run_taken_ > unmeasured && run_tokens_ >= options_.trial_run_tokens) {
+      run_taken_ = 0;
+      run_tokens_ = 0.0;
+      partner_next_ = !partner_next_;
+    }
+    if (partner_next_) choice.mode = partner_;
+    if (run_taken_ < unmeasured) choice.measured = false;
+    ++run_taken_;
+    text_run_step_ = true;
   } else if (partner_ >= 0) {
     // A trial: the mode on trial and the incumbent take turns, in runs of trial_run_steps steps
     // whose first trial_run_unmeasured steps (which start from the other side's state) are not
@@ -616,6 +633,14 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
     return;
   }
   if (mode == current_) epoch_wall_seconds_ += seconds;
+  // A run of text counts its side's measured steps (Choose switches sides before the step, so
+  // partner_next_ still names the run's side). Counting the unmeasured first steps as well would
+  // leave a long draft's runs on easy text mostly unmeasured: one step of 8 tokens unmeasured,
+  // one measured, against 1 of k = 1's 8.
+  if (measured && text_run_step_ && partner_ >= 0 &&
+      mode == (partner_next_ ? partner_ : current_)) {
+    run_tokens_ += tokens / decoding;
+  }
   if (options_.catch_up_charge) {
     // Measured while a drafting mode holds the bucket, the cost it pays there: a trial's
     // catch-up (after the incumbent's steps without drafts) is what that one trial costs, and

@@ -191,6 +191,21 @@ namespace deepinfer::engine::spec {
 // still pay for the long mode's steps before them. `trial_run_unmeasured` leaves more of each
 // run's first steps out (with longer runs, so that each still measures some).
 //
+// Runs of text. Runs of equal step counts give the two sides equal shares of the trial's steps,
+// not of its text, and a long draft crosses the easy stretches (long copies, where drafts are
+// accepted whole) in a few steps, a short one in many: of the steps where the text is easy the
+// short mode runs fewer than it would alone, so its steps are rated on harder text than its own
+// and the long mode's on easier (an inspection paradox, whatever the modes' true rates). Measured
+// on an n-gram node at one sequence (issue 12, session 28): k = 1 in the plan's trials emitted
+// 1.62 tokens a step and found no draft in 24% of its steps; a node running k = 1 alone, on the
+// same prompts and (greedy) the same answers, 1.76 and 14%; k = 2, 2.15 against 2.34. With
+// `trial_run_tokens` R > 0 (where runs apply) a run instead lasts until its measured steps (after
+// its trial_run_unmeasured unmeasured ones) have emitted R tokens per decoding sequence: each
+// side's measured steps then cover as much of every stretch of the text as the other's, and its
+// rate over them is close to its rate alone (counting the unmeasured steps' tokens too would
+// leave a long draft's runs on easy text mostly unmeasured). 0 (the default): runs of
+// trial_run_steps steps.
+//
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
 // `freeze_below` of it: its incumbent's steps then tell the engine not to keep a draft model's
@@ -344,6 +359,10 @@ class DraftModeSelector {
     // Of each run (trial_run_steps above 1), this many first steps are not measured (at most
     // trial_run_steps - 1): see "Runs of steps and the step before" above.
     int trial_run_unmeasured = 1;  // >= 1
+    // > 0: a run lasts until its measured steps have emitted this many tokens per decoding
+    // sequence instead of trial_run_steps steps, where runs apply (trial_run_max_decoding): see
+    // "Runs of text" above. 0: runs of steps.
+    double trial_run_tokens = 0.0;  // >= 0
     // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
     // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
     int trial_run_max_decoding = 4;           // >= 0 (0 until issue 12, session 24)
@@ -557,6 +576,8 @@ class DraftModeSelector {
   bool partner_next_ = false;        // whose turn after the warm-up: the partner's
   int run_taken_ = 0;                // steps of the current side's run (trial_run_steps)
   int run_steps_ = 1;                // the current epoch's run length (trial_run_max_decoding)
+  double run_tokens_ = 0.0;          // tokens per decoding sequence of the run (trial_run_tokens)
+  bool text_run_step_ = false;       // the step Choose last returned belongs to a run of text
   bool epoch_upkeep_ = true;         // Choice::upkeep of the epoch's steps
   bool epoch_catch_up_ = true;       // Choice::catch_up of the epoch's steps
   double epoch_wall_seconds_ = 0.0;  // every step of the epoch's mode, measured or not
