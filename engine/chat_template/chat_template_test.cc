@@ -142,6 +142,27 @@ TEST(ChatTemplateTest, RuntimeErrorsNameTheLine) {
   EXPECT_TRUE(absl::StrContains(out.status().message(), "'str' and 'int'")) << out.status();
 }
 
+// A namespace that holds itself (lists and dicts cannot be mutated: the sandbox refuses append and
+// update) prints with "{...}" where it recurs, instead of recursing until the stack runs out
+// (found by the fuzzer: a segfault, which in a server takes every request down with it).
+// Comparing, serialising or measuring one gives an answer or an error, not a crash.
+TEST(ChatTemplateTest, ANamespaceHoldingItselfDoesNotCrash) {
+  auto direct = RenderText("{% set n = namespace(a=1) %}{% set n.b = n %}{{ n }}");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(*direct, "<Namespace {'a': 1, 'b': <Namespace {...}>}>");
+  auto in_list = RenderText("{% set n = namespace(a=1) %}{% set n.b = [n, 2] %}{{ n.b }}");
+  ASSERT_TRUE(in_list.ok()) << in_list.status();
+  EXPECT_EQ(*in_list, "[<Namespace {'a': 1, 'b': [...]}>, 2]");
+  for (const char* src : {"{% set n = namespace() %}{% set n.b = [n] %}{{ n.b == [n] }}",
+                          "{% set n = namespace() %}{% set n.b = [n] %}{{ n.b | tojson }}",
+                          "{% set n = namespace() %}{% set n.b = [n] %}{{ n.b | string | length }}",
+                          "{% set n = namespace() %}{% set n.b = n %}{{ n.b.b.b.b }}"}) {
+    SCOPED_TRACE(src);
+    auto out = RenderText(src);
+    if (out.ok()) EXPECT_FALSE(out->empty());
+  }
+}
+
 TEST(ChatTemplateTest, GenerationTagRendersItsBody) {
   auto out = RenderText("{% generation %}gen{{ 1 }}{% endgeneration %}!");
   ASSERT_TRUE(out.ok()) << out.status();

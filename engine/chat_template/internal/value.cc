@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -409,7 +410,41 @@ std::string Value::Str() const {
   }
 }
 
+namespace {
+// Containers whose Repr is in progress on this thread: a container that holds itself (a list
+// appended to itself, a namespace attribute set to the namespace) prints as Python prints it,
+// "[...]" / "{...}", instead of recursing until the stack runs out.
+thread_local std::vector<const void*> repr_in_progress;
+
+class ReprGuard {
+ public:
+  // nullptr (a scalar): no-op.
+  explicit ReprGuard(const void* container) {
+    if (container == nullptr) return;
+    for (const void* p : repr_in_progress) cycle_ = cycle_ || p == container;
+    pushed_ = !cycle_;
+    if (pushed_) repr_in_progress.push_back(container);
+  }
+  ~ReprGuard() {
+    if (pushed_) repr_in_progress.pop_back();
+  }
+  ReprGuard(const ReprGuard&) = delete;
+  ReprGuard& operator=(const ReprGuard&) = delete;
+  bool cycle() const { return cycle_; }
+
+ private:
+  bool cycle_ = false;
+  bool pushed_ = false;
+};
+}  // namespace
+
 std::string Value::Repr() const {
+  const bool container = type_ == Type::kList || type_ == Type::kDict || type_ == Type::kNamespace;
+  ReprGuard guard(container ? ptr_.get() : nullptr);
+  if (container && guard.cycle()) {
+    if (type_ == Type::kList) return as_list().is_tuple ? "(...)" : "[...]";
+    return type_ == Type::kDict ? "{...}" : "<Namespace {...}>";
+  }
   switch (type_) {
     case Type::kUndefined: return "Undefined";
     case Type::kNone: return "None";
