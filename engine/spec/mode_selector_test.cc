@@ -469,6 +469,7 @@ TEST(DraftModeSelectorTest, ATrialEndsInAnotherBucketWhateverItsIncumbent) {
     o.max_gap_epochs = 8;
     o.freeze_below = 0.0;
     o.follow_bucket = follow;
+    o.trial_run_tokens = 0.0;  // runs of 3 steps: the partner's turn comes within the 3 below
     auto s = DraftModeSelector::Create({0, 1}, o);
     ASSERT_TRUE(s.ok());
     // One sequence: drafting (mode 1) pays; 32: it does not.
@@ -692,13 +693,15 @@ TEST(DraftModeSelectorTest, MachineNoiseStillLetsAFasterModeTakeOver) {
 
 // Default options (interleaved trials) with epochs of `epoch_steps` steps, no minimum time, and
 // `warmup_steps` warm-up steps: the tests below. Trials alternate single steps (the default until
-// session 24; runs of steps, where a test sets trial_run_steps, at any count).
+// session 24; runs of steps, where a test sets trial_run_steps, at any count; runs of text where
+// it sets trial_run_tokens).
 Options Stepped(int epoch_steps, int warmup_steps) {
   Options o;
   o.epoch_steps = epoch_steps;
   o.epoch_seconds = 0.0;
   o.warmup_steps = warmup_steps;
   o.trial_run_steps = 1;
+  o.trial_run_tokens = 0.0;
   o.trial_run_max_decoding = 0;
   return o;
 }
