@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -858,9 +859,11 @@ TEST(DraftModeSelectorTest, RunsOfTextEndAtTheirTokens) {
   RecordChoices(*t, 5 + 9, &modes, &measured);
   EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0}));
   EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1}));
-  o.trial_run_tokens = -1;
-  EXPECT_EQ(DraftModeSelector::Create({0, 1}, o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (const double bad : {-1.0, std::numeric_limits<double>::infinity()}) {
+    o.trial_run_tokens = bad;  // infinite: a trial's first run would never end
+    EXPECT_EQ(DraftModeSelector::Create({0, 1}, o).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // The inspection paradox of runs of steps ("Runs of text" in the header). The text alternates

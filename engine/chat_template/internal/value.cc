@@ -411,9 +411,10 @@ std::string Value::Str() const {
 }
 
 namespace {
-// Containers whose Repr is in progress on this thread: a container that holds itself (a list
-// appended to itself, a namespace attribute set to the namespace) prints as Python prints it,
-// "[...]" / "{...}", instead of recursing until the stack runs out.
+// Containers whose Repr is in progress on this thread: a container that holds itself (a namespace
+// attribute set to the namespace, or to a list holding it; the sandbox keeps lists and dicts
+// from being mutated) prints as Python prints a recursive container, "[...]" / "{...}", instead
+// of recursing until the stack runs out.
 thread_local std::vector<const void*> repr_in_progress;
 
 class ReprGuard {
