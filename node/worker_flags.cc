@@ -155,7 +155,7 @@ ABSL_FLAG(int32_t, spec_trial_run_unmeasured, 1,
           "With --spec_select and --spec_trial_run_steps above 1: how many first steps of each "
           "run are left unmeasured (at most the run's length - 1): a forward pass right after "
           "one of another shape costs more, for more than one step.");
-ABSL_FLAG(double, spec_trial_run_tokens, 16.0,
+ABSL_FLAG(double, spec_trial_run_tokens, 0.0,
           "With --spec_select and --spec_trial_run_steps above 1: above 0, a run lasts until its "
           "measured steps have emitted this many tokens per decoding request, instead of "
           "--spec_trial_run_steps steps, so that both sides are measured on as much of the same "

@@ -121,7 +121,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 16.0);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);

@@ -203,12 +203,14 @@ namespace deepinfer::engine::spec {
 // its trial_run_unmeasured unmeasured ones) have emitted R tokens per decoding sequence: each
 // side's measured steps then cover as much of every stretch of the text as the other's, and its
 // rate over them is close to its rate alone (counting the unmeasured steps' tokens too would
-// leave a long draft's runs on easy text mostly unmeasured). 0: runs of trial_run_steps steps.
-// Default 16 (0 until session 28): beside the default n-gram node in the same 5 rounds (1 and 8
-// concurrent requests, decode tokens/s), 16 won 5 of 5 rounds at 1 (by 2-31%; its node then held
-// k = 1 at one sequence and ran level with a k = 1 node, 1.55 against 1.50 of no speculation,
-// where the default's trials had kept the plan at 1.31) and 4 of 5 at 8; 8 won 4 and 3; a
-// draft-model node with 8 won 3 of 5 at each.
+// leave a long draft's runs on easy text mostly unmeasured). 0 (the default): runs of
+// trial_run_steps steps. Measured in session 28 (1 and 8 concurrent requests, decode tokens/s,
+// 5 rounds each, beside 0 in the same rounds): an n-gram node with 16 won 5 of 5 rounds at 1 (by
+// 2-31%; it then held k = 1 at one sequence, level with a k = 1 node, where 0 kept the plan) and
+// 4 of 5 at 8; with 8, 4 and 3. A draft-model node with 8 won 3 of 5 at each; with 16, 2 of 5 at
+// 1 and 1 of 5 at 8 (median 0.83 of 0 there, on a machine then 40% slower than in the other
+// runs). So 0 stays the default until a full sweep says more; `--spec_trial_run_tokens=16` for
+// n-gram drafts.
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
@@ -366,7 +368,7 @@ class DraftModeSelector {
     // > 0: a run lasts until its measured steps have emitted this many tokens per decoding
     // sequence instead of trial_run_steps steps, where runs apply (trial_run_max_decoding): see
     // "Runs of text" above. 0: runs of steps.
-    double trial_run_tokens = 16.0;  // >= 0 (0 until issue 12, session 28)
+    double trial_run_tokens = 0.0;  // >= 0, finite
     // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
     // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
     int trial_run_max_decoding = 4;           // >= 0 (0 until issue 12, session 24)
