@@ -720,6 +720,19 @@ void RecordChoices(DraftModeSelector& s, int steps, std::vector<int>* modes,
   }
 }
 
+// RecordChoices on a new selector with options `o`, modes {0, 1}.
+struct Recorded {
+  std::vector<int> modes;
+  std::vector<int> measured;
+};
+Recorded RecordFresh(const Options& o, int steps) {
+  Recorded r;
+  auto s = DraftModeSelector::Create({0, 1}, o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) RecordChoices(*s, steps, &r.modes, &r.measured);
+  return r;
+}
+
 // Interleaved trials (the default): a revisit is one epoch in which, after its warm-up, the mode
 // on trial and the incumbent take turns step by step, each side running the epoch's steps.
 TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
@@ -819,13 +832,9 @@ TEST(DraftModeSelectorTest, RunsLeaveTheirFirstStepsUnmeasured) {
   // At least one step of a run is measured, whatever trial_run_unmeasured says.
   o.trial_run_steps = 2;
   o.trial_run_unmeasured = 5;
-  auto t = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(t.ok());
-  modes.clear();
-  measured.clear();
-  RecordChoices(*t, 5 + 9, &modes, &measured);
-  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0}));
-  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1}));
+  const Recorded short_runs = RecordFresh(o, 5 + 9);
+  EXPECT_EQ(short_runs.modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(short_runs.measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1}));
   o.trial_run_unmeasured = 0;
   EXPECT_EQ(DraftModeSelector::Create({0, 1}, o).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -852,13 +861,9 @@ TEST(DraftModeSelectorTest, RunsOfTextEndAtTheirTokens) {
   EXPECT_NEAR(s->Relative(2, 0), 100.0 / 150.0, 1e-9);
   // A run measures one step at least, however few tokens that takes.
   o.trial_run_tokens = 0.5;
-  auto t = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(t.ok());
-  modes.clear();
-  measured.clear();
-  RecordChoices(*t, 5 + 9, &modes, &measured);
-  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0}));
-  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1}));
+  const Recorded short_runs = RecordFresh(o, 5 + 9);
+  EXPECT_EQ(short_runs.modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(short_runs.measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1, 0, 1}));
   for (const double bad : {-1.0, std::numeric_limits<double>::infinity()}) {
     o.trial_run_tokens = bad;  // infinite: a trial's first run would never end
     EXPECT_EQ(DraftModeSelector::Create({0, 1}, o).status().code(),
