@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -155,12 +156,13 @@ ABSL_FLAG(int32_t, spec_trial_run_unmeasured, 1,
           "With --spec_select and --spec_trial_run_steps above 1: how many first steps of each "
           "run are left unmeasured (at most the run's length - 1): a forward pass right after "
           "one of another shape costs more, for more than one step.");
-ABSL_FLAG(double, spec_trial_run_tokens, 0.0,
+ABSL_FLAG(std::string, spec_trial_run_tokens, "auto",
           "With --spec_select and --spec_trial_run_steps above 1: above 0, a run lasts until its "
           "measured steps have emitted this many tokens per decoding request, instead of "
           "--spec_trial_run_steps steps, so that both sides are measured on as much of the same "
           "text (runs of equal steps rate a long draft on easier text than a short one); 0: runs "
-          "of steps.");
+          "of steps; auto: 16 with --speculative=ngram, 0 with a draft model (measured best for "
+          "each).");
 ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "With --spec_select and a draft model: whether steps of a bucket held by no drafting "
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
@@ -325,12 +327,15 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         absl::StrCat("--spec_trial_run_unmeasured: expected >= 1, got ",
                      o.speculative.select_options.trial_run_unmeasured));
   }
-  o.speculative.select_options.trial_run_tokens = absl::GetFlag(FLAGS_spec_trial_run_tokens);
-  if (!(o.speculative.select_options.trial_run_tokens >= 0.0) ||
-      !std::isfinite(o.speculative.select_options.trial_run_tokens)) {
+  const std::string run_tokens = absl::GetFlag(FLAGS_spec_trial_run_tokens);
+  double& trial_run_tokens = o.speculative.select_options.trial_run_tokens;
+  if (run_tokens == "auto") {
+    trial_run_tokens = o.speculative.drafter == "ngram" ? kNgramTrialRunTokens : 0.0;
+  } else if (!absl::SimpleAtod(run_tokens, &trial_run_tokens) || !(trial_run_tokens >= 0.0) ||
+             !std::isfinite(trial_run_tokens)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--spec_trial_run_tokens: expected a finite number >= 0, got ",
-                     o.speculative.select_options.trial_run_tokens));
+        absl::StrCat("--spec_trial_run_tokens: expected auto or a finite number >= 0, got \"",
+                     run_tokens, "\""));
   }
   o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
   o.speculative.select_options.trial_run_max_decoding =

@@ -121,7 +121,8 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);
+  // auto: runs of text with n-gram drafts.
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kNgramTrialRunTokens);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
@@ -131,6 +132,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
   absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 8);
+  absl::SetFlag(&FLAGS_spec_trial_run_tokens, "8.5");
   absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
@@ -151,6 +153,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);
   EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
@@ -164,6 +167,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_model_path, "/models/tiny-draft/");
   EXPECT_EQ(o->speculative.draft_threads, 3);
   EXPECT_EQ(o->speculative.draft_num_blocks, 0);  // as many as the target's cache
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);  // as given
+  absl::SetFlag(&FLAGS_spec_trial_run_tokens, "auto");
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);  // runs of steps
   absl::SetFlag(&FLAGS_draft_kv_blocks, 512);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -201,7 +209,11 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
        "--spec_trial_stop_sequence_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, 0); }, "--spec_trial_run_unmeasured:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, -1.0); }, "--spec_trial_run_tokens:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "-1"); },
+       "--spec_trial_run_tokens: expected auto or a finite number >= 0, got \"-1\""},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "inf"); }, "--spec_trial_run_tokens:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "nan"); }, "--spec_trial_run_tokens:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "sixteen"); }, "--spec_trial_run_tokens:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, -1); },
        "--spec_trial_run_max_decoding:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},

@@ -209,8 +209,8 @@ namespace deepinfer::engine::spec {
 // 2-31%; it then held k = 1 at one sequence, level with a k = 1 node, where 0 kept the plan) and
 // 4 of 5 at 8; with 8, 4 and 3. A draft-model node with 8 won 3 of 5 at each; with 16, 2 of 5 at
 // 1 and 1 of 5 at 8 (median 0.83 of 0 there, on a machine then 40% slower than in the other
-// runs). So 0 stays the default until a full sweep says more; `--spec_trial_run_tokens=16` for
-// n-gram drafts.
+// runs). So the option's default stays 0; the worker flag `--spec_trial_run_tokens` defaults to
+// auto, 16 with n-gram drafts and 0 with a draft model (node/worker_flags.h).
 //
 // A bucket *freezes* when its incumbent drafts nothing (length 0) and every other mode not pruned
 // was compared min_comparisons times and is, even optimistically (+ explore_z x se), below
