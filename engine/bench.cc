@@ -8,7 +8,9 @@
 // of --reps repetitions after one warm-up pass. --step_tokens T > 1 runs each decode step with T
 // tokens per sequence (logits for all of them), the shape of a speculative verification of T - 1
 // drafts: decode tok/s then counts every token the steps ran, and the step time against T = 1 is
-// what verifying costs.
+// what verifying costs. --after_tokens N > 0 runs an unmeasured step of N tokens per sequence
+// (at the same positions, overwritten by the measured step) before each measured one: what a step
+// costs right after a longer one, as an adaptive speculative node mixes draft lengths.
 //
 // --bandwidth also measures the machine's read bandwidth (all threads streaming a buffer much
 // larger than the caches) and reports decode at batch 1 against the memory-bandwidth bound:
@@ -44,6 +46,9 @@ ABSL_FLAG(int, reps, 3, "Repetitions per figure; the median is reported.");
 ABSL_FLAG(std::string, step_tokens, "1",
           "Comma-separated tokens per sequence in each decode step: 1 is plain decode, T > 1 the "
           "shape of a speculative verification of T - 1 drafts (logits for every token).");
+ABSL_FLAG(int, after_tokens, 0,
+          "> 0: before each measured decode step, an unmeasured step of this many tokens per "
+          "sequence (what a step costs right after one of another shape).");
 ABSL_FLAG(int, block_size, 16, "KV block size.");
 ABSL_FLAG(bool, bandwidth, false, "Measure read bandwidth and the batch-1 decode bound.");
 ABSL_FLAG(bool, json, false, "Print one JSON object instead of a table.");
@@ -179,6 +184,7 @@ int Run() {
   const std::vector<int> prompts = ParseList(absl::GetFlag(FLAGS_prompt), "prompt");
   const std::vector<int> step_tokens = ParseList(absl::GetFlag(FLAGS_step_tokens), "step_tokens");
   const int steps = absl::GetFlag(FLAGS_decode_tokens);
+  const int after = std::max(0, absl::GetFlag(FLAGS_after_tokens));
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   const int block = absl::GetFlag(FLAGS_block_size);
   const int threads = options.num_threads > 0
@@ -193,7 +199,7 @@ int Run() {
       for (int per_step : step_tokens) {
         if (b <= 0 || per_step <= 0) continue;
         const int64_t per_seq =
-            (prompt + static_cast<int64_t>(steps) * per_step + 1 + block - 1) / block;
+            (prompt + static_cast<int64_t>(steps) * per_step + after + 1 + block - 1) / block;
         auto cache_or =
             KvCache::Create(model.MakeKvCacheConfig(static_cast<int>(per_seq * b), block));
         if (!cache_or.ok()) {
@@ -233,9 +239,28 @@ int Run() {
             // Per sequence: the greedy next token, then per_step - 1 random "drafts".
             std::vector<int32_t> next(static_cast<size_t>(b) * per_step);
             for (int32_t& t : next) t = token(rng);
+            std::vector<int32_t> before(static_cast<size_t>(b) * after);
+            for (int32_t& t : before) t = token(rng);
             std::vector<SequenceInput> batch(b);
-            const auto t0 = Clock::now();
+            double measured_s = 0.0;
             for (int step = 0; step < steps; ++step) {
+              if (after > 0) {
+                std::vector<SequenceInput> longer(b);
+                for (int s = 0; s < b; ++s) {
+                  longer[s].tokens = before.data() + static_cast<int64_t>(s) * after;
+                  longer[s].num_tokens = after;
+                  longer[s].start_position = prompt + static_cast<int64_t>(step) * per_step;
+                  longer[s].block_table = tables[s].data();
+                  longer[s].num_blocks = per_seq;
+                  longer[s].all_logits = after > 1;
+                }
+                const absl::Status st = model.Forward(longer, cache, &logits);
+                if (!st.ok()) {
+                  std::fprintf(stderr, "%s\n", st.ToString().c_str());
+                  return 1;
+                }
+              }
+              const auto t0 = Clock::now();
               for (int s = 0; s < b; ++s) {
                 batch[s].tokens = next.data() + static_cast<int64_t>(s) * per_step;
                 batch[s].num_tokens = per_step;
@@ -256,8 +281,9 @@ int Run() {
                 next[static_cast<size_t>(s) * per_step] =
                     static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
               }
+              measured_s += Seconds(t0, Clock::now());
             }
-            if (rep > 0) decode_s.push_back(Seconds(t0, Clock::now()));
+            if (rep > 0) decode_s.push_back(measured_s);
           }
         }
         Row r;
@@ -284,6 +310,7 @@ int Run() {
   out["isa"] = kernels::CpuIsaName(kernels::BestCpuIsa());
   out["decode_tokens"] = steps;
   out["reps"] = reps;
+  out["after_tokens"] = after;
   for (const Row& r : rows) {
     nlohmann::json j;
     j["batch"] = r.batch;
@@ -309,6 +336,7 @@ int Run() {
   }
   std::printf("model %s  threads %d  isa %s  decode steps %d  reps %d (medians)\n", dir.c_str(),
               threads, kernels::CpuIsaName(kernels::BestCpuIsa()), steps, reps);
+  if (after > 0) std::printf("each measured step after an unmeasured one of %d tokens\n", after);
   std::printf("%6s %7s %6s %14s %14s %10s %12s\n", "batch", "prompt", "step", "prefill tok/s",
               "decode tok/s", "step ms", "of bw bound");
   for (const nlohmann::json& j : out["rows"]) {
