@@ -241,39 +241,27 @@ int Run() {
             for (int32_t& t : next) t = token(rng);
             std::vector<int32_t> before(static_cast<size_t>(b) * after);
             for (int32_t& t : before) t = token(rng);
-            std::vector<SequenceInput> batch(b);
-            double measured_s = 0.0;
-            for (int step = 0; step < steps; ++step) {
-              if (after > 0) {
-                std::vector<SequenceInput> longer(b);
-                for (int s = 0; s < b; ++s) {
-                  longer[s].tokens = before.data() + static_cast<int64_t>(s) * after;
-                  longer[s].num_tokens = after;
-                  longer[s].start_position = prompt + static_cast<int64_t>(step) * per_step;
-                  longer[s].block_table = tables[s].data();
-                  longer[s].num_blocks = per_seq;
-                  longer[s].all_logits = after > 1;
-                }
-                const absl::Status st = model.Forward(longer, cache, &logits);
-                if (!st.ok()) {
-                  std::fprintf(stderr, "%s\n", st.ToString().c_str());
-                  return 1;
-                }
-              }
-              const auto t0 = Clock::now();
+            // One step of `n` tokens per sequence (sequence s's at tokens + s * n) at `position`.
+            auto run_step = [&](const std::vector<int32_t>& tokens, int n, int64_t position) {
+              std::vector<SequenceInput> batch(b);
               for (int s = 0; s < b; ++s) {
-                batch[s].tokens = next.data() + static_cast<int64_t>(s) * per_step;
-                batch[s].num_tokens = per_step;
-                batch[s].start_position = prompt + static_cast<int64_t>(step) * per_step;
+                batch[s].tokens = tokens.data() + static_cast<int64_t>(s) * n;
+                batch[s].num_tokens = n;
+                batch[s].start_position = position;
                 batch[s].block_table = tables[s].data();
                 batch[s].num_blocks = per_seq;
-                batch[s].all_logits = per_step > 1;
+                batch[s].all_logits = n > 1;
               }
               const absl::Status st = model.Forward(batch, cache, &logits);
-              if (!st.ok()) {
-                std::fprintf(stderr, "%s\n", st.ToString().c_str());
-                return 1;
-              }
+              if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+              return st.ok();
+            };
+            double measured_s = 0.0;
+            for (int step = 0; step < steps; ++step) {
+              const int64_t position = prompt + static_cast<int64_t>(step) * per_step;
+              if (after > 0 && !run_step(before, after, position)) return 1;
+              const auto t0 = Clock::now();
+              if (!run_step(next, per_step, position)) return 1;
               // Greedy next token after each sequence's last, as a generation loop would pick it.
               for (int s = 0; s < b; ++s) {
                 const int64_t row = (static_cast<int64_t>(s) + 1) * per_step - 1;
