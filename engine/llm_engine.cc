@@ -1394,6 +1394,7 @@ void LlmEngine::Process(Step& step) {
   int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0, longest_verified = 0;
   int64_t calibrated_after_accepted = 0, calibrated_other = 0;
   int64_t emitted_tokens = 0;
+  int64_t generated_before = 0;  // the sampled sequences' output tokens before the step (trace)
   // Start states only matter to the selector's carry-over correction (off by default).
   const bool track_states =
       selector_.has_value() && options_.speculative.select_options.carry_over_correction;
@@ -1408,6 +1409,7 @@ void LlmEngine::Process(Step& step) {
       Finish(seq, FinishReason::kAborted, step.status);
       continue;
     }
+    if (p.sample) generated_before += seq->generated();
     if (!p.sample) {
       seq->computed = std::max(seq->computed, p.start + p.count);
       CommitBlocks(seq);
@@ -1561,18 +1563,19 @@ void LlmEngine::Process(Step& step) {
   const auto processed_at = Clock::now();
   if (spdlog::should_log(spdlog::level::debug) && !step.items.empty()) {
     // One line per step for offline fits of step time (tools/bench/spec_sweep.sh SWEEP_TRACE=1):
-    // period = time since the previous step's processing (0 after the engine idled).
+    // period = time since the previous step's processing (0 after the engine idled); generated =
+    // the sampled sequences' output tokens before the step (where in their answers it ran).
     int64_t samples = 0;
     for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
     spdlog::debug(
         "step-trace mode={} measured={} decoding={} overlapped={} items={} samples={} tokens={} "
-        "verified={} accepted={} "
+        "verified={} accepted={} generated={} "
         "period_us={} forward_us={} draft_us={} catch_up_us={} fit_scale={:.3f} "
         "fit_offset_us={:.0f} fit_per_request_us={:.0f} overhead_us={:.0f} "
         "overlap_overhead_us={:.0f} draft_scale={:.3f}",
         selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
         step.SelectorMeasured() ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
-        step.items.size(), samples, tokens, spec_verified, spec_accepted,
+        step.items.size(), samples, tokens, spec_verified, spec_accepted, generated_before,
         have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
                              : 0,
         static_cast<int64_t>(step.forward_seconds * 1e6),

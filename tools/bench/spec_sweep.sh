@@ -38,8 +38,8 @@
 #   longer slows the decode node's steps, which made decode speed swing with the prefill timing
 #   (per-round ranges of 2-3x at concurrency 32 unpinned). SWEEP_PIN=0: no pinning.
 #   SWEEP_TRACE=1: decode nodes log at debug level, one "step-trace" line per engine step
-#   (the selector's mode and decoding sequences, shape, drafts verified and accepted, period,
-#   forward and drafting time) for offline fits.
+#   (the selector's mode and decoding sequences, shape, drafts verified and accepted, the sampled
+#   sequences' output tokens so far, period, forward and drafting time) for offline fits.
 #   SWEEP_LOG_LEVEL: the other processes' log level (default info).
 #   SWEEP_LAUNCHER_FLAGS: more launcher flags for every cluster (space-separated), e.g.
 #   "--colocated --colocated_prefill_tokens=256": conditional disaggregation, where a later turn
