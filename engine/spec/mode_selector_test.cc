@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -720,8 +721,10 @@ void RecordChoices(DraftModeSelector& s, int steps, std::vector<int>* modes,
   }
 }
 
-// RecordChoices on a new selector with options `o`, modes {0, 1}.
+// RecordChoices on a new selector with options `o`, modes {0, 1}; the selector is kept (empty
+// when `o` was refused) for what a test checks after.
 struct Recorded {
+  std::optional<DraftModeSelector> selector;
   std::vector<int> modes;
   std::vector<int> measured;
 };
@@ -729,7 +732,9 @@ Recorded RecordFresh(const Options& o, int steps) {
   Recorded r;
   auto s = DraftModeSelector::Create({0, 1}, o);
   EXPECT_TRUE(s.ok()) << s.status();
-  if (s.ok()) RecordChoices(*s, steps, &r.modes, &r.measured);
+  if (!s.ok()) return r;
+  r.selector.emplace(*std::move(s));
+  RecordChoices(*r.selector, steps, &r.modes, &r.measured);
   return r;
 }
 
@@ -738,19 +743,16 @@ Recorded RecordFresh(const Options& o, int steps) {
 TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
   Options o = Stepped(4, 1);
   o.min_comparisons = 1;
-  auto s = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(s.ok());
-  std::vector<int> modes;
-  std::vector<int> measured;
-  RecordChoices(*s, 5 + 9, &modes, &measured);
+  Recorded r = RecordFresh(o, 5 + 9);
+  ASSERT_TRUE(r.selector.has_value());
   // The incumbent's first epoch (one warm-up step), then mode 1's trial.
-  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0}));
-  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1}));
-  EXPECT_EQ(s->partner(), 0);
-  s->Choose(2);  // the trial ends: 50% faster, mode 1 takes over
-  EXPECT_EQ(s->Incumbent(2), 1);
-  EXPECT_NEAR(s->Relative(2, 0), 100.0 / 150.0, 1e-9);
-  EXPECT_EQ(s->partner(), -1);
+  EXPECT_EQ(r.modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0}));
+  EXPECT_EQ(r.measured, std::vector<int>({0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(r.selector->partner(), 0);
+  r.selector->Choose(2);  // the trial ends: 50% faster, mode 1 takes over
+  EXPECT_EQ(r.selector->Incumbent(2), 1);
+  EXPECT_NEAR(r.selector->Relative(2, 0), 100.0 / 150.0, 1e-9);
+  EXPECT_EQ(r.selector->partner(), -1);
 }
 
 // A bucket the decoding count only passes through: visits of 6 steps at 8 sequences between
@@ -799,18 +801,15 @@ TEST(DraftModeSelectorTest, TrialsAlternateInRunsWhoseFirstStepIsNotMeasured) {
   Options o = Stepped(4, 1);
   o.min_comparisons = 1;
   o.trial_run_steps = 3;
-  auto s = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(s.ok());
-  std::vector<int> modes;
-  std::vector<int> measured;
-  RecordChoices(*s, 5 + 13, &modes, &measured);
+  Recorded r = RecordFresh(o, 5 + 13);
+  ASSERT_TRUE(r.selector.has_value());
   // The incumbent's first epoch (one warm-up step), then mode 1's trial: its warm-up step, then
   // runs 1 1 1 0 0 0 ..., two measured steps each, until each side has four.
-  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0}));
-  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1}));
-  s->Choose(2);  // the trial ends: 50% faster, mode 1 takes over
-  EXPECT_EQ(s->Incumbent(2), 1);
-  EXPECT_NEAR(s->Relative(2, 0), 100.0 / 150.0, 1e-9);
+  EXPECT_EQ(r.modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(r.measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1}));
+  r.selector->Choose(2);  // the trial ends: 50% faster, mode 1 takes over
+  EXPECT_EQ(r.selector->Incumbent(2), 1);
+  EXPECT_NEAR(r.selector->Relative(2, 0), 100.0 / 150.0, 1e-9);
 }
 
 TEST(DraftModeSelectorTest, RunsLeaveTheirFirstStepsUnmeasured) {
@@ -818,16 +817,13 @@ TEST(DraftModeSelectorTest, RunsLeaveTheirFirstStepsUnmeasured) {
   o.min_comparisons = 1;
   o.trial_run_steps = 5;
   o.trial_run_unmeasured = 2;
-  auto s = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(s.ok());
-  std::vector<int> modes;
-  std::vector<int> measured;
-  RecordChoices(*s, 5 + 16, &modes, &measured);
+  Recorded r = RecordFresh(o, 5 + 16);
+  ASSERT_TRUE(r.selector.has_value());
   // The incumbent's first epoch, then mode 1's trial: its warm-up step, then runs of five whose
   // first two steps are not measured, until each side has measured four.
-  EXPECT_EQ(modes,
+  EXPECT_EQ(r.modes,
             std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1}));
-  EXPECT_EQ(measured,
+  EXPECT_EQ(r.measured,
             std::vector<int>({0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1}));
   // At least one step of a run is measured, whatever trial_run_unmeasured says.
   o.trial_run_steps = 2;
@@ -849,16 +845,13 @@ TEST(DraftModeSelectorTest, RunsOfTextEndAtTheirTokens) {
   o.min_comparisons = 1;
   o.trial_run_steps = 3;
   o.trial_run_tokens = 2;
-  auto s = DraftModeSelector::Create({0, 1}, o);
-  ASSERT_TRUE(s.ok());
-  std::vector<int> modes;
-  std::vector<int> measured;
-  RecordChoices(*s, 5 + 12, &modes, &measured);
-  EXPECT_EQ(modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1}));
-  EXPECT_EQ(measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1}));
-  s->Choose(2);  // the trial ends (four measured steps a side): mode 1 takes over
-  EXPECT_EQ(s->Incumbent(2), 1);
-  EXPECT_NEAR(s->Relative(2, 0), 100.0 / 150.0, 1e-9);
+  Recorded r = RecordFresh(o, 5 + 12);
+  ASSERT_TRUE(r.selector.has_value());
+  EXPECT_EQ(r.modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(r.measured, std::vector<int>({0, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1}));
+  r.selector->Choose(2);  // the trial ends (four measured steps a side): mode 1 takes over
+  EXPECT_EQ(r.selector->Incumbent(2), 1);
+  EXPECT_NEAR(r.selector->Relative(2, 0), 100.0 / 150.0, 1e-9);
   // A run measures one step at least, however few tokens that takes.
   o.trial_run_tokens = 0.5;
   const Recorded short_runs = RecordFresh(o, 5 + 9);
