@@ -28,12 +28,14 @@ CpuIsa Detect() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c")) {
     best = CpuIsa::kAvx2;
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) best = CpuIsa::kAvx512Bf16;
 #if defined(__linux__)
-    // The tile path's packing and rounding use AVX-512, which every AMX CPU has.
-    if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        RequestAmxTileState()) {
+    // The tile path's packing and rounding use AVX-512, which every AMX CPU has (and AVX512_BF16:
+    // every AMX CPU so far has it, and the levels are ordered).
+    if (best == CpuIsa::kAvx512Bf16 && __builtin_cpu_supports("amx-tile") &&
+        __builtin_cpu_supports("amx-bf16") && RequestAmxTileState()) {
       best = CpuIsa::kAmx;
     }
 #endif
@@ -51,13 +53,17 @@ bool CpuSupports(CpuIsa isa) {
 
 CpuIsa BestCpuIsa() {
   static const CpuIsa chosen = [] {
-    CpuIsa isa = CpuSupports(CpuIsa::kAmx)    ? CpuIsa::kAmx
-                 : CpuSupports(CpuIsa::kAvx2) ? CpuIsa::kAvx2
-                                              : CpuIsa::kScalar;
+    CpuIsa isa = CpuSupports(CpuIsa::kAmx)          ? CpuIsa::kAmx
+                 : CpuSupports(CpuIsa::kAvx512Bf16) ? CpuIsa::kAvx512Bf16
+                 : CpuSupports(CpuIsa::kAvx2)       ? CpuIsa::kAvx2
+                                                    : CpuIsa::kScalar;
     const char* env = std::getenv("DEEPINFER_CPU_ISA");
     if (env != nullptr) {
       if (std::strcmp(env, "scalar") == 0) isa = CpuIsa::kScalar;
       if (std::strcmp(env, "avx2") == 0 && IsaAtLeast(isa, CpuIsa::kAvx2)) isa = CpuIsa::kAvx2;
+      if (std::strcmp(env, "avx512") == 0 && IsaAtLeast(isa, CpuIsa::kAvx512Bf16)) {
+        isa = CpuIsa::kAvx512Bf16;
+      }
     }
     return isa;
   }();
@@ -70,6 +76,8 @@ const char* CpuIsaName(CpuIsa isa) {
       return "scalar";
     case CpuIsa::kAvx2:
       return "avx2";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512";
     case CpuIsa::kAmx:
       return "amx";
   }

@@ -13,15 +13,18 @@ namespace deepinfer::kernels {
 enum class CpuIsa {
   kScalar = 0,  // portable C++ reference paths
   kAvx2 = 1,    // AVX2 + FMA + F16C
-  // AVX2 and AVX-512 (F, BW, VL, DQ) plus Intel AMX tiles with bf16 dot products (AMX-TILE +
-  // AMX-BF16, Sapphire Rapids and later), usable only once the kernel has granted this process the
-  // tile state (arch_prctl(ARCH_REQ_XCOMP_PERM), requested by the detection).
-  kAmx = 2,
+  // AVX2 and AVX-512 (F, BW, VL, DQ) with bf16 dot products (AVX512_BF16: VDPBF16PS; Cooper Lake,
+  // Sapphire Rapids and later, Zen 4), used for bf16 projections where AMX tiles are not.
+  kAvx512Bf16 = 2,
+  // The above plus Intel AMX tiles with bf16 dot products (AMX-TILE + AMX-BF16, Sapphire Rapids
+  // and later), usable only once the kernel has granted this process the tile state
+  // (arch_prctl(ARCH_REQ_XCOMP_PERM), requested by the detection).
+  kAmx = 3,
 };
 
 // The best ISA both this CPU and this build support. The environment variable DEEPINFER_CPU_ISA
-// ("scalar", "avx2" or "amx") lowers it, e.g. to benchmark the reference path; it never raises it
-// above what the CPU has.
+// ("scalar", "avx2", "avx512" or "amx") lowers it, e.g. to benchmark the reference path; it never
+// raises it above what the CPU has.
 CpuIsa BestCpuIsa();
 
 // True when `isa` can run on this CPU.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/linear_amx.h"
+#include "kernels/linear_avx512.h"
 #include "kernels/linear_units.h"
 #include "kernels/simd_avx2.h"
 
@@ -301,20 +302,22 @@ void LinearCpuMulti(const LinearParams* params, int count, ThreadPool* pool) {
 
 void LinearMultiWithIsa(const LinearParams* params, int count, ThreadPool* pool, CpuIsa isa) {
 #if defined(__x86_64__)
-  if (isa == CpuIsa::kAmx) {
-    // bf16 weights on tiles, the others on the AVX2 path; each projection as a single call would.
-    // A bf16 model's projections all take the tiles: no split (and no copies) on that path.
+  if (isa == CpuIsa::kAmx || isa == CpuIsa::kAvx512Bf16) {
+    // bf16 weights on tiles (or bf16 dot products), the others on the AVX2 path; each projection
+    // as a single call would. A bf16 model's projections all take the bf16 path: no split (and no
+    // copies) on that path.
+    auto bf16 = isa == CpuIsa::kAmx ? LinearMultiAmx : LinearMultiAvx512Bf16;
     bool all_bf16 = true;
     for (int i = 0; i < count; ++i) all_bf16 = all_bf16 && params[i].weight_dtype == DType::kBF16;
     if (all_bf16) {
-      LinearMultiAmx(params, count, pool);
+      bf16(params, count, pool);
       return;
     }
     std::vector<LinearParams> tiles, vectors;
     for (int i = 0; i < count; ++i) {
       (params[i].weight_dtype == DType::kBF16 ? tiles : vectors).push_back(params[i]);
     }
-    if (!tiles.empty()) LinearMultiAmx(tiles.data(), static_cast<int>(tiles.size()), pool);
+    if (!tiles.empty()) bf16(tiles.data(), static_cast<int>(tiles.size()), pool);
     if (!vectors.empty()) LinearMultiAvx2(vectors.data(), static_cast<int>(vectors.size()), pool);
     return;
   }

@@ -66,7 +66,7 @@ TEST(LinearCpuTest, RoundsToActivationTypeAndHonoursRowStride) {
 // The optimised paths this CPU runs (each compared with the reference).
 std::vector<CpuIsa> OptimisedIsas() {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAmx}) {
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
     if (CpuSupports(isa)) isas.push_back(isa);
   }
   return isas;

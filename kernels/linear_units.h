@@ -16,7 +16,7 @@
 
 namespace deepinfer::kernels {
 
-// Output rows per unit: a multiple of both paths' tiles (AVX2: 4 rows; AMX: 16).
+// Output rows per unit: a multiple of every path's tiles (AVX2 and AVX-512 BF16: 4 rows; AMX: 16).
 inline constexpr int64_t kLinearUnitRows = 16;
 
 // Units [begin(i), begin(i + 1)) are projection i's.

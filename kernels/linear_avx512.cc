@@ -1,0 +1,293 @@
+#include "kernels/linear_avx512.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/linear_units.h"
+#include "kernels/simd_avx2.h"
+
+namespace deepinfer::kernels {
+
+#if defined(__x86_64__)
+namespace {
+
+#define DI_AVX512BF16 \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+// The tile's loops must unroll for its accumulators to stay in registers.
+#define DI_INLINE_AVX512BF16 DI_AVX512BF16 __attribute__((always_inline)) inline
+
+constexpr int64_t kStep = 32;  // bf16 elements of k per 512-bit load
+constexpr int kMaxRows = 4;    // activation rows per pass over the weights
+constexpr int kCols = 4;       // weight rows (outputs) per tile
+constexpr int kParts = 3;      // bf16 parts of an activation that is not a bf16 value
+// Weight rows visited in panels that stay in L2 while every group of activation rows passes.
+constexpr int64_t kPanel = 64;
+
+// Activations as bf16: row i, part q at data + (i * parts + q) * k_pad, zero past k.
+struct PackedBf16 {
+  const uint16_t* data = nullptr;
+  int parts = 1;
+  int64_t k_pad = 0;  // k rounded up to kStep
+  const uint16_t* Row(int64_t i, int part) const { return data + (i * parts + part) * k_pad; }
+};
+
+uint32_t Bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+
+float FromBits(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+
+// True when every element of x is a bf16 value (its low 16 bits are zero).
+DI_AVX512BF16 bool AllBf16(const LinearParams& p) {
+  const int64_t n = p.m * p.k;
+  const __m512i low = _mm512_set1_epi32(0xffff);
+  __mmask16 any = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) any |= _mm512_test_epi32_mask(_mm512_loadu_si512(p.x + i), low);
+  for (; i < n; ++i) any |= (Bits(p.x[i]) & 0xffffu) != 0;
+  return any == 0;
+}
+
+// v = parts[0] + parts[1] + parts[2], each a bf16 (truncations: every remainder is an exact f32,
+// and the three parts hold all 24 significant bits).
+void Split(float v, uint16_t parts[kParts]) {
+  const uint32_t b = Bits(v);
+  parts[0] = static_cast<uint16_t>(b >> 16);
+  if ((b & 0x7f800000u) == 0x7f800000u) {
+    parts[1] = parts[2] = 0;
+    return;
+  }
+  const float r1 = v - FromBits(b & 0xffff0000u);
+  const uint32_t b1 = Bits(r1);
+  parts[1] = static_cast<uint16_t>(b1 >> 16);
+  const float r2 = r1 - FromBits(b1 & 0xffff0000u);
+  parts[2] = static_cast<uint16_t>(Bits(r2) >> 16);
+}
+
+DI_AVX512BF16 PackedBf16 PackX(const LinearParams& p, std::vector<uint16_t>* storage) {
+  PackedBf16 px;
+  px.parts = AllBf16(p) ? 1 : kParts;
+  px.k_pad = (p.k + kStep - 1) / kStep * kStep;
+  storage->assign(p.m * px.parts * px.k_pad, 0);
+  px.data = storage->data();
+  for (int64_t i = 0; i < p.m; ++i) {
+    const float* row = p.x + i * p.k;
+    if (px.parts == 1) {
+      // The top halves of the f32s: 16 at a time.
+      uint16_t* out = storage->data() + i * px.k_pad;
+      int64_t l = 0;
+      for (; l + 16 <= p.k; l += 16) {
+        const __m512i bits = _mm512_srli_epi32(_mm512_loadu_si512(row + l), 16);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + l), _mm512_cvtepi32_epi16(bits));
+      }
+      for (; l < p.k; ++l) out[l] = static_cast<uint16_t>(Bits(row[l]) >> 16);
+      continue;
+    }
+    for (int64_t l = 0; l < p.k; ++l) {
+      uint16_t parts[kParts];
+      Split(row[l], parts);
+      for (int q = 0; q < kParts; ++q) storage->data()[(i * kParts + q) * px.k_pad + l] = parts[q];
+    }
+  }
+  return px;
+}
+
+// The 16 lane sums of v[0..15] in one vector: lane 4 c + r holds the sum of v[4 r + c]. Every
+// vector's lanes are summed by the same tree whatever its slot (IEEE addition commutes), so a sum
+// depends only on its own accumulator, and zero vectors in unused slots change nothing.
+DI_INLINE_AVX512BF16 __m512 Reduce16(const __m512* v) {
+  __m512 s[8];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) {
+    // [v2p low 8 + high 8 | v2p+1 low 8 + high 8]
+    s[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xee));
+  }
+  __m512 u[4];
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t) {
+    // Quarters hold v4t .. v4t+3, 4 partial sums each.
+    u[t] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0x88),
+                         _mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0xdd));
+  }
+  __m512 w[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    // Quarter j: v8h+j (2 partial sums), v8h+4+j (2).
+    w[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], 0x44),
+                         _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], 0xee));
+  }
+  // Quarter j: vj, v4+j, v8+j, v12+j.
+  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
+}
+
+// v rounded to type t and back, as RoundTo (kernels/dtype.h): the AVX2 rounding on each half.
+DI_AVX512BF16 inline __m512 RoundTo16(DType t, __m512 v) {
+  if (t == DType::kF32) return v;
+  const __m256 lo = avx2::RoundTo(t, _mm512_castps512_ps256(v));
+  const __m256 hi = avx2::RoundTo(t, _mm512_extractf32x8_ps(v, 1));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+// One k step of a tile: acc[4 r + c] += activation row r's parts . weights wv[c], parts in order.
+template <int MR, int PARTS>
+DI_INLINE_AVX512BF16 void Step(__m512* acc, int64_t k_pad, const uint16_t* const* x_rows,
+                               int64_t kk, const __m512i* wv) {
+#pragma GCC unroll 3
+  for (int q = 0; q < PARTS; ++q) {
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x_rows[r] + q * k_pad + kk);
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) {
+        acc[r * kCols + c] = _mm512_dpbf16_ps(acc[r * kCols + c], xv, (__m512bh)wv[c]);
+      }
+    }
+  }
+}
+
+// Lane 4 r + c of the result = activation row r . weight row w_rows[c], for MR activation rows
+// (lanes of rows >= MR are zero). With kPrefetch, the next tile's weights (the kCols rows after
+// w_rows[0], contiguous) are prefetched as the loop goes: a small m is bound by these reads.
+template <int MR, int PARTS, bool kPrefetch>
+DI_INLINE_AVX512BF16 __m512 Tile(const PackedBf16& px, int64_t k, const uint16_t* const* x_rows,
+                                 const uint16_t* w, const int64_t* w_rows) {
+  __m512 acc[kMaxRows * kCols];
+#pragma GCC unroll 16
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const uint16_t* wr[kCols];
+#pragma GCC unroll 4
+  for (int c = 0; c < kCols; ++c) wr[c] = w + w_rows[c] * k;
+  const char* next = reinterpret_cast<const char*>(w + (w_rows[0] + kCols) * k);
+  const int64_t k_full = k / kStep * kStep;
+  for (int64_t kk = 0; kk < k_full; kk += kStep) {
+    if constexpr (kPrefetch) {
+      // kCols rows x 32 elements of 2 bytes per step: kCols lines of 64 bytes.
+#pragma GCC unroll 4
+      for (int l = 0; l < kCols; ++l) _mm_prefetch(next + kk * 2 * kCols + l * 64, _MM_HINT_T0);
+    }
+    __m512i wv[kCols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_loadu_si512(wr[c] + kk);
+    Step<MR, PARTS>(acc, px.k_pad, x_rows, kk, wv);
+  }
+  if (k_full < k) {
+    // The last k: masked loads read nothing past the row (the activations are zero-padded).
+    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << (k - k_full)) - 1);
+    __m512i wv[kCols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_maskz_loadu_epi16(mask, wr[c] + k_full);
+    Step<MR, PARTS>(acc, px.k_pad, x_rows, k_full, wv);
+  }
+  // Lane 4 c + r of the reduction holds (r, c); reorder to 4 r + c.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, Reduce16(acc));
+}
+
+template <int PARTS>
+DI_AVX512BF16 void RunRows(const LinearParams& p, const PackedBf16& px, int64_t j_begin,
+                           int64_t j_end) {
+  const uint16_t* w = static_cast<const uint16_t*>(p.weight);
+  const int64_t ldy = p.ldy == 0 ? p.n : p.ldy;
+  // Activation rows in blocks of about 96 KiB that stay in L2 while this call's weight rows pass.
+  const int64_t m_block =
+      std::max<int64_t>(kMaxRows, (96 * 1024 / (2 * px.k_pad * PARTS)) / kMaxRows * kMaxRows);
+  alignas(64) float out[kMaxRows * kCols];
+  for (int64_t ib = 0; ib < p.m; ib += m_block) {
+    const int64_t ie = std::min(p.m, ib + m_block);
+    for (int64_t jb = j_begin; jb < j_end; jb += kPanel) {
+      const int64_t je = std::min(j_end, jb + kPanel);
+      for (int64_t i = ib; i < ie; i += kMaxRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, ie - i));
+        const uint16_t* x_rows[kMaxRows];
+        for (int r = 0; r < kMaxRows; ++r) x_rows[r] = px.Row(std::min(i + r, p.m - 1), 0);
+        const bool first = i == 0;
+        for (int64_t j = jb; j < je; j += kCols) {
+          // Past the end, repeat the last row and drop its results.
+          int64_t w_rows[kCols];
+          for (int c = 0; c < kCols; ++c) w_rows[c] = std::min(j + c, je - 1);
+          __m512 sums;
+#define DI_TILE(MR)                                                \
+  sums = first ? Tile<MR, PARTS, true>(px, p.k, x_rows, w, w_rows) \
+               : Tile<MR, PARTS, false>(px, p.k, x_rows, w, w_rows)
+          switch (rows) {
+            case 1:
+              DI_TILE(1);
+              break;
+            case 2:
+              DI_TILE(2);
+              break;
+            case 3:
+              DI_TILE(3);
+              break;
+            default:
+              DI_TILE(4);
+              break;
+          }
+#undef DI_TILE
+          const int cols = static_cast<int>(std::min<int64_t>(kCols, je - j));
+          if (p.bias != nullptr) {
+            const uint16_t* b = static_cast<const uint16_t*>(p.bias);
+            const __m128 b4 = _mm_setr_ps(Bf16ToF32(b[w_rows[0]]), Bf16ToF32(b[w_rows[1]]),
+                                          Bf16ToF32(b[w_rows[2]]), Bf16ToF32(b[w_rows[3]]));
+            // As the other paths: the bias joins the f32 sum before the one rounding.
+            sums = _mm512_add_ps(sums, _mm512_broadcast_f32x4(b4));
+          }
+          _mm512_store_ps(out, RoundTo16(p.round_to, sums));
+          for (int r = 0; r < rows; ++r) {
+            std::memcpy(p.y + (i + r) * ldy + j, out + r * kCols, cols * sizeof(float));
+          }
+        }
+      }
+    }
+  }
+}
+
+DI_AVX512BF16 void RunUnits(const LinearParams* params, const PackedBf16* packed,
+                            const LinearUnits& units, int64_t u_begin, int64_t u_end) {
+  units.ForRows(u_begin, u_end, [&](int i, int64_t row_begin, int64_t row_end) {
+    if (packed[i].parts == 1) {
+      RunRows<1>(params[i], packed[i], row_begin, row_end);
+    } else {
+      RunRows<kParts>(params[i], packed[i], row_begin, row_end);
+    }
+  });
+}
+
+#undef DI_INLINE_AVX512BF16
+#undef DI_AVX512BF16
+
+}  // namespace
+
+void LinearMultiAvx512Bf16(const LinearParams* params, int count, ThreadPool* pool) {
+  // Per-thread scratch for packed activations, reused across calls.
+  thread_local std::vector<std::vector<uint16_t>> storage;
+  if (static_cast<int>(storage.size()) < count) storage.resize(count);
+  RunLinearUnits<PackedBf16>(
+      params, count, pool, [&](int i) { return PackX(params[i], &storage[i]); },
+      [&](const PackedBf16* packed, const LinearUnits& units, int64_t u_begin, int64_t u_end) {
+        RunUnits(params, packed, units, u_begin, u_end);
+      });
+}
+
+#else
+
+void LinearMultiAvx512Bf16(const LinearParams* params, int count, ThreadPool* pool) {
+  // Never reached: CpuSupports(CpuIsa::kAvx512Bf16) is false off x86-64.
+  (void)params;
+  (void)count;
+  (void)pool;
+}
+
+#endif  // defined(__x86_64__)
+
+}  // namespace deepinfer::kernels
