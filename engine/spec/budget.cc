@@ -329,14 +329,22 @@ void ForwardCostFit::Refit() {
 
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
-    absl::Span<const std::pair<int, int>> shapes, int runs) {
+    absl::Span<const std::pair<int, int>> shapes, int runs, int warm_runs) {
   if (runs < 5) {
     return absl::InvalidArgumentError(absl::StrCat("cost profile runs: expected >= 5, got ", runs));
+  }
+  if (warm_runs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost profile warm-up runs: expected >= 0, got ", warm_runs));
   }
   auto profile = [&]() -> absl::StatusOr<CostTable> {
     std::vector<CostTable::Sample> samples;
     for (int i = 0; i < runs; ++i) {
       for (const auto& [tokens, requests] : shapes) {
+        for (int w = 0; w < warm_runs; ++w) {
+          absl::StatusOr<double> warm = run_step(tokens, requests);
+          if (!warm.ok()) return warm.status();
+        }
         absl::StatusOr<double> t = run_step(tokens, requests);
         if (!t.ok()) return t.status();
         samples.push_back({tokens, requests, *t});

@@ -465,10 +465,15 @@ TEST(CostTableTest, ProfilesEachShapeAtLeastFiveTimes) {
   const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
   auto table = ProfileCostTable(run, shapes);
   ASSERT_TRUE(table.ok()) << table.status();
-  EXPECT_EQ(calls, 20);
+  EXPECT_EQ(calls, 40);  // each measured run after one warm-up run
   EXPECT_NEAR(table->StepSeconds(64, 1), 1e-3 + 64e-5 + 1e-4, 1e-12);
   EXPECT_NEAR(table->StepSeconds(4, 4), 1e-3 + 4e-5 + 4e-4, 1e-12);
   EXPECT_EQ(ProfileCostTable(run, shapes, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProfileCostTable(run, shapes, 5, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  calls = 0;
+  ASSERT_TRUE(ProfileCostTable(run, shapes, 5, 0).ok());
+  EXPECT_EQ(calls, 20);
   auto failing = [](int, int) -> absl::StatusOr<double> {
     return absl::UnavailableError("backend gone");
   };
@@ -491,16 +496,48 @@ TEST(CostTableTest, ABurstOfSlowRunsLeavesTheMediansAlone) {
   auto burst = [&](int tokens, int requests) -> absl::StatusOr<double> {
     ++calls;
     order.push_back({tokens, requests});
-    return calls > 2 && calls <= 10 ? 1.0 : truth(tokens, requests);
+    return calls > 4 && calls <= 20 ? 1.0 : truth(tokens, requests);
   };
   auto table = ProfileCostTable(burst, shapes);
   ASSERT_TRUE(table.ok()) << table.status();
-  EXPECT_EQ(calls, 20);
-  ASSERT_EQ(order.size(), 20u);
-  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], shapes[i % shapes.size()]) << i;
+  EXPECT_EQ(calls, 40);
+  ASSERT_EQ(order.size(), 40u);
+  // Each shape's warm-up run, then its measured run.
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(order[i], shapes[(i / 2) % shapes.size()]) << i;
+  }
   for (const auto& [tokens, requests] : shapes) {
     EXPECT_NEAR(table->StepSeconds(tokens, requests), truth(tokens, requests), 1e-12)
         << tokens << " x " << requests;
+  }
+}
+
+// A step costs more right after a step of another shape (caches evicted), as the CPU backend's
+// do: a run right after a larger shape's costs twice its steady cost. Each measured run follows a
+// warm-up run of its own shape, so the table holds the steady costs; without warm-up runs the
+// round (1 token after 64 tokens at 4 requests, ...) doubles most of them and flattens the table.
+TEST(CostTableTest, WarmUpRunsMeasureTheSteadyCost) {
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {4, 1}, {16, 1}, {64, 4}};
+  auto steady = [](int tokens, int requests) { return 1e-3 + 1e-4 * tokens + 1e-4 * requests; };
+  for (int warm_runs : {1, 0}) {
+    std::pair<int, int> previous = {0, 0};
+    auto run = [&](int tokens, int requests) -> absl::StatusOr<double> {
+      const bool after_larger = previous.first * previous.second > tokens * requests;
+      previous = {tokens, requests};
+      return (after_larger ? 2.0 : 1.0) * steady(tokens, requests);
+    };
+    auto table = ProfileCostTable(run, shapes, 5, warm_runs);
+    ASSERT_TRUE(table.ok()) << table.status();
+    if (warm_runs == 1) {
+      for (const auto& [tokens, requests] : shapes) {
+        EXPECT_NEAR(table->StepSeconds(tokens, requests), steady(tokens, requests), 1e-12)
+            << tokens << " x " << requests;
+      }
+    } else {
+      // 1 token always ran after the 64 x 4 shape: priced at twice its cost, above 4 tokens.
+      EXPECT_NEAR(table->StepSeconds(1, 1), 2 * steady(1, 1), 1e-12);
+      EXPECT_NEAR(table->StepSeconds(4, 1), 2 * steady(1, 1), 1e-12);  // made monotone
+    }
   }
 }
 
@@ -510,11 +547,11 @@ TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
   // The first three rounds over the shapes run slow: every median is slow, the table flat.
   auto busy_start = [&](int tokens, int requests) -> absl::StatusOr<double> {
     ++calls;
-    return calls <= 12 ? 1.0 : 1e-3 + 1e-5 * tokens + 1e-4 * requests;
+    return calls <= 24 ? 1.0 : 1e-3 + 1e-5 * tokens + 1e-4 * requests;
   };
   auto table = ProfileCostTable(busy_start, shapes);
   ASSERT_TRUE(table.ok()) << table.status();
-  EXPECT_EQ(calls, 40);
+  EXPECT_EQ(calls, 80);
   EXPECT_FALSE(table->IsFlat());
   EXPECT_NEAR(table->StepSeconds(64, 1), 1e-3 + 64e-5 + 1e-4, 1e-12);
 
@@ -525,7 +562,7 @@ TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
   };
   table = ProfileCostTable(flat, shapes);
   ASSERT_TRUE(table.ok()) << table.status();
-  EXPECT_EQ(calls, 40);
+  EXPECT_EQ(calls, 80);
   EXPECT_TRUE(table->IsFlat());
 }
 
