@@ -329,7 +329,7 @@ void ForwardCostFit::Refit() {
 
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
-    absl::Span<const std::pair<int, int>> shapes, int runs, int warm_runs) {
+    absl::Span<const std::pair<int, int>> shapes, int runs, int warm_runs, double warm_seconds) {
   if (runs < 5) {
     return absl::InvalidArgumentError(absl::StrCat("cost profile runs: expected >= 5, got ", runs));
   }
@@ -341,9 +341,11 @@ absl::StatusOr<CostTable> ProfileCostTable(
     std::vector<CostTable::Sample> samples;
     for (int i = 0; i < runs; ++i) {
       for (const auto& [tokens, requests] : shapes) {
-        for (int w = 0; w < warm_runs; ++w) {
+        double warmed = 0.0;
+        for (int w = 0; w < warm_runs && (w == 0 || warmed < warm_seconds); ++w) {
           absl::StatusOr<double> warm = run_step(tokens, requests);
           if (!warm.ok()) return warm.status();
+          warmed += *warm;
         }
         absl::StatusOr<double> t = run_step(tokens, requests);
         if (!t.ok()) return t.status();

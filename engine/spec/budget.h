@@ -184,26 +184,29 @@ class CostTable {
 };
 
 // Profiles `run_step(tokens, requests)` (returns one step's wall time) `runs` (>= 5) times per
-// shape and builds the table (the median per shape). Each measured run follows `warm_runs` (>= 0)
-// unmeasured runs of the same shape: a step costs more right after one of another shape (the
-// larger one evicted the weights and the smaller one's buffers from the caches), and the plan
-// prices steps as a node serving that shape step after step sees them. Measured on the demo
-// model, one core (issue 12, session 30, engine bench --after_tokens 256): right after a
-// 256-token step, 1 / 2 / 4 / 8 tokens cost 2.26 / 2.62 / 2.77 / 5.22 ms against 0.97 / 1.02 /
-// 1.62 / 3.92 back to back, and without warm-up runs the start-up profile (whose rounds go from
-// 512 tokens at 32 requests to 1 token) priced 1, 2 and 4 tokens alike, 2.4 ms, so the plan
-// verified 4 tokens where 1 was worth it. The runs go round the shapes (every shape
-// once, then again, `runs` times), so each shape's runs spread over the whole profile and a burst
-// of other work shorter than about half of it slows fewer than half of any shape's runs, which the
-// median ignores; consecutive runs per shape put a burst into every run of the shapes it covered
-// (a cluster's other processes starting on the same cores, say). A table that comes out flat
-// (CostTable::IsFlat) is profiled once more and the second one kept: one slow first shape (a busy
-// machine), made monotone, flattens the whole table, and a flat table turns adaptive verification
-// off (seen in a test run on 2 busy cores: every shape at the first one's 180 us). Errors from
-// run_step are returned as they are.
+// shape and builds the table (the median per shape). Each measured run follows unmeasured runs of
+// the same shape, `warm_runs` (>= 0) of them or fewer once they took `warm_seconds` (but at least
+// one when warm_runs > 0): a step costs more right after steps of another shape (a larger one
+// evicted the weights and the smaller one's buffers from the caches), and the plan must price
+// steps as a node serving that shape step after step sees them. Measured on the demo model, one
+// core (issue 12, session 30): right after a 256-token step, 1 / 2 / 4 / 8 tokens cost 2.26 /
+// 2.62 / 2.77 / 5.22 ms against 0.97 / 1.02 / 1.62 / 3.92 back to back (engine bench
+// --after_tokens 256); the start-up profile, whose rounds go from 512 tokens at 32 requests
+// back to 1 token, priced 1, 2 and 4 tokens alike (2.4 ms, made monotone) without warm-up runs and
+// with one, and 1.03 / 1.20 / 1.71 / 3.56 ms with four, so the plan verified 4 tokens where 1 or
+// 2 were worth it. Shapes of 20 ms or more recover in one run. The runs go round the shapes (every
+// shape once, then again, `runs` times), so each shape's runs spread over the whole profile and a
+// burst of other work shorter than about half of it slows fewer than half of any shape's runs,
+// which the median ignores; consecutive runs per shape put a burst into every run of the shapes it
+// covered (a cluster's other processes starting on the same cores, say). A table that comes out
+// flat (CostTable::IsFlat) is profiled once more and the second one kept: one slow first shape (a
+// busy machine), made monotone, flattens the whole table, and a flat table turns adaptive
+// verification off (seen in a test run on 2 busy cores: every shape at the first one's 180 us).
+// Errors from run_step are returned as they are.
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
-    absl::Span<const std::pair<int, int>> shapes, int runs = 5, int warm_runs = 1);
+    absl::Span<const std::pair<int, int>> shapes, int runs = 5, int warm_runs = 4,
+    double warm_seconds = 0.02);
 
 // Online fit of the target's measured forward time against the cost table's prediction T for
 // the same step and its number of requests n:

@@ -463,7 +463,7 @@ TEST(CostTableTest, ProfilesEachShapeAtLeastFiveTimes) {
     return (calls % 5 == 0 ? 10.0 : 1.0) * (1e-3 + 1e-5 * tokens + 1e-4 * requests);
   };
   const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
-  auto table = ProfileCostTable(run, shapes);
+  auto table = ProfileCostTable(run, shapes, 5, 1);
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(calls, 40);  // each measured run after one warm-up run
   EXPECT_NEAR(table->StepSeconds(64, 1), 1e-3 + 64e-5 + 1e-4, 1e-12);
@@ -498,7 +498,7 @@ TEST(CostTableTest, ABurstOfSlowRunsLeavesTheMediansAlone) {
     order.push_back({tokens, requests});
     return calls > 4 && calls <= 20 ? 1.0 : truth(tokens, requests);
   };
-  auto table = ProfileCostTable(burst, shapes);
+  auto table = ProfileCostTable(burst, shapes, 5, 1);
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(calls, 40);
   ASSERT_EQ(order.size(), 40u);
@@ -541,6 +541,31 @@ TEST(CostTableTest, WarmUpRunsMeasureTheSteadyCost) {
   }
 }
 
+// By default each measured run follows four warm-up runs of its shape (a CPU recovers from a
+// larger step over several), or one of a shape that takes warm_seconds (20 ms) or more.
+TEST(CostTableTest, DefaultWarmUpIsFourRunsOrTwentyMilliseconds) {
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}};
+  std::vector<std::pair<int, int>> order;
+  auto run = [&](int tokens, int requests) -> absl::StatusOr<double> {
+    order.push_back({tokens, requests});
+    return tokens == 1 ? 1e-3 : 0.05;
+  };
+  ASSERT_TRUE(ProfileCostTable(run, shapes).ok());
+  ASSERT_EQ(order.size(), 5u * (5 + 2));
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(order[i], shapes[i % 7 < 5 ? 0 : 1]) << i;
+  }
+  order.clear();
+  // 8 ms runs: three make 24 ms, so the fourth is the measured one.
+  auto slow = [&](int tokens, int requests) -> absl::StatusOr<double> {
+    order.push_back({tokens, requests});
+    return 8e-3;
+  };
+  // (Equal times make a flat table, profiled twice.)
+  ASSERT_TRUE(ProfileCostTable(slow, {{1, 1}, {2, 1}}).ok());
+  EXPECT_EQ(order.size(), 2u * 5 * 2 * 4);
+}
+
 TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
   const std::vector<std::pair<int, int>> shapes = {{1, 1}, {64, 1}, {4, 4}, {64, 4}};
   int calls = 0;
@@ -549,7 +574,7 @@ TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
     ++calls;
     return calls <= 24 ? 1.0 : 1e-3 + 1e-5 * tokens + 1e-4 * requests;
   };
-  auto table = ProfileCostTable(busy_start, shapes);
+  auto table = ProfileCostTable(busy_start, shapes, 5, 1);
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(calls, 80);
   EXPECT_FALSE(table->IsFlat());
@@ -560,7 +585,7 @@ TEST(CostTableTest, AFlatProfileIsMeasuredOnceMore) {
     ++calls;
     return 2e-3;
   };
-  table = ProfileCostTable(flat, shapes);
+  table = ProfileCostTable(flat, shapes, 5, 1);
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(calls, 80);
   EXPECT_TRUE(table->IsFlat());
