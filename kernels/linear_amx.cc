@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/amx_tiles.h"
+#include "kernels/bf16_parts.h"
 #include "kernels/dtype.h"
 #include "kernels/linear_units.h"
 #include "kernels/simd_avx2.h"
@@ -19,9 +20,11 @@ constexpr int64_t kTileRows = 16;  // weight rows (outputs) and activation rows 
 constexpr int64_t kTileK = 32;     // k of one tile product: 16 pairs of bf16
 constexpr int64_t kTileElems = amx::kOperandElems;  // kTileRows x kTileK
 constexpr int kPanelTiles = 4;  // accumulators (tiles 0-3): a panel of 64 outputs per row block
-constexpr int kParts = 3;       // bf16 parts of an activation that is not a bf16 value
 // Weights are prefetched this many tiles ahead.
 constexpr int64_t kAheadTiles = 1;
+using bf16_parts::Bits;
+using bf16_parts::kParts;
+using bf16_parts::Split;
 
 // Activations as the tiles' second operand: for activation block mb (16 rows), part p and k block
 // kb, a 1 KiB tile whose row q holds, for each of the 16 activation rows r, the pair
@@ -36,48 +39,9 @@ struct PackedAmx {
   }
 };
 
-uint32_t Bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-
-float FromBits(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
-
-// True when every element of x is a bf16 value (its low 16 bits are zero).
-DI_AMX bool AllBf16(const LinearParams& p) {
-  const int64_t n = p.m * p.k;
-  const __m512i low = _mm512_set1_epi32(0xffff);
-  __mmask16 any = 0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) any |= _mm512_test_epi32_mask(_mm512_loadu_si512(p.x + i), low);
-  for (; i < n; ++i) any |= (Bits(p.x[i]) & 0xffffu) != 0;
-  return any == 0;
-}
-
-// Splits v into parts[0] + parts[1] + parts[2], each a bf16 (truncations: every remainder is an
-// exact f32, and the three parts hold all 24 significant bits).
-void Split(float v, uint16_t parts[kParts]) {
-  const uint32_t b = Bits(v);
-  parts[0] = static_cast<uint16_t>(b >> 16);
-  if ((b & 0x7f800000u) == 0x7f800000u) {
-    parts[1] = parts[2] = 0;
-    return;
-  }
-  const float r1 = v - FromBits(b & 0xffff0000u);
-  const uint32_t b1 = Bits(r1);
-  parts[1] = static_cast<uint16_t>(b1 >> 16);
-  const float r2 = r1 - FromBits(b1 & 0xffff0000u);
-  parts[2] = static_cast<uint16_t>(Bits(r2) >> 16);
-}
-
 PackedAmx PackX(const LinearParams& p, std::vector<uint16_t>* storage) {
   PackedAmx px;
-  px.parts = AllBf16(p) ? 1 : kParts;
+  px.parts = bf16_parts::AllBf16Values(p.x, p.m * p.k) ? 1 : kParts;
   px.m_blocks = (p.m + kTileRows - 1) / kTileRows;
   px.k_blocks = (p.k + kTileK - 1) / kTileK;
   storage->assign(px.m_blocks * px.parts * px.k_blocks * kTileElems, 0);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/bf16_parts.h"
 #include "kernels/dtype.h"
 #include "kernels/linear_units.h"
 #include "kernels/simd_avx2.h"
@@ -22,9 +23,11 @@ namespace {
 constexpr int64_t kStep = 32;  // bf16 elements of k per 512-bit load
 constexpr int kMaxRows = 4;    // activation rows per pass over the weights
 constexpr int kCols = 4;       // weight rows (outputs) per tile
-constexpr int kParts = 3;      // bf16 parts of an activation that is not a bf16 value
 // Weight rows visited in panels that stay in L2 while every group of activation rows passes.
 constexpr int64_t kPanel = 64;
+using bf16_parts::Bits;
+using bf16_parts::kParts;
+using bf16_parts::Split;
 
 // Activations as bf16: row i, part q at data + (i * parts + q) * k_pad, zero past k.
 struct PackedBf16 {
@@ -34,48 +37,9 @@ struct PackedBf16 {
   const uint16_t* Row(int64_t i, int part) const { return data + (i * parts + part) * k_pad; }
 };
 
-uint32_t Bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-
-float FromBits(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
-
-// True when every element of x is a bf16 value (its low 16 bits are zero).
-DI_AVX512BF16 bool AllBf16(const LinearParams& p) {
-  const int64_t n = p.m * p.k;
-  const __m512i low = _mm512_set1_epi32(0xffff);
-  __mmask16 any = 0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) any |= _mm512_test_epi32_mask(_mm512_loadu_si512(p.x + i), low);
-  for (; i < n; ++i) any |= (Bits(p.x[i]) & 0xffffu) != 0;
-  return any == 0;
-}
-
-// v = parts[0] + parts[1] + parts[2], each a bf16 (truncations: every remainder is an exact f32,
-// and the three parts hold all 24 significant bits).
-void Split(float v, uint16_t parts[kParts]) {
-  const uint32_t b = Bits(v);
-  parts[0] = static_cast<uint16_t>(b >> 16);
-  if ((b & 0x7f800000u) == 0x7f800000u) {
-    parts[1] = parts[2] = 0;
-    return;
-  }
-  const float r1 = v - FromBits(b & 0xffff0000u);
-  const uint32_t b1 = Bits(r1);
-  parts[1] = static_cast<uint16_t>(b1 >> 16);
-  const float r2 = r1 - FromBits(b1 & 0xffff0000u);
-  parts[2] = static_cast<uint16_t>(Bits(r2) >> 16);
-}
-
 DI_AVX512BF16 PackedBf16 PackX(const LinearParams& p, std::vector<uint16_t>* storage) {
   PackedBf16 px;
-  px.parts = AllBf16(p) ? 1 : kParts;
+  px.parts = bf16_parts::AllBf16Values(p.x, p.m * p.k) ? 1 : kParts;
   px.k_pad = (p.k + kStep - 1) / kStep * kStep;
   storage->assign(p.m * px.parts * px.k_pad, 0);
   px.data = storage->data();
