@@ -384,7 +384,7 @@ absl::Status LlmEngine::ProfileCost() {
     DI_RETURN_IF_ERROR(RunForward(batch, &logits));
     return Seconds(t0, Clock::now());
   };
-  (void)run_step(shapes.back().first, shapes.back().second);  // warm-up (buffers, rope tables)
+  // ProfileCostTable warms each shape (buffers, rope tables, caches) before measuring it.
   DI_ASSIGN_OR_RETURN(spec::CostTable table,
                       spec::ProfileCostTable(run_step, shapes, options_.speculative.profile_runs));
   cost_ = std::make_unique<spec::CostTable>(std::move(table));

@@ -1,9 +1,9 @@
-// Activations as bf16 operands, for the bf16 dot-product paths of LinearCpu (AMX tiles:
-// kernels/linear_amx.cc; AVX-512 BF16: kernels/linear_avx512.cc). A bf16 model's activations are
+// What the bf16 dot-product paths of LinearCpu (AMX tiles: kernels/linear_amx.cc; AVX-512 BF16:
+// kernels/linear_avx512.cc) share. Activations as bf16 operands: a bf16 model's activations are
 // bf16 values and are multiplied as they are; any other f32 is split into three bf16 parts whose
-// products, accumulated one after another, lose nothing of it.
+// products, accumulated one after another, lose nothing of it. And the rounding of 16 outputs.
 //
-// Thread-safety: pure functions. AllBf16Values uses AVX-512F: call it only after
+// Thread-safety: pure functions. AllBf16Values and RoundTo16 use AVX-512: call them only after
 // CpuSupports(CpuIsa::kAvx512Bf16).
 #ifndef DEEPINFER_KERNELS_BF16_PARTS_H_
 #define DEEPINFER_KERNELS_BF16_PARTS_H_
@@ -11,24 +11,17 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
+
+#include "kernels/dtype.h"
+#include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels::bf16_parts {
 
 inline constexpr int kParts = 3;  // bf16 parts of an activation that is not a bf16 value
 
-inline uint32_t Bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-
-inline float FromBits(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
-}
+inline uint32_t Bits(float v) { return std::bit_cast<uint32_t>(v); }
 
 // True when every one of x[0..n) is a bf16 value (its low 16 bits are zero).
 __attribute__((target("avx512f"))) inline bool AllBf16Values(const float* x, int64_t n) {
@@ -49,11 +42,20 @@ inline void Split(float v, uint16_t parts[kParts]) {
     parts[1] = parts[2] = 0;
     return;
   }
-  const float r1 = v - FromBits(b & 0xffff0000u);
+  const float r1 = v - std::bit_cast<float>(b & 0xffff0000u);
   const uint32_t b1 = Bits(r1);
   parts[1] = static_cast<uint16_t>(b1 >> 16);
-  const float r2 = r1 - FromBits(b1 & 0xffff0000u);
+  const float r2 = r1 - std::bit_cast<float>(b1 & 0xffff0000u);
   parts[2] = static_cast<uint16_t>(Bits(r2) >> 16);
+}
+
+// v rounded to type t and back, as RoundTo (kernels/dtype.h): the AVX2 rounding on each half.
+__attribute__((target("avx2,fma,f16c,avx512f,avx512dq"))) inline __m512 RoundTo16(DType t,
+                                                                                  __m512 v) {
+  if (t == DType::kF32) return v;
+  const __m256 lo = avx2::RoundTo(t, _mm512_castps512_ps256(v));
+  const __m256 hi = avx2::RoundTo(t, _mm512_extractf32x8_ps(v, 1));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
 }  // namespace deepinfer::kernels::bf16_parts

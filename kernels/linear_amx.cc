@@ -28,6 +28,7 @@ constexpr int kPanelTiles = 4;  // accumulators (tiles 0-3): a panel of 64 outpu
 constexpr int64_t kAheadTiles = 1;
 using bf16_parts::Bits;
 using bf16_parts::kParts;
+using bf16_parts::RoundTo16;
 using bf16_parts::Split;
 
 // Activations as the tiles' second operand: for activation block mb (16 rows), part p and k block
@@ -126,14 +127,6 @@ DI_AMX inline void StoreAccumulator(int t, float* out) {
       _tile_stored(3, out, kTileRows * 4);
       break;
   }
-}
-
-// v rounded to type t and back, as RoundTo (kernels/dtype.h): the AVX2 rounding on each half.
-DI_AMX inline __m512 RoundTo16(DType t, __m512 v) {
-  if (t == DType::kF32) return v;
-  const __m256 lo = avx2::RoundTo(t, _mm512_castps512_ps256(v));
-  const __m256 hi = avx2::RoundTo(t, _mm512_extractf32x8_ps(v, 1));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
 // Output rows [j_begin, j_end) for every activation row.

@@ -31,6 +31,7 @@ constexpr int kCols = 4;       // weight rows (outputs) per tile
 constexpr int64_t kPanel = 64;
 using bf16_parts::Bits;
 using bf16_parts::kParts;
+using bf16_parts::RoundTo16;
 using bf16_parts::Split;
 
 // Activations as bf16: row i, part q at data + (i * parts + q) * k_pad, zero past k.
@@ -96,14 +97,6 @@ DI_INLINE_AVX512BF16 __m512 Reduce16(const __m512* v) {
   }
   // Quarter j: vj, v4+j, v8+j, v12+j.
   return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
-}
-
-// v rounded to type t and back, as RoundTo (kernels/dtype.h): the AVX2 rounding on each half.
-DI_AVX512BF16 inline __m512 RoundTo16(DType t, __m512 v) {
-  if (t == DType::kF32) return v;
-  const __m256 lo = avx2::RoundTo(t, _mm512_castps512_ps256(v));
-  const __m256 hi = avx2::RoundTo(t, _mm512_extractf32x8_ps(v, 1));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
 }
 
 // One k step of a tile: acc[4 r + c] += activation row r's parts . weights wv[c], parts in order.

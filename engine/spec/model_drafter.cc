@@ -417,10 +417,7 @@ absl::StatusOr<CostTable> ModelDrafter::ProfileRoundCost(absl::Span<const int> b
   };
   std::vector<std::pair<int, int>> shapes;
   for (int n : batch_sizes) shapes.emplace_back(n, n);
-  if (!shapes.empty()) {
-    absl::StatusOr<double> warm = run(shapes.back().first, 0);  // buffers, rope tables
-    if (!warm.ok()) return warm.status();
-  }
+  // ProfileCostTable warms each shape (buffers, rope tables, caches) before measuring it.
   return ProfileCostTable(run, shapes, runs);
 }
 
