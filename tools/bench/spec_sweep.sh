@@ -50,6 +50,14 @@
 #   (comma-separated; default "--spec_select_max_length=8" and none).
 #   SWEEP_EXTRA="NAME=FLAGS ...": more configurations beside the methods', NAME running every
 #   worker with FLAGS (comma-separated), e.g. SWEEP_EXTRA="off-overlap=--overlap=on".
+#   SWEEP_OFF_EVERY=4: in each round (and concurrency) no speculation runs first, again after
+#   every 4 other configurations (in their shuffled order) and last, and every other run is rated
+#   against the off runs on either side of it, interpolated by place (results.tsv's `slot`;
+#   spec_verdict.py): the machine's speed drifts by tens of percent over minutes, and one off run
+#   per round, anywhere in it, put that drift into the other runs' ratios (issue 12, session 31:
+#   one configuration's three rounds at 0.72, 1.24 and 1.26 of no speculation). Costs a run of
+#   off per 4 others (11 configurations: 14 runs a round instead of 11). 0: off once per round,
+#   shuffled with the others.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-models/demo}
@@ -62,6 +70,7 @@ THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
 WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-3}
 ANSWER=${SWEEP_ANSWER_TOKENS:-256}
+OFF_EVERY=${SWEEP_OFF_EVERY:-4}
 # The adaptive nodes' longest draft (--num_speculative_tokens: the plan's cap, and by default the
 # selector's fixed lengths 1, 2, 4, ... up to it). n-gram drafts cost nothing to make, and on the
 # coding workload a draft of 8 accepted whole was followed by another accepted whole 94% of the
@@ -87,7 +96,7 @@ BIN=$(bazel info --config=opt bazel-bin 2>/dev/null)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spec-sweep-XXXXXX")
 RESULTS=$WORK/results.tsv
 COLD=$WORK/cold.tsv
-HEADER="repeat\tconfig\tconcurrency\tout_tok_s\tdecode_tok_s\tstream_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms"
+HEADER="repeat\tconfig\tconcurrency\tslot\tout_tok_s\tdecode_tok_s\tstream_tok_s\ttokens_per_step\tacceptance\tttft_p90_ms\titl_p90_ms"
 echo -e "$HEADER" >"$RESULTS"
 echo -e "$HEADER" >"$COLD"
 
@@ -150,32 +159,52 @@ for REPEAT in $(seq $((1 - WARMUP_ROUNDS)) "$REPEATS"); do
   [ "$REPEAT" -le 0 ] && out=$COLD
   for c in $CONCURRENCY; do
     seed=$((1000 * (REPEAT + 100) + c))
-    order=$(python3 -c "import random,sys; n=sys.argv[2:]; random.Random(int(sys.argv[1])).shuffle(n); print(' '.join(n))" "$seed" "${NAMES[@]}")
+    order=$(python3 - "$seed" "$OFF_EVERY" "${NAMES[@]}" <<'PY'
+import random, sys
+every, names = int(sys.argv[2]), sys.argv[3:]
+others = [n for n in names if n != "off"] if every > 0 and "off" in names else names
+random.Random(int(sys.argv[1])).shuffle(others)
+order = others
+if others is not names:
+    order = ["off"]
+    for i, n in enumerate(others):
+        order.append(n)
+        if (i + 1) % every == 0 or i + 1 == len(others):
+            order.append("off")
+print(" ".join(order))
+PY
+)
+    slot=0
     for name in $order; do
+      run=$WORK/$name.r$REPEAT.c$c.s$slot.json
       # At least as many sessions as the concurrency: each session's turns run one after
       # another, so fewer sessions than c would never put c requests in flight.
       "${PINNED[@]}" "$BIN/tools/bench/bench" --target "${ROUTER[$name]}" --workload coding \
         --sessions "$((c > SESSIONS ? c : SESSIONS))" --coding_turns 3 --coding_context_words 250 \
         --coding_answer_tokens "$ANSWER" --mode closed --concurrency "$c" --warmup_sessions 1 \
-        --seed "$seed" --json >"$WORK/$name.r$REPEAT.c$c.json" 2>/dev/null
-      python3 - "$name" "$c" "$WORK/$name.r$REPEAT.c$c.json" "$REPEAT" >>"$out" <<'PY'
+        --seed "$seed" --json >"$run" 2>/dev/null
+      python3 - "$name" "$c" "$run" "$REPEAT" "$slot" >>"$out" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[3]))["A"]
 tpot = s["tpot_ms"]["mean"]
-print("\t".join([sys.argv[4], sys.argv[1], sys.argv[2], "%.1f" % s["output_token_throughput"],
+print("\t".join([sys.argv[4], sys.argv[1], sys.argv[2], sys.argv[5],
+                 "%.1f" % s["output_token_throughput"],
                  "%.1f" % s["decode_token_throughput"],
                  "%.1f" % (1000.0 / tpot if tpot > 0 else 0.0),
                  "%.2f" % s["mean_accepted_length"], "%.2f" % s["draft_acceptance_rate"],
                  "%.1f" % s["ttft_ms"]["p90"], "%.2f" % s["itl_ms"]["p90"]]))
 PY
+      slot=$((slot + 1))
     done
     echo "round $REPEAT concurrency $c done" >&2
   done
 done
 stop_all
 trap - EXIT
-python3 - "$RESULTS" "$COLD" <<'PY'
+python3 - "$RESULTS" "$COLD" "$(dirname "$0")" <<'PY'
 import csv, statistics, sys
+sys.path.insert(0, sys.argv[3])
+from spec_verdict import baseline_ratios
 def table(path, title):
     rows = list(csv.DictReader(open(path), delimiter="\t"))
     if not rows:
@@ -190,11 +219,10 @@ def table(path, title):
             by[k] = []
         by[k].append(r)
     keys.sort(key=lambda k: (k[0] != "off", k[0], int(k[1])))
+    # x/off: each run against no speculation beside it in its round (spec_verdict.py).
+    by_field = {f: baseline_ratios(rows, f) for f in ("out_tok_s", "decode_tok_s", "stream_tok_s")}
     def ratios(rs, conc, field):
-        off = {r["repeat"]: float(r[field]) for r in rows
-               if r["config"] == "off" and r["concurrency"] == conc}
-        return [float(r[field]) / off[r["repeat"]] for r in rs
-                if r["repeat"] in off and off[r["repeat"]] > 0]
+        return list(by_field[field].get((rs[0]["config"], int(conc)), {}).values())
     def med(rs, f):
         return statistics.median(float(r[f]) for r in rs)
     print("%-20s %4s %9s %9s %9s %8s %6s %8s %7s %7s %7s %7s %9s" % ("config", "conc",
@@ -213,7 +241,7 @@ def table(path, title):
               med(rs, "itl_p90_ms"), mr(out), mr(dec), mr(stream),
               "%.2f-%.2f" % (min(dec), max(dec)) if dec else "-"))
 table(sys.argv[2], "cold rounds (left out of the table below):")
-table(sys.argv[1], "measured rounds (medians; x/off: median of the per-round ratios to off):")
+table(sys.argv[1], "measured rounds (medians; x/off: median of the per-round ratios to the off runs beside each run):")
 PY
 python3 "$(dirname "$0")/spec_verdict.py" "$RESULTS"
 echo "raw results: $RESULTS (cold rounds: $COLD)"
