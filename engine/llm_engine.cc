@@ -216,6 +216,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.probe_interval: expected >= 0, got ", so.probe_interval));
     }
+    if (!(so.draft_stop_extend >= 0.0 && so.draft_stop_extend < 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculative.draft_stop_extend: expected [0, 1), got ", so.draft_stop_extend));
+    }
     if (so.drafter == "draft_model") {
       if (so.draft_model_path.empty()) {
         return absl::InvalidArgumentError(
@@ -1774,6 +1778,11 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     int l = length.ok() ? length->length : k;
+    if (!probe && length.ok() && model_drafter_ != nullptr) {
+      // Up to the longest L nearly as good as the best: the confidence stop below cuts each
+      // sequence's draft where the next token is not worth it (SpecOptions::draft_stop_extend).
+      l = spec::ExtendDraftLength(*length, so.draft_stop_extend);
+    }
     if (l >= 2 && !probe && !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
       // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
       // fewer tokens per second than steps that drafted 1 (spec::DraftingRateCheck).

@@ -214,6 +214,20 @@ struct SpecOptions {
   // the threshold then reaches, is optimistic, and a lower realised rate lowers the threshold
   // further.
   bool draft_stop_measured_rate = false;
+  // Adaptive, draft model: how far below the best draft length's predicted rate (relative, in
+  // [0, 1)) a longer length may be and still be drafted, for the confidence stop to cut. The plan
+  // scores each L as if every sequence drafted all L tokens, so where the prior rows rate L = 1
+  // and L = 2 about alike (ties and near-ties go to the shorter) it drafts 1, and with L = 1 no
+  // confidence stop runs (it decides positions j >= 1): no second token is drafted, not even
+  // where the draft is confident. At one decoding sequence the plan drafted 1 token in 92% of its
+  // steps (issue 12, session 31: a node running the plan at about k = 1's rate). With a slack s
+  // > 0 the step drafts up to the longest L whose rate is at least (1 - s) x the best L's, and each
+  // sequence stops once its calibrated survival is not worth the next token (the threshold from
+  // the best L's rate and budget, as before): the stop drafts a position only where it raises
+  // the expected rate, so L with the stop does at least as well as without. The measured check on
+  // long drafts (steps drafting 2 or more against steps drafting 1) still overrules it. Still
+  // lossless: L comes from earlier steps' estimates. 0: the best L.
+  double draft_stop_extend = 0.0;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in

@@ -565,6 +565,11 @@ TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
   o = WithSpec(BaseOptions(), 4, false);
   o.speculative.min_n = 0;
   EXPECT_EQ(LlmEngine::Create(model.get(), o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = WithSpec(BaseOptions(), 4, false);
+  o.speculative.draft_stop_extend = 1.0;
+  EXPECT_NE(LlmEngine::Create(model.get(), o).status().message().find(
+                "speculative.draft_stop_extend"),
+            std::string::npos);
 }
 
 EngineOptions WithDraftModel(EngineOptions o, const std::string& dir, int k, bool adaptive) {

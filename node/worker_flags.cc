@@ -139,6 +139,10 @@ ABSL_FLAG(bool, spec_draft_stop_measured_rate, false,
           "token's estimated acceptance is worth less than its cost at the tokens/s the plan's "
           "drafting steps realised (at that many decoding requests); default: at the plan's "
           "predicted tokens/s (the realised rate drafted longer and measured worse).");
+ABSL_FLAG(double, spec_draft_stop_extend, 0.0,
+          "With --spec_adaptive and a draft model: draft up to the longest length whose predicted "
+          "tokens/s is within this fraction of the best length's, each request stopping where "
+          "the next token's estimated acceptance is not worth its cost (0: the best length).");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "
@@ -305,6 +309,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.ngram_history = absl::GetFlag(FLAGS_spec_ngram_history);
   o.speculative.draft_model_history = absl::GetFlag(FLAGS_spec_draft_model_history);
   o.speculative.draft_stop_measured_rate = absl::GetFlag(FLAGS_spec_draft_stop_measured_rate);
+  o.speculative.draft_stop_extend = absl::GetFlag(FLAGS_spec_draft_stop_extend);
+  if (!(o.speculative.draft_stop_extend >= 0.0 && o.speculative.draft_stop_extend < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_draft_stop_extend: expected a fraction in [0, 1), got ",
+                     o.speculative.draft_stop_extend));
+  }
   o.speculative.select_options.trial_stop_below = absl::GetFlag(FLAGS_spec_trial_stop_below);
   o.speculative.select_options.trial_stop_sequence_steps =
       absl::GetFlag(FLAGS_spec_trial_stop_sequence_steps);

@@ -555,6 +555,7 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
         draft_cost == nullptr ? 0.0 : draft_cost_scale * DraftSeconds(*draft_cost, caps, length);
     const std::vector<double> sums = LargestSums(rows, /*use_current=*/false);
     const auto [b, ratio] = BestBudget(shape, sums, *cost, shape.extra_seconds + draft);
+    plan.length_rates.push_back(ratio);
     // A longer draft must beat the best shorter one by min_gain (relative): the estimates are
     // noisy and a longer draft is paid for whether its tokens are verified or not.
     if (best < 0.0 || ratio > best * (1.0 + min_gain)) {
@@ -568,6 +569,15 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
     }
   }
   return plan;
+}
+
+int ExtendDraftLength(const DraftLengthPlan& plan, double slack) {
+  if (!(slack > 0.0) || plan.length == 0 || !plan.adaptive) return plan.length;
+  const double floor = (1.0 - slack) * plan.tokens_per_second;
+  for (int l = static_cast<int>(plan.length_rates.size()) - 1; l > plan.length; --l) {
+    if (plan.length_rates[l] >= floor) return l;
+  }
+  return plan.length;
 }
 
 DraftingRateCheck::DraftingRateCheck(const Options& options) : options_(options) {}

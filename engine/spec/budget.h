@@ -303,6 +303,9 @@ struct DraftLengthPlan {
   double tokens_per_second = 0.0;
   bool adaptive = false;  // false: no cost table, draft the longest row
   std::string reason;     // why, when not adaptive
+  // Adaptive: the tokens per second of every L = 0..longest, each drafting L whatever the
+  // drafts' confidences (length_rates[length] == tokens_per_second).
+  std::vector<double> length_rates;
 };
 
 // Chooses the draft length before drafting. `priors[i]` is request i's prior survival row (as
@@ -370,6 +373,12 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 const CostTable* cost, const CostTable* draft_cost,
                                                 double draft_cost_scale = 1.0,
                                                 double min_gain = 0.0);
+
+// The longest L whose rate (plan.length_rates) is at least (1 - slack) x the chosen L's, for a
+// confidence stop to cut (SpecOptions::draft_stop_extend in engine/llm_engine.h); plan.length
+// when none is, when slack <= 0, when plan.length is 0 (no drafting stays no drafting) or when
+// the plan is not adaptive.
+int ExtendDraftLength(const DraftLengthPlan& plan, double slack);
 
 // A draft model's confidence stop: position j is drafted while its survival a_j is at least
 // rate x `marginal_seconds` (one more verified token and its share of a draft round), which

@@ -207,6 +207,17 @@ TEST(BudgetTest, DraftLengthWeighsTheDraftCost) {
     EXPECT_EQ(plan->budget, c.length);
     EXPECT_NEAR(plan->draft_seconds, c.length * c.draft_ms * 1e-3, 1e-12);
     EXPECT_NEAR(plan->tokens_per_second, c.tokens_per_ms * 1e3, 1e-6);
+    ASSERT_EQ(plan->length_rates.size(), 4u);
+    EXPECT_NEAR(plan->length_rates[c.length], plan->tokens_per_second, 1e-9);
+  }
+  {
+    // Every length's own rate, chosen or not: d = 0.4 above.
+    const CostTable draft = DraftTable({{1, 0.4e-3}, {8, 0.8e-3}});
+    auto plan = PlanDraftLength({1, 1, 1}, priors, &cost, &draft);
+    ASSERT_TRUE(plan.ok());
+    const double want[] = {1.0, 1.8 / 1.41, 2.44 / 1.82, 2.952 / 2.23};
+    ASSERT_EQ(plan->length_rates.size(), 4u);
+    for (int l = 0; l < 4; ++l) EXPECT_NEAR(plan->length_rates[l], want[l] * 1e3, 1e-6) << l;
   }
   // A measured/predicted scale of 2.25 makes the 0.4 ms draft a 0.9 ms one: no draft.
   const CostTable d04 = DraftTable({{1, 0.4e-3}, {8, 0.8e-3}});
@@ -244,6 +255,35 @@ TEST(BudgetTest, DraftLengthMarginPrefersShorterDrafts) {
   }
   EXPECT_EQ(PlanDraftLength({1, 1, 1}, priors, &cost, &draft, 1.0, -0.1).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Extension for the confidence stop, on the d = 0.4 ms rates above (L0 1.0, L1 1.2766, L2
+// 1.3407, L3 1.3238 per ms; the best is L2): with a 1% slack L3 falls short (0.99 x 1.3407 =
+// 1.3273), with 2% it does not (1.3139). From a plan that chose L1 (min_gain 6%), L2 and L3 both
+// beat L1's rate, so any slack reaches L3. No drafting stays no drafting.
+TEST(BudgetTest, ExtendDraftLengthReachesTheLongestNearlyAsGoodLength) {
+  const CostTable cost = Table({{1, 1.0e-3}, {9, 1.08e-3}});
+  const CostTable draft = DraftTable({{1, 0.4e-3}, {2, 0.8e-3}});
+  const std::vector<std::vector<double>> priors = {{0.8, 0.64, 0.512}};
+  auto best = PlanDraftLength({1, 1, 1}, priors, &cost, &draft);
+  ASSERT_TRUE(best.ok());
+  ASSERT_EQ(best->length, 2);
+  EXPECT_EQ(ExtendDraftLength(*best, 0.0), 2);
+  EXPECT_EQ(ExtendDraftLength(*best, 0.01), 2);
+  EXPECT_EQ(ExtendDraftLength(*best, 0.02), 3);
+  auto one = PlanDraftLength({1, 1, 1}, priors, &cost, &draft, 1.0, 0.06);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->length, 1);
+  EXPECT_EQ(ExtendDraftLength(*one, 0.0), 1);
+  EXPECT_EQ(ExtendDraftLength(*one, 1e-9), 3);
+  // No drafting (the 40% margin) and a plan without a table stay as they are.
+  auto none = PlanDraftLength({1, 1, 1}, priors, &cost, &draft, 1.0, 0.4);
+  ASSERT_TRUE(none.ok());
+  ASSERT_EQ(none->length, 0);
+  EXPECT_EQ(ExtendDraftLength(*none, 0.5), 0);
+  auto untabled = PlanDraftLength({1, 1, 1}, {{0.8}}, nullptr, nullptr);
+  ASSERT_TRUE(untabled.ok());
+  EXPECT_EQ(ExtendDraftLength(*untabled, 0.5), 1);
 }
 
 TEST(BudgetTest, DraftSecondsCountsTheRequestsOfEachRound) {
