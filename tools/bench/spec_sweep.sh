@@ -55,9 +55,13 @@
 #   against the off runs on either side of it, interpolated by place (results.tsv's `slot`;
 #   spec_verdict.py): the machine's speed drifts by tens of percent over minutes, and one off run
 #   per round, anywhere in it, put that drift into the other runs' ratios (issue 12, session 31:
-#   one configuration's three rounds at 0.72, 1.24 and 1.26 of no speculation). Costs a run of
-#   off per 4 others (11 configurations: 14 runs a round instead of 11). 0: off once per round,
-#   shuffled with the others.
+#   one configuration's three rounds at 0.72, 1.24 and 1.26 of no speculation). Each of a round's
+#   off runs goes to a cluster of its own (off, off@2, off@3, ...; "off" in results.tsv), which
+#   meets the round's prompts as cold as every other configuration does: run again on one
+#   cluster, the later runs found every prompt in its prefix cache (TTFT p90 10 ms against 175 ms,
+#   1.4 s at 8 concurrent requests) and decoded unhindered by prefill. Costs a run of off per 4
+#   others (11 configurations: 14 runs a round instead of 11). 0: off once per round, shuffled
+#   with the others.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-models/demo}
@@ -151,6 +155,18 @@ for m in $METHODS; do
 done
 # More configurations, each worker flag list comma-separated: an A/B of one flag in the same rounds.
 for spec in ${SWEEP_EXTRA:-}; do start_config "${spec%%=*}" "${spec#*=}"; done
+# The round's off runs after the first, each on a cluster of its own (see SWEEP_OFF_EVERY).
+OFFS=()
+if [ "$OFF_EVERY" -gt 0 ] && [ -n "${PID[off]:-}" ]; then
+  OFFS=(off)
+  others=$((${#NAMES[@]} - 1))
+  for i in $(seq 2 $((1 + (others + OFF_EVERY - 1) / OFF_EVERY))); do
+    start_config "off@$i" ""
+    OFFS+=("off@$i")
+  done
+fi
+CONFIGS=()
+for name in "${NAMES[@]}"; do [ "${name%%@*}" = off ] && [ "$name" != off ] || CONFIGS+=("$name"); done
 echo "started ${#NAMES[@]} clusters; logs in $WORK" >&2
 
 # Rounds 1-WARMUP_ROUNDS..0 are the cold ones.
@@ -159,7 +175,7 @@ for REPEAT in $(seq $((1 - WARMUP_ROUNDS)) "$REPEATS"); do
   [ "$REPEAT" -le 0 ] && out=$COLD
   for c in $CONCURRENCY; do
     seed=$((1000 * (REPEAT + 100) + c))
-    order=$(python3 - "$seed" "$OFF_EVERY" "${NAMES[@]}" <<'PY'
+    order=$(python3 - "$seed" "$OFF_EVERY" "${CONFIGS[@]}" <<'PY'
 import random, sys
 every, names = int(sys.argv[2]), sys.argv[3:]
 others = [n for n in names if n != "off"] if every > 0 and "off" in names else names
@@ -175,7 +191,12 @@ print(" ".join(order))
 PY
 )
     slot=0
+    offs=0
     for name in $order; do
+      if [ "$name" = off ] && [ ${#OFFS[@]} -gt 0 ]; then
+        name=${OFFS[$offs]}
+        offs=$((offs + 1))
+      fi
       run=$WORK/$name.r$REPEAT.c$c.s$slot.json
       # At least as many sessions as the concurrency: each session's turns run one after
       # another, so fewer sessions than c would never put c requests in flight.
@@ -183,7 +204,7 @@ PY
         --sessions "$((c > SESSIONS ? c : SESSIONS))" --coding_turns 3 --coding_context_words 250 \
         --coding_answer_tokens "$ANSWER" --mode closed --concurrency "$c" --warmup_sessions 1 \
         --seed "$seed" --json >"$run" 2>/dev/null
-      python3 - "$name" "$c" "$run" "$REPEAT" "$slot" >>"$out" <<'PY'
+      python3 - "${name%%@*}" "$c" "$run" "$REPEAT" "$slot" >>"$out" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[3]))["A"]
 tpot = s["tpot_ms"]["mean"]
