@@ -1665,9 +1665,9 @@ void LlmEngine::Process(Step& step) {
         if (selector_->epochs() % kSelectorLogEpochs == 0) {
           spdlog::info(
               "speculative: measured modes (tokens/s by decoding sequences) {}; draft model "
-              "upkeep {} tokens in {:.2f} s",
+              "upkeep {} tokens in {:.2f} s; {} steps held in a frozen bucket's mode",
               selector_->DebugString(), stats_.spec_draft_upkeep_tokens,
-              stats_.spec_draft_upkeep_seconds);
+              stats_.spec_draft_upkeep_seconds, selector_->held_steps());
         }
       }
       stats_.spec_select_epochs = selector_->epochs();

@@ -172,6 +172,12 @@ ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
           "bucket skipped); false: only requests within a few tokens, the others catch up when "
           "they next draft.");
+ABSL_FLAG(std::string, spec_catch_up_delay_steps, "auto",
+          "With --spec_select: while a bucket frozen on no drafting runs without updating the draft "
+          "model, a decoding count that moves to a bucket held by a drafting mode hands over only "
+          "after this many steps there in a row (a dip of a few steps would otherwise pay the "
+          "draft model's catch-up on every request); 0: at once; auto: 8 with a draft model, 0 "
+          "with --speculative=ngram.");
 ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 4,
           "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
           "many requests decode (single steps above: runs of long steps made trials costly); 0: "
@@ -348,6 +354,14 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
                      run_tokens, "\""));
   }
   o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
+  const std::string delay = absl::GetFlag(FLAGS_spec_catch_up_delay_steps);
+  int& delay_steps = o.speculative.select_options.catch_up_delay_steps;
+  if (delay == "auto") {
+    delay_steps = o.speculative.drafter == "ngram" ? 0 : kDraftModelCatchUpDelaySteps;
+  } else if (!absl::SimpleAtoi(delay, &delay_steps) || delay_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec_catch_up_delay_steps: expected auto or an integer >= 0, got \"", delay, "\""));
+  }
   o.speculative.select_options.trial_run_max_decoding =
       absl::GetFlag(FLAGS_spec_trial_run_max_decoding);
   if (o.speculative.select_options.trial_run_max_decoding < 0) {

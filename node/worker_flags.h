@@ -59,6 +59,7 @@ ABSL_DECLARE_FLAG(int32_t, spec_trial_run_unmeasured);
 ABSL_DECLARE_FLAG(std::string, spec_trial_run_tokens);
 ABSL_DECLARE_FLAG(int32_t, spec_trial_run_max_decoding);
 ABSL_DECLARE_FLAG(bool, spec_off_epoch_catch_up);
+ABSL_DECLARE_FLAG(std::string, spec_catch_up_delay_steps);
 ABSL_DECLARE_FLAG(bool, spec_trial_any_epoch);
 ABSL_DECLARE_FLAG(bool, spec_catch_up_charge);
 ABSL_DECLARE_FLAG(double, spec_inherit_weight);
@@ -73,6 +74,9 @@ namespace deepinfer::node {
 // Measured beside 0 in the same rounds (issue 12, session 28): an n-gram node with 16 won 5 of 5
 // rounds at 1 concurrent request and 4 of 5 at 8; a draft-model node 2 of 5 and 1 of 5.
 inline constexpr double kNgramTrialRunTokens = 16.0;
+// --spec_catch_up_delay_steps=auto with a draft model (an n-gram drafter has nothing to catch up:
+// 0).
+inline constexpr int kDraftModelCatchUpDelaySteps = 8;
 
 // WorkerOptions for `role` from the flags above. kInvalidArgument naming the flag
 // ("--kv_blocks: expected > 0, got 0") for a bad value. --log_level is validated here too but

@@ -126,6 +126,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kNgramTrialRunTokens);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
+  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 0);  // auto with n-gram drafts
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
@@ -136,6 +137,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 8);
   absl::SetFlag(&FLAGS_spec_trial_run_tokens, "8.5");
   absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
+  absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "3");
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
@@ -158,6 +160,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);
   EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
+  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
@@ -171,10 +174,13 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_threads, 3);
   EXPECT_EQ(o->speculative.draft_num_blocks, 0);  // as many as the target's cache
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);  // as given
+  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);       // as given
   absl::SetFlag(&FLAGS_spec_trial_run_tokens, "auto");
+  absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "auto");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);  // runs of steps
+  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, kDraftModelCatchUpDelaySteps);
   absl::SetFlag(&FLAGS_draft_kv_blocks, 512);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -217,6 +223,10 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "inf"); }, "--spec_trial_run_tokens:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "nan"); }, "--spec_trial_run_tokens:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "sixteen"); }, "--spec_trial_run_tokens:"},
+      {[] { absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "-1"); },
+       "--spec_catch_up_delay_steps: expected auto or an integer >= 0, got \"-1\""},
+      {[] { absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "soon"); },
+       "--spec_catch_up_delay_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, -1); },
        "--spec_trial_run_max_decoding:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},

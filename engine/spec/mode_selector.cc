@@ -39,7 +39,8 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       options.trial_run_steps < 1 || options.trial_run_unmeasured < 1 ||
       !(options.trial_run_tokens >= 0.0) || !std::isfinite(options.trial_run_tokens) ||
       options.trial_run_max_decoding < 0 || !(options.catch_up_horizon_seconds > 0.0) ||
-      !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0)) {
+      !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0) ||
+      options.catch_up_delay_steps < 0) {
     return absl::InvalidArgumentError(
         "mode selector: options: expected epoch_steps >= 1, epoch_seconds >= 0, "
         "short_epoch_steps >= 1, short_epoch_sequence_steps >= 0, 0 <= "
@@ -51,7 +52,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "trial_run_steps >= 1, trial_run_unmeasured >= 1, finite trial_run_tokens >= 0, "
         "trial_run_max_decoding >= 0, "
         "catch_up_horizon_seconds > 0, 0 < "
-        "inherit_weight <= 1");
+        "inherit_weight <= 1, catch_up_delay_steps >= 0");
   }
   return DraftModeSelector(std::move(modes), options);
 }
@@ -556,6 +557,26 @@ DraftModeSelector::Choice DraftModeSelector::Choose(int decoding) {
   const bool left = options_.follow_bucket && epoch_bucket_ >= 0 && b != epoch_bucket_ &&
                     static_cast<size_t>(b) < buckets_.size() && buckets_[b].incumbent >= 0 &&
                     (buckets_[b].incumbent != current_ || partner_ >= 0);
+  // A frozen bucket's epoch without upkeep runs on through a short dip into a bucket held by a
+  // drafting mode, whose first step would catch up everything the draft model skipped (see
+  // "Short dips out of a frozen bucket").
+  const bool dip = epoch_bucket_ >= 0 && !epoch_upkeep_ && partner_ < 0 && b != epoch_bucket_ &&
+                   static_cast<size_t>(b) < buckets_.size() && buckets_[b].incumbent >= 0 &&
+                   buckets_[b].incumbent != current_;
+  if (!dip) {
+    delay_streak_ = 0;
+  } else if (delay_streak_ < options_.catch_up_delay_steps) {
+    ++delay_streak_;
+    ++held_steps_;
+    text_run_step_ = false;
+    last_unmeasured_ = false;
+    Choice held;
+    held.mode = current_;
+    held.measured = false;
+    held.upkeep = epoch_upkeep_;
+    held.catch_up = epoch_catch_up_;
+    return held;
+  }
   if (epoch_bucket_ < 0 || EpochOver() || left) {
     if (epoch_bucket_ >= 0) FinishEpoch();
     const int mode = Decide(b);

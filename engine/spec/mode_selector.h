@@ -316,6 +316,20 @@ namespace deepinfer::engine::spec {
 // steady bound (SpecOptions::draft_upkeep_tokens), a trial's drafting steps catch up the others
 // (its warm-up). Not measured in a sweep yet.
 //
+// Short dips out of a frozen bucket (`catch_up_delay_steps`, default 8; 0 = hand over at once, as
+// before). A frozen bucket's incumbent epochs draft nothing and feed the draft model nothing, so
+// every sequence falls behind it by each token it decodes there (and a new request by its whole
+// prompt). When the count moves to a bucket held by a drafting mode, that mode's first step
+// catches all of it up. At 8 concurrent requests the count mostly sits at 5-8 (frozen on no
+// drafting, for a draft model) and dips to 4 for one to three steps whenever a request ends before
+// the next arrives: 9 such dips in three measured rounds cost 278 ms of catch-up in 362 ms of
+// steps, 2% of the run, for a few steps of drafting that gained nothing (issue 12, session 32;
+// the round's tails, which stay below 5 for hundreds of steps, caught up 374 ms in 5 s). So the
+// epoch of a frozen bucket's incumbent without upkeep runs on, unmeasured, while the count stays
+// in buckets whose incumbent is another mode, for up to catch_up_delay_steps steps in a row;
+// then the new bucket's incumbent takes over as before. Back in the frozen bucket, or in one that
+// it shares its incumbent with, the count starts again.
+//
 // Lossless: the mode of a step depends only on earlier steps' measurements and counts.
 // Not thread-safe: one caller (the engine's scheduler thread).
 class DraftModeSelector {
@@ -398,6 +412,10 @@ class DraftModeSelector {
     // Whether the upkeep of an incumbent's epochs that draft nothing also catches up sequences
     // far behind (Choice::catch_up; see "Catching up while not drafting" above).
     bool off_epoch_catch_up = true;
+    // Entry delay (see "Short dips out of a frozen bucket" above): while a frozen bucket's
+    // incumbent epoch runs without upkeep, a count that moves to a bucket held by a drafting mode
+    // hands over only after this many consecutive steps there; 0: at once.
+    int catch_up_delay_steps = 8;  // >= 0
   };
 
   // A decoding sequence's state at the start of a step: what its previous step left (see
@@ -461,6 +479,8 @@ class DraftModeSelector {
   int64_t epochs() const { return epochs_; }
   int64_t explorations() const { return explorations_; }  // epochs run by a non-incumbent
   int64_t switches() const { return switches_; }          // changes of incumbent
+  // Steps a frozen bucket's epoch ran on in another bucket (catch_up_delay_steps).
+  int64_t held_steps() const { return held_steps_; }
   // The rate (tokens/s) of the last finished epoch that could be compared, and its mode (-1:
   // none). For logs.
   double last_epoch_rate() const { return last_.rate; }
@@ -594,6 +614,8 @@ class DraftModeSelector {
   int64_t epochs_ = 0;
   int64_t explorations_ = 0;
   int64_t switches_ = 0;
+  int delay_streak_ = 0;  // consecutive steps held (catch_up_delay_steps)
+  int64_t held_steps_ = 0;
 };
 
 }  // namespace deepinfer::engine::spec

@@ -71,6 +71,9 @@ TEST(DraftModeSelectorTest, RefusesBadModesAndOptions) {
   bad = Options();
   bad.trial_stop_sequence_steps = -1.0;
   EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
+  bad = Options();
+  bad.catch_up_delay_steps = -1;
+  EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
   EXPECT_TRUE(DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, Options()).ok());
 }
 
@@ -1587,6 +1590,67 @@ TEST(DraftModeSelectorTest, OffEpochsOfNoDraftingSkipTheCatchUpWhenAsked) {
     ASSERT_GT(trial_steps, 0);
     EXPECT_EQ(trial_catch_up, trial_steps);
     EXPECT_EQ(incumbent_catch_up, catch_up ? incumbent_steps : 0);
+  }
+}
+
+// catch_up_delay_steps: a frozen bucket's incumbent epoch (no drafting, no upkeep) runs on,
+// unmeasured, through a dip of the count into a bucket held by a drafting mode, which takes over
+// only once the count has stayed there catch_up_delay_steps steps in a row; 0: at once.
+TEST(DraftModeSelectorTest, AShortDipOutOfAFrozenBucketKeepsItsMode) {
+  for (const int delay : {8, 0}) {
+    SCOPED_TRACE(delay);
+    Options o = Stepped(4, 1);
+    o.freeze_epochs = 100000;  // no revisits during the dips
+    o.catch_up_delay_steps = delay;
+    auto s = DraftModeSelector::Create({0, 1}, o);
+    ASSERT_TRUE(s.ok());
+    // One sequence: drafting (mode 1) pays; 32: it does not, and that bucket freezes.
+    RunSteps(*s, 1, {100.0, 200.0}, 400);
+    RunSteps(*s, 32, {900.0, 600.0}, 2000);
+    ASSERT_EQ(s->Incumbent(1), 1);
+    ASSERT_EQ(s->Incumbent(32), 0);
+    ASSERT_NE(s->DebugString().find("17-32 (frozen)"), std::string::npos) << s->DebugString();
+    // Into the frozen bucket's incumbent epoch, which skips the upkeep.
+    DraftModeSelector::Choice c;
+    for (int i = 0; i < 100; ++i) {
+      c = s->Choose(32);
+      s->Observe(32, c.mode, c.measured, 9.0, 0.01);
+      if (!c.upkeep && s->partner() < 0 && c.measured) break;
+    }
+    ASSERT_FALSE(c.upkeep);
+    ASSERT_EQ(c.mode, 0);
+    const int64_t epoch = s->epochs();
+    // A dip of 3 steps to one sequence, and back.
+    for (int i = 0; i < 3; ++i) {
+      c = s->Choose(1);
+      if (delay > 0) {
+        EXPECT_EQ(c.mode, 0) << i;
+        EXPECT_FALSE(c.measured) << i;
+        EXPECT_FALSE(c.upkeep) << i;
+        EXPECT_EQ(s->epochs(), epoch) << i;
+      } else {
+        EXPECT_EQ(c.mode, 1) << i;  // the bucket's incumbent at once
+      }
+      s->Observe(1, c.mode, c.measured, c.mode == 0 ? 1.0 : 2.0, 0.01);
+    }
+    EXPECT_EQ(s->held_steps(), delay > 0 ? 3 : 0);
+    if (delay == 0) continue;
+    c = s->Choose(32);
+    EXPECT_EQ(c.mode, 0);
+    EXPECT_LE(s->epochs(), epoch + 1);  // this epoch or the next (it may have run its steps)
+    s->Observe(32, c.mode, c.measured, 9.0, 0.01);
+    const int64_t back = s->epochs();
+    // A long stay at one sequence: held for `delay` steps (counted again from 0), then mode 1.
+    for (int i = 0; i < delay; ++i) {
+      c = s->Choose(1);
+      EXPECT_EQ(c.mode, 0) << i;
+      EXPECT_FALSE(c.measured) << i;
+      s->Observe(1, c.mode, c.measured, 1.0, 0.01);
+    }
+    c = s->Choose(1);
+    EXPECT_EQ(c.mode, 1);
+    EXPECT_EQ(s->epochs(), back + 1);
+    EXPECT_EQ(s->held_steps(), 3 + delay);
   }
 }
 
