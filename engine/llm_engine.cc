@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -1665,9 +1666,11 @@ void LlmEngine::Process(Step& step) {
         if (selector_->epochs() % kSelectorLogEpochs == 0) {
           spdlog::info(
               "speculative: measured modes (tokens/s by decoding sequences) {}; draft model "
-              "upkeep {} tokens in {:.2f} s; {} steps held in a frozen bucket's mode",
+              "upkeep {} tokens in {:.2f} s; {} steps held in a frozen bucket's mode; {} "
+              "sequence-steps not caught up ({:.1f} us per catch-up token)",
               selector_->DebugString(), stats_.spec_draft_upkeep_tokens,
-              stats_.spec_draft_upkeep_seconds, selector_->held_steps());
+              stats_.spec_draft_upkeep_seconds, selector_->held_steps(),
+              stats_.spec_catch_up_skipped, 1e6 * catch_up_token_seconds_);
         }
       }
       stats_.spec_select_epochs = selector_->epochs();
@@ -1702,17 +1705,46 @@ int64_t LlmEngine::CatchUpExcess(int64_t lag) const {
 
 bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const { return CatchUpExcess(lag) > 0; }
 
+void LlmEngine::ObserveCatchUpTokenSeconds(double seconds_per_token) {
+  if (!(seconds_per_token > 0.0) || !std::isfinite(seconds_per_token)) return;
+  catch_up_token_seconds_ = catch_up_token_seconds_ > 0.0
+                                ? BoundedEmaStep(catch_up_token_seconds_, seconds_per_token, 0.0)
+                                : seconds_per_token;
+}
+
+bool LlmEngine::CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int mode) const {
+  if (!options_.speculative.catch_up_gate || model_drafter_ == nullptr || !selector_.has_value() ||
+      cost_ == nullptr || mode < 0 || decoding < 1) {
+    return true;
+  }
+  const int64_t excess = CatchUpExcess(lag);
+  if (excess <= 0) return true;
+  // A step without drafts, per sequence: the forward pass as the plan predicts it.
+  const double step_seconds =
+      forward_fit_.Predict(cost_->StepSeconds(static_cast<double>(decoding), decoding), decoding);
+  const int64_t remaining = seq.sampling.max_tokens - seq.generated() - seq.pending_samples;
+  return spec::CatchUpPays(static_cast<double>(excess), catch_up_token_seconds_,
+                           static_cast<double>(remaining), step_seconds / decoding,
+                           selector_->DraftingGain(decoding, mode));
+}
+
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   std::vector<spec::DraftRequest> requests;
   int64_t lags = 0;
   int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchUpExcess)
+  int64_t skipped = 0;
+  const int n = static_cast<int>(decodes.size());
   for (const Sequence* seq : decodes) {
     // Feeding stops before the last known token (the next proposal feeds it for its logits).
     const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
                         model_drafter_->cached_length(static_cast<int64_t>(seq->id));
     if (lag < lag_min) continue;
     if (!catch_up && CatchesUpOnPrompt(lag)) continue;
+    if (!CatchUpPays(*seq, lag, n, step->spec_mode)) {
+      ++skipped;
+      continue;
+    }
     if (CatchesUpOnPrompt(lag)) {
       step->spec_prompt_catch_up = true;
       excess += CatchUpExcess(lag);
@@ -1723,13 +1755,22 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_
     r.context = seq->tokens;
     requests.push_back(r);
   }
-  if (requests.empty()) return;
+  if (requests.empty()) {
+    if (skipped > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.spec_catch_up_skipped += skipped;
+    }
+    return;
+  }
   const int64_t fed_before = model_drafter_->computed_tokens();
   const auto t0 = Clock::now();
   absl::Status fed = model_drafter_->Feed(requests);
   const double seconds = Seconds(t0, Clock::now());
   if (!fed.ok()) spdlog::debug("speculative: draft model upkeep: {}", fed.ToString());
+  const int64_t fed_tokens = model_drafter_->computed_tokens() - fed_before;
+  if (excess > 0 && fed_tokens > 0) ObserveCatchUpTokenSeconds(seconds / fed_tokens);
   std::lock_guard<std::mutex> lock(mu_);
+  stats_.spec_catch_up_skipped += skipped;
   stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
   stats_.spec_draft_upkeep_seconds += seconds;
   step->spec_upkeep_seconds += seconds;
@@ -1760,6 +1801,18 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     const Sequence* seq = decodes[i];
     const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
     caps[i] = static_cast<int>(std::clamp<int64_t>(room, 0, k));
+  }
+  int64_t skipped = 0;  // far behind, their catch-up not worth it (SpecOptions::catch_up_gate)
+  if (model_drafter_ != nullptr) {
+    for (size_t i = 0; i < decodes.size(); ++i) {
+      if (caps[i] <= 0) continue;
+      const int64_t lag = static_cast<int64_t>(decodes[i]->tokens.size()) -
+                          model_drafter_->cached_length(static_cast<int64_t>(decodes[i]->id));
+      if (!CatchUpPays(*decodes[i], lag, static_cast<int>(decodes.size()), step->spec_mode)) {
+        caps[i] = 0;
+        ++skipped;
+      }
+    }
   }
   if (spare <= 0) {
     // No room left in the step's token budget: nothing drafted could be verified.
@@ -1897,6 +1950,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // charge, spec::DraftModeSelector).
       step->spec_catch_up_seconds =
           draft_seconds * static_cast<double>(fed - steady_tokens) / static_cast<double>(fed);
+      ObserveCatchUpTokenSeconds(draft_seconds / static_cast<double>(fed));
     }
     if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
       // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds
@@ -1979,6 +2033,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   stats_.spec_draft_predicted_seconds += draft_predicted;
   if (no_draft) ++stats_.spec_no_draft_steps;
   if (length_vetoed) ++stats_.spec_length_vetoed_steps;
+  stats_.spec_catch_up_skipped += skipped;
   stats_.spec_draft_cost_scale = draft_scale_;
   if (model_drafter_ != nullptr) {
     stats_.spec_draft_evictions = model_drafter_->evictions();

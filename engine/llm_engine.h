@@ -228,6 +228,17 @@ struct SpecOptions {
   // long drafts (steps drafting 2 or more against steps drafting 1) still overrules it. Still
   // lossless: L comes from earlier steps' estimates. 0: the best L.
   double draft_stop_extend = 0.0;
+  // Adaptive with select_mode, draft model: a sequence whose draft KV is far behind (a new
+  // prompt, or tokens decoded while its bucket drafted nothing and skipped the upkeep) is caught
+  // up, for drafting or by the upkeep, only where drafting's steady gain in that bucket
+  // (DraftModeSelector::DraftingGain) over the tokens it may still emit (max_tokens) saves more
+  // time than the catch-up costs at the measured time per token (spec::CatchUpPays); else it goes
+  // on without drafts. As a round of 8 concurrent requests winds down, the count falls from 5-8
+  // sequences (frozen on no drafting) into buckets held by drafting modes, and their first steps
+  // fed every sequence's prompt and answer so far to the draft model: a quarter of the 3-4
+  // bucket's time at 0.23 tokens per ms, against 0.88 without speculation (issue 12, session 32).
+  // Lossless: the decision uses counts and earlier steps' estimates only.
+  bool catch_up_gate = true;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
@@ -438,6 +449,9 @@ struct EngineStats {
   // sequence verified in one step (any mode).
   int64_t spec_select_longest_fixed = 0;
   int64_t spec_longest_verified = 0;
+  // Draft model, SpecOptions::catch_up_gate: sequence-steps in which a sequence far behind was
+  // neither drafted for nor caught up, its catch-up not worth what it had left to emit.
+  int64_t spec_catch_up_skipped = 0;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.
@@ -594,6 +608,14 @@ class LlmEngine {
   bool CatchesUpOnPrompt(int64_t lag) const;
   // Of such a lag, the tokens beyond that bound (0 when within it).
   int64_t CatchUpExcess(int64_t lag) const;
+  // Draft model with the mode selector (SpecOptions::catch_up_gate): whether `seq`, whose draft
+  // KV lags by `lag` tokens, is worth catching up in a step of `decoding` sequences in selector
+  // mode `mode` (spec::CatchUpPays, with DraftModeSelector::DraftingGain and the measured
+  // catch-up time per token). True when nothing beyond a steady round is behind, without the
+  // gate, and while anything it needs is unknown.
+  bool CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int mode) const;
+  // One step's draft-model seconds per token fed while it caught up (catch_up_token_seconds_).
+  void ObserveCatchUpTokenSeconds(double seconds_per_token);
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
              int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
@@ -686,6 +708,9 @@ class LlmEngine {
   int probe_gap_ = 0;
   bool planned_draft_since_probe_ = false;
   double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
+  // Seconds per token the draft model spent in steps that caught up (CatchUpPays), averaged; 0
+  // before the first.
+  double catch_up_token_seconds_ = 0.0;
 };
 
 }  // namespace deepinfer::engine

@@ -60,6 +60,7 @@ ABSL_DECLARE_FLAG(std::string, spec_trial_run_tokens);
 ABSL_DECLARE_FLAG(int32_t, spec_trial_run_max_decoding);
 ABSL_DECLARE_FLAG(bool, spec_off_epoch_catch_up);
 ABSL_DECLARE_FLAG(std::string, spec_catch_up_delay_steps);
+ABSL_DECLARE_FLAG(bool, spec_catch_up_gate);
 ABSL_DECLARE_FLAG(bool, spec_trial_any_epoch);
 ABSL_DECLARE_FLAG(bool, spec_catch_up_charge);
 ABSL_DECLARE_FLAG(double, spec_inherit_weight);

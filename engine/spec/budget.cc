@@ -580,6 +580,20 @@ int ExtendDraftLength(const DraftLengthPlan& plan, double slack) {
   return plan.length;
 }
 
+bool CatchUpPays(double excess_tokens, double token_seconds, double remaining_tokens,
+                 double sequence_step_seconds, double gain) {
+  if (!(excess_tokens > 0.0)) return true;
+  if (!std::isfinite(excess_tokens) || !std::isfinite(token_seconds) || !(token_seconds > 0.0) ||
+      !std::isfinite(remaining_tokens) || !std::isfinite(sequence_step_seconds) ||
+      !std::isfinite(gain)) {
+    return true;
+  }
+  const double saving = gain > 0.0 ? std::max(remaining_tokens, 0.0) *
+                                         std::max(sequence_step_seconds, 0.0) * gain / (1.0 + gain)
+                                   : 0.0;
+  return saving >= excess_tokens * token_seconds;
+}
+
 DraftingRateCheck::DraftingRateCheck(const Options& options) : options_(options) {}
 
 int DraftingRateCheck::Bucket(int decoding) {

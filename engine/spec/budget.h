@@ -380,6 +380,18 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
 // the plan is not adaptive.
 int ExtendDraftLength(const DraftLengthPlan& plan, double slack);
 
+// Whether a draft model should catch a sequence up before drafting for it again: the catch-up
+// feeds `excess_tokens` (what it is behind beyond a steady round) at `token_seconds` each, and
+// drafting then saves, over the `remaining_tokens` the sequence may still emit, the time a step
+// without drafts takes per sequence (`sequence_step_seconds`) x gain / (1 + gain), where `gain`
+// is drafting's steady rate over no drafting's, minus 1 (the time per token falls from t to
+// t / (1 + gain)). True when the saving is at least the cost, when nothing is behind, and when an
+// input is unknown (not finite, or token_seconds <= 0: no catch-up measured yet); a gain <= 0
+// saves nothing. The remaining tokens are an upper bound (max_tokens; a stop string or EOS may
+// end the sequence sooner), so the test leans toward catching up.
+bool CatchUpPays(double excess_tokens, double token_seconds, double remaining_tokens,
+                 double sequence_step_seconds, double gain);
+
 // A draft model's confidence stop: position j is drafted while its survival a_j is at least
 // rate x `marginal_seconds` (one more verified token and its share of a draft round), which
 // maximises tokens per second when rate is the best achievable one. `rate` is the tokens per

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -711,6 +712,43 @@ double DraftModeSelector::Relative(int decoding, int mode) const {
   }
   if (mode == buckets_[b].incumbent) return 1.0;
   return buckets_[b].modes[mode].weight > 0.0 ? std::exp(Score(buckets_[b], mode)) : 0.0;
+}
+
+double DraftModeSelector::DraftingGain(int decoding, int mode) const {
+  const double unknown = std::numeric_limits<double>::quiet_NaN();
+  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
+  if (!options_.interleave || b >= buckets_.size() || buckets_[b].incumbent < 0 || mode < 0 ||
+      mode >= num_modes()) {
+    return unknown;
+  }
+  const BucketStats& bucket = buckets_[b];
+  // log(rate / the incumbent's) from the trials, without the charge; NaN if never compared.
+  auto score = [&](int m) {
+    if (m == bucket.incumbent) return 0.0;
+    const ModeStats& st = bucket.modes[m];
+    return st.weight > 0.0 && st.paired.weight > 0.0 ? st.paired.mean : unknown;
+  };
+  int off = -1;
+  for (int m = 0; m < num_modes(); ++m) {
+    if (lengths_[m] == 0) off = m;
+  }
+  if (off < 0) return unknown;
+  int drafting = -1;
+  if (lengths_[mode] != 0) {
+    drafting = mode;
+  } else if (lengths_[bucket.incumbent] != 0) {
+    drafting = bucket.incumbent;
+  } else {
+    for (int m = 0; m < num_modes(); ++m) {
+      if (lengths_[m] == 0 || !std::isfinite(score(m))) continue;
+      if (drafting < 0 || score(m) > score(drafting)) drafting = m;
+    }
+    if (drafting < 0) return unknown;
+  }
+  const double d = score(drafting);
+  const double o = score(off);
+  if (!std::isfinite(d) || !std::isfinite(o)) return unknown;
+  return std::exp(d - o) - 1.0;
 }
 
 std::string DraftModeSelector::DebugString() const {

@@ -472,6 +472,13 @@ class DraftModeSelector {
   // estimated rate relative to it, exp(score) (1 for the incumbent, 0 if never compared).
   int Incumbent(int decoding) const;
   double Relative(int decoding, int mode) const;
+  // In the bucket of `decoding`, with interleaved trials: drafting's estimated steady rate over
+  // no drafting's, minus 1, before the catch-up charge (what drafting gains once its draft model
+  // has caught up: for spec::CatchUpPays). The drafting mode is `mode` if it drafts, else the
+  // bucket's incumbent if that drafts, else the best-rated drafting mode compared there. NaN when
+  // unknown: no incumbent yet, no mode that drafts nothing among the modes, either side never
+  // compared, or interleave off.
+  double DraftingGain(int decoding, int mode) const;
   // The current epoch's mode (in an interleaved trial the mode on trial).
   int current() const { return current_; }
   // In an interleaved trial the incumbent it alternates with, else -1.

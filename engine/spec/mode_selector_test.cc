@@ -1593,6 +1593,34 @@ TEST(DraftModeSelectorTest, OffEpochsOfNoDraftingSkipTheCatchUpWhenAsked) {
   }
 }
 
+// DraftingGain: drafting's rate over no drafting's, minus 1, from the trials (no catch-up
+// charge). Mode 1 emits twice mode 0's tokens per second at one sequence: about 1 there, for mode
+// 1, for mode 0 (the drafting incumbent stands in) and for mode 2 (its own estimate, 1.5 x 100
+// over 100: 0.5). Unknown before any epoch of a bucket's, without a mode that drafts nothing,
+// and with interleave off.
+TEST(DraftModeSelectorTest, DraftingGainComesFromTheTrials) {
+  Options o = Stepped(4, 0);
+  o.prune_below = 0.0;
+  auto s = DraftModeSelector::Create({0, 1, 2}, o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(std::isnan(s->DraftingGain(1, 1)));
+  RunSteps(*s, 1, {100.0, 200.0, 150.0}, 2000);
+  ASSERT_EQ(s->Incumbent(1), 1);
+  EXPECT_NEAR(s->DraftingGain(1, 1), 1.0, 0.05);
+  EXPECT_NEAR(s->DraftingGain(1, 0), 1.0, 0.05);
+  EXPECT_NEAR(s->DraftingGain(1, 2), 0.5, 0.05);
+  EXPECT_TRUE(std::isnan(s->DraftingGain(32, 1)));  // no epoch at 17-32 yet
+  auto no_off = DraftModeSelector::Create({1, 2}, o);
+  ASSERT_TRUE(no_off.ok());
+  RunSteps(*no_off, 1, {200.0, 150.0}, 400);
+  EXPECT_TRUE(std::isnan(no_off->DraftingGain(1, 0)));
+  Options adjacent = Adjacent();
+  auto old = DraftModeSelector::Create({0, 1}, adjacent);
+  ASSERT_TRUE(old.ok());
+  RunSteps(*old, 1, {100.0, 200.0}, 400);
+  EXPECT_TRUE(std::isnan(old->DraftingGain(1, 1)));
+}
+
 // catch_up_delay_steps: a frozen bucket's incumbent epoch (no drafting, no upkeep) runs on,
 // unmeasured, through a dip of the count into a bucket held by a drafting mode, which takes over
 // only once the count has stayed there catch_up_delay_steps steps in a row; 0: at once.
