@@ -237,8 +237,15 @@ struct SpecOptions {
   // sequences (frozen on no drafting) into buckets held by drafting modes, and their first steps
   // fed every sequence's prompt and answer so far to the draft model: a quarter of the 3-4
   // bucket's time at 0.23 tokens per ms, against 0.88 without speculation (issue 12, session 32).
-  // Lossless: the decision uses counts and earlier steps' estimates only.
-  bool catch_up_gate = true;
+  // Lossless: the decision uses counts and earlier steps' estimates only. Default off: measured
+  // beside the same node without it (issue 12, session 32, draft model only, two cold and three
+  // measured rounds), decode tokens/s over no speculation 1.307 / 0.914 / 0.922 at 1 / 8 / 32
+  // concurrent requests against 1.272 / 0.950 / 0.847: no clear gain, and a cost in what the
+  // selector sees. Drafting modes' steps then carry sequences that draft nothing, so their rates
+  // look like no drafting's and buckets do not freeze: at 8 concurrent requests the plan held the
+  // 5-8 bucket at 0.61 tokens per ms of step period, against 0.78 without the gate and 0.78 in a
+  // node without speculation.
+  bool catch_up_gate = false;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in

@@ -172,11 +172,12 @@ ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
           "bucket skipped); false: only requests within a few tokens, the others catch up when "
           "they next draft.");
-ABSL_FLAG(bool, spec_catch_up_gate, true,
+ABSL_FLAG(bool, spec_catch_up_gate, false,
           "With --spec_select and a draft model: a request far behind the draft model (a new "
           "prompt, or tokens decoded while its bucket skipped the upkeep) is caught up only where "
           "drafting's measured gain over the tokens it may still emit saves more than the catch-up "
-          "costs; else it decodes without drafts. false: always caught up.");
+          "costs; else it decodes without drafts. false (default): always caught up (measured: "
+          "with the gate, drafting modes' steps looked like no drafting's and no bucket froze).");
 ABSL_FLAG(std::string, spec_catch_up_delay_steps, "auto",
           "With --spec_select: while a bucket frozen on no drafting runs without updating the draft "
           "model, a decoding count that moves to a bucket held by a drafting mode hands over only "

@@ -127,7 +127,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 0);  // auto with n-gram drafts
-  EXPECT_TRUE(o->speculative.catch_up_gate);
+  EXPECT_FALSE(o->speculative.catch_up_gate);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
@@ -139,7 +139,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_run_tokens, "8.5");
   absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
   absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "3");
-  absl::SetFlag(&FLAGS_spec_catch_up_gate, false);
+  absl::SetFlag(&FLAGS_spec_catch_up_gate, true);
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
@@ -163,7 +163,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);
   EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);
-  EXPECT_FALSE(o->speculative.catch_up_gate);
+  EXPECT_TRUE(o->speculative.catch_up_gate);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
