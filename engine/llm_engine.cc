@@ -1803,7 +1803,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     caps[i] = static_cast<int>(std::clamp<int64_t>(room, 0, k));
   }
   int64_t skipped = 0;  // far behind, their catch-up not worth it (SpecOptions::catch_up_gate)
-  if (model_drafter_ != nullptr) {
+  if (model_drafter_ != nullptr && so.catch_up_gate) {
     for (size_t i = 0; i < decodes.size(); ++i) {
       if (caps[i] <= 0) continue;
       const int64_t lag = static_cast<int64_t>(decodes[i]->tokens.size()) -
