@@ -236,6 +236,12 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       mo.block_size = options.block_size;
       mo.seed = options.hash_seed ^ 0x5eedd4a7ULL;
       mo.max_catch_up = std::max(so.draft_catch_up_tokens, 0);
+      if (so.draft_catch_up_window < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "speculative.draft_catch_up_window: expected >= 0 (0: feed every token), got ",
+            so.draft_catch_up_window));
+      }
+      mo.catch_up_window = so.draft_catch_up_window;
       absl::StatusOr<std::unique_ptr<spec::ModelDrafter>> loaded = spec::ModelDrafter::Load(
           so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
       if (!loaded.ok()) {
@@ -1737,8 +1743,8 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_
   const int n = static_cast<int>(decodes.size());
   for (const Sequence* seq : decodes) {
     // Feeding stops before the last known token (the next proposal feeds it for its logits).
-    const int64_t lag = static_cast<int64_t>(seq->tokens.size()) - 1 -
-                        model_drafter_->cached_length(static_cast<int64_t>(seq->id));
+    const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(seq->id),
+                                            static_cast<int64_t>(seq->tokens.size()) - 1);
     if (lag < lag_min) continue;
     if (!catch_up && CatchesUpOnPrompt(lag)) continue;
     if (!CatchUpPays(*seq, lag, n, step->spec_mode)) {
@@ -1773,6 +1779,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_
   stats_.spec_catch_up_skipped += skipped;
   stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
   stats_.spec_draft_upkeep_seconds += seconds;
+  stats_.spec_draft_skipped_tokens = model_drafter_->skipped_tokens();
   step->spec_upkeep_seconds += seconds;
   // A catch-up fed here (a drafting mode's step whose drafter left sequences behind, or one
   // after steps without upkeep) is part of the catch-up the selector charges drafting for.
@@ -1806,8 +1813,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   if (model_drafter_ != nullptr && so.catch_up_gate) {
     for (size_t i = 0; i < decodes.size(); ++i) {
       if (caps[i] <= 0) continue;
-      const int64_t lag = static_cast<int64_t>(decodes[i]->tokens.size()) -
-                          model_drafter_->cached_length(static_cast<int64_t>(decodes[i]->id));
+      const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(decodes[i]->id),
+                                              static_cast<int64_t>(decodes[i]->tokens.size()));
       if (!CatchUpPays(*decodes[i], lag, static_cast<int>(decodes.size()), step->spec_mode)) {
         caps[i] = 0;
         ++skipped;
@@ -1852,8 +1859,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       int64_t least = 0;
       for (size_t i = 0; i < decodes.size(); ++i) {
         if (caps[i] <= 0) continue;
-        const int64_t lag = static_cast<int64_t>(decodes[i]->tokens.size()) -
-                            model_drafter_->cached_length(static_cast<int64_t>(decodes[i]->id));
+        const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(decodes[i]->id),
+                                                static_cast<int64_t>(decodes[i]->tokens.size()));
         if (probe_seq < 0 || lag < least) {
           probe_seq = static_cast<int>(i);
           least = lag;
@@ -1927,7 +1934,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (model_drafter_ != nullptr) {
       for (const spec::DraftRequest& r : requests) {
         const int64_t lag =
-            static_cast<int64_t>(r.context.size()) - model_drafter_->cached_length(r.seq_id);
+            model_drafter_->Lag(r.seq_id, static_cast<int64_t>(r.context.size()));
         if (CatchesUpOnPrompt(lag)) step->spec_prompt_catch_up = true;
       }
     }
@@ -2038,6 +2045,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   if (model_drafter_ != nullptr) {
     stats_.spec_draft_evictions = model_drafter_->evictions();
     stats_.spec_draft_reused_tokens = model_drafter_->reused_tokens();
+    stats_.spec_draft_skipped_tokens = model_drafter_->skipped_tokens();
   }
   if (probe) ++stats_.spec_probe_steps;
 }

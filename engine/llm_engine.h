@@ -112,6 +112,13 @@ struct SpecOptions {
   // sequence and step (a new request's prompt catches up over several steps, drafting once it
   // has, instead of stalling one step for the whole prompt); 0: no limit.
   int draft_catch_up_tokens = 128;
+  // Draft model: a sequence whose draft KV lags its context by more than this many tokens skips
+  // ahead instead of catching up (spec::ModelDrafterOptions::catch_up_window): the draft model
+  // keeps what it holds and is fed only the context's last this-many tokens, so drafting after a
+  // stretch without it (a bucket the selector froze on no drafting, a new request's prompt) costs
+  // a bounded catch-up, not a prefill of everything since. Lossless (drafts are verified); 0: every
+  // token is fed.
+  int draft_catch_up_window = 0;
   // Draft model, adaptive: on steps that draft nothing (no drafting mode of the selector, or the
   // plan's L = 0), every decoding sequence whose draft KV lags its context by this many tokens or
   // more is fed (spec::ModelDrafter::Feed, at most draft_catch_up_tokens each), so the draft
@@ -426,6 +433,8 @@ struct EngineStats {
   int64_t spec_draft_evictions = 0;
   // Draft model: context tokens whose draft KV a new request adopted from a finished one's
   int64_t spec_draft_reused_tokens = 0;
+  // Draft model: context tokens never fed to it, skipped by SpecOptions::draft_catch_up_window
+  int64_t spec_draft_skipped_tokens = 0;
   // Draft model, adaptive: context tokens fed to the draft model on steps that drafted nothing
   // (SpecOptions::draft_upkeep_tokens), and the time spent feeding them.
   int64_t spec_draft_upkeep_tokens = 0;

@@ -632,10 +632,11 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 59);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  // Fixed k, the adaptive plan, the plan under the selector, and that with the catch-up gate
+  // Fixed k, the adaptive plan, the plan under the selector, that with the catch-up gate
   // (sequences far behind may go on without drafts and catch up later; whether any does depends
-  // on measured times, and outputs never change).
-  for (int mode : {0, 1, 2, 3}) {
+  // on measured times, and outputs never change), and the selector with a catch-up window of 5
+  // tokens (the draft model skips the rest of every prompt and of every stretch without drafts).
+  for (int mode : {0, 1, 2, 3, 4}) {
     const bool adaptive = mode >= 1;
     // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
     const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
@@ -647,11 +648,21 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
       // A prompt lagging by more than 2 x 4 + k + 1 = 12 tokens is a whole-prompt catch-up.
       o.speculative.draft_upkeep_tokens = 4;
       o.speculative.catch_up_gate = mode == 3;
+      if (mode == 4) o.speculative.draft_catch_up_window = 5;
     }
     const RunResult got = RunAll(model.get(), o, reqs);
     for (const EngineRequest& r : reqs) {
       EXPECT_EQ(got.results.at(r.request_id).tokens, ref.results.at(r.request_id).tokens)
           << r.request_id << " mode " << mode;
+    }
+    if (mode == 4) {
+      EXPECT_GT(got.stats.spec_select_plan_steps, 0);
+      // Prompts longer than the window are skipped but for their last 5 tokens, and no catch-up
+      // is ever longer than that, so none counts as a whole-prompt catch-up (12 tokens).
+      EXPECT_GT(got.stats.spec_draft_skipped_tokens, 0);
+      EXPECT_EQ(got.stats.spec_prompt_catch_up_steps, 0);
+    } else {
+      EXPECT_EQ(got.stats.spec_draft_skipped_tokens, 0);
     }
     if (mode == 3) {
       EXPECT_GT(got.stats.spec_select_plan_steps, 0);
@@ -664,7 +675,7 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
       // a step the selector leaves out of its measurements.
       EXPECT_GT(got.stats.spec_prompt_catch_up_steps, 0);
       EXPECT_LE(got.stats.spec_prompt_catch_up_steps, 2 * static_cast<int64_t>(reqs.size()));
-    } else {
+    } else if (mode < 2) {
       EXPECT_EQ(got.stats.spec_prompt_catch_up_steps, 0);
     }
     EXPECT_GT(got.stats.spec_verified_tokens, 0);
@@ -975,6 +986,9 @@ TEST(SpecEngineDraftModelTest, RejectsBadDraftModels) {
   EXPECT_EQ(message(WithDraftModel(BaseOptions(), "/nonexistent/draft", 4, false))
                 .rfind("speculative.draft_model_path: \"/nonexistent/draft\"", 0),
             0u);
+  EngineOptions window = WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 4, false);
+  window.speculative.draft_catch_up_window = -1;
+  EXPECT_EQ(message(window).rfind("speculative.draft_catch_up_window: expected >= 0", 0), 0u);
   const std::filesystem::path dir =
       std::filesystem::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") /
       "draft_other_vocab";

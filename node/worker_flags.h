@@ -68,6 +68,7 @@ ABSL_DECLARE_FLAG(bool, spec_weigh_cut_trials);
 ABSL_DECLARE_FLAG(bool, spec_carry_over_correction);
 ABSL_DECLARE_FLAG(std::string, draft_model);
 ABSL_DECLARE_FLAG(int, draft_kv_blocks);
+ABSL_DECLARE_FLAG(int32_t, draft_catch_up_window);
 
 namespace deepinfer::node {
 

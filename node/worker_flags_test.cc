@@ -188,6 +188,11 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_num_blocks, 512);
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // default: every token is fed
+  absl::SetFlag(&FLAGS_draft_catch_up_window, 48);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 48);
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).method(), "draft_model");
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).draft_model_id(), "tiny-draft");
   // Off: the other speculative flags are not checked, and the config says only "off".
@@ -265,6 +270,12 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
          absl::SetFlag(&FLAGS_draft_kv_blocks, -1);
        },
        "--draft_kv_blocks: expected >= 0 (0: as many as --kv_blocks), got -1"},
+      {[] {
+         absl::SetFlag(&FLAGS_speculative, "draft_model");
+         absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft");
+         absl::SetFlag(&FLAGS_draft_catch_up_window, -2);
+       },
+       "--draft_catch_up_window: expected >= 0 (0: feed every token), got -2"},
       {[] {
          absl::SetFlag(&FLAGS_speculative, "ngram");
          absl::SetFlag(&FLAGS_ngram_min, 0);

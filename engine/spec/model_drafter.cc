@@ -20,7 +20,9 @@ struct ModelDrafter::Work {
   absl::Span<const int32_t> context;
   int k = 0;
   float temperature = 0.0f;
-  int64_t start = 0;  // cached tokens kept before this proposal
+  int64_t start = 0;       // context position of the first token fed (the cache covers the rest)
+  int64_t slot_start = 0;  // cached tokens kept before this proposal (start less the gap)
+  bool new_gap = false;    // this call skipped context (catch_up_window)
   const std::function<bool(int, float)>* keep = nullptr;  // DraftRequest::keep_drafting
   bool stopped = false;                                    // keep declined a position
   int64_t feed_end = 0;     // round 0 feeds context[start, feed_end)
@@ -28,15 +30,6 @@ struct ModelDrafter::Work {
 };
 
 namespace {
-
-// Length of the longest common prefix of `cached` and `context`.
-int64_t CommonPrefix(const std::vector<int32_t>& cached, absl::Span<const int32_t> context) {
-  const int64_t n = std::min(static_cast<int64_t>(cached.size()),
-                             static_cast<int64_t>(context.size()));
-  int64_t common = 0;
-  while (common < n && cached[common] == context[common]) ++common;
-  return common;
-}
 
 absl::Status CheckVocab(int draft_vocab, int target_vocab) {
   if (draft_vocab != target_vocab) {
@@ -108,6 +101,42 @@ int64_t ModelDrafter::cached_length(int64_t seq_id) const {
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
 }
 
+int64_t ModelDrafter::Lag(int64_t seq_id, int64_t context_length) const {
+  int64_t covered = 0;
+  auto it = seqs_.find(seq_id);
+  if (it != seqs_.end()) {
+    const SeqCache& seq = it->second;
+    const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    // A gap with no slot after it covers nothing past it (MatchContext).
+    covered = seq.gap_at >= 0 && n > seq.gap_at ? n + seq.gap_len : n;
+  }
+  int64_t lag = std::max<int64_t>(context_length - covered, 0);
+  if (options_.catch_up_window > 0) lag = std::min<int64_t>(lag, options_.catch_up_window);
+  return lag;
+}
+
+ModelDrafter::Match ModelDrafter::MatchContext(const SeqCache& seq,
+                                               absl::Span<const int32_t> context) {
+  const int64_t n = static_cast<int64_t>(seq.tokens.size());
+  const int64_t len = static_cast<int64_t>(context.size());
+  const int64_t before_gap = seq.gap_at < 0 ? n : std::min(seq.gap_at, n);
+  int64_t i = 0;
+  while (i < before_gap && i < len && seq.tokens[i] == context[i]) ++i;
+  Match m;
+  m.slots = m.covered = i;
+  if (seq.gap_at < 0 || i < seq.gap_at) return m;
+  // Past the gap slot j stands for context position j + gap_len. A gap with no agreeing slot
+  // after it covers nothing: the skipped text was never seen, and only a slot that agrees past it
+  // shows that this context continues the one that was skipped.
+  int64_t j = seq.gap_at;
+  while (j < n && j + seq.gap_len < len && seq.tokens[j] == context[j + seq.gap_len]) ++j;
+  if (j > seq.gap_at) {
+    m.slots = j;
+    m.covered = j + seq.gap_len;
+  }
+  return m;
+}
+
 int ModelDrafter::reusable_blocks() const {
   int n = 0;
   for (const SeqCache& r : retired_) n += static_cast<int>(r.blocks.size());
@@ -118,19 +147,24 @@ void ModelDrafter::Adopt(absl::Span<const int32_t> context, SeqCache* seq) {
   Truncate(seq, 0);
   const int64_t len = static_cast<int64_t>(context.size());
   auto best = retired_.end();
-  int64_t best_common = options_.block_size - 1;  // less than a block is not worth an entry
+  int64_t best_covered = 0;
+  int64_t best_slots = 0;
   for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-    const int64_t common = CommonPrefix(it->tokens, context);
-    if (common > best_common) {
+    const Match m = MatchContext(*it, context);
+    // Less than a block of agreeing KV is not worth an entry.
+    if (m.slots >= options_.block_size && m.covered > best_covered) {
       best = it;
-      best_common = common;
+      best_covered = m.covered;
+      best_slots = m.slots;
     }
   }
   if (best == retired_.end()) return;
   seq->tokens = std::move(best->tokens);
   seq->blocks = std::move(best->blocks);
+  seq->gap_at = best->gap_at;
+  seq->gap_len = best->gap_len;
   retired_.erase(best);
-  reused_tokens_ += std::min(best_common, len - 1);  // the last context token is fed again
+  reused_tokens_ += std::min(best_slots, len - 1);  // the last context token is fed again
 }
 
 void ModelDrafter::DropOldestRetired() {
@@ -140,6 +174,10 @@ void ModelDrafter::DropOldestRetired() {
 
 void ModelDrafter::Truncate(SeqCache* seq, int64_t length) {
   if (static_cast<int64_t>(seq->tokens.size()) > length) seq->tokens.resize(length);
+  if (seq->gap_at >= 0 && length <= seq->gap_at) {
+    seq->gap_at = -1;  // nothing past the gap is left
+    seq->gap_len = 0;
+  }
   const int64_t bs = options_.block_size;
   const size_t keep = static_cast<size_t>((length + bs - 1) / bs);
   while (seq->blocks.size() > keep) {
@@ -293,18 +331,51 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
     seq.last_used = clock_;
     if (seq.tokens.empty() && !retired_.empty()) Adopt(w.context, &seq);
     const int64_t len = static_cast<int64_t>(w.context.size());
-    w.start = std::min(CommonPrefix(seq.tokens, w.context), len - 1);
-    Truncate(&seq, w.start);
+    const Match m = MatchContext(seq, w.context);
+    int64_t slots = m.slots;
+    int64_t covered = m.covered;
+    if (covered > len - 1) {
+      // At least the last context token is fed again, for its logits.
+      const int64_t back = covered - (len - 1);
+      slots -= back;
+      covered -= back;
+    }
+    // Drops a gap with nothing left after it: the cache then covers exactly its slots.
+    Truncate(&seq, slots);
+    if (seq.gap_at < 0) covered = slots;
     const int64_t end = feed_only ? len - 1 : len;
-    if (w.start >= end) continue;  // feeding only: already up to date
+    if (covered >= end) continue;  // feeding only: already up to date
+    if (options_.catch_up_window > 0 && end - covered > options_.catch_up_window) {
+      // Skip to the last catch_up_window tokens; one gap at most, so what came after an earlier
+      // one goes first.
+      if (seq.gap_at >= 0) {
+        slots = seq.gap_at;
+        Truncate(&seq, slots);
+      }
+      const int64_t from = end - options_.catch_up_window;
+      skipped_tokens_ += from - covered;
+      covered = from;
+      seq.gap_at = slots;
+      seq.gap_len = from - slots;
+      w.new_gap = true;
+    }
+    w.start = covered;
+    w.slot_start = slots;
     w.feed_end = end;
     if (options_.max_catch_up > 0 && end - w.start > options_.max_catch_up) {
       w.feed_end = w.start + options_.max_catch_up;
     }
     // Feeding only stops after round 0 as a catching-up proposal does.
     w.catching_up = feed_only || w.feed_end < len;
-    const int64_t positions = w.catching_up ? w.feed_end : len + w.k - 1;
-    if (!Reserve(w.seq_id, &seq, positions, pinned)) continue;  // no room: no draft
+    const int64_t fed_slots = slots + (w.feed_end - w.start);
+    const int64_t positions = w.catching_up ? fed_slots : fed_slots + w.k - 1;
+    if (!Reserve(w.seq_id, &seq, positions, pinned)) {
+      if (w.new_gap) {
+        seq.gap_at = -1;  // nothing fed after it
+        seq.gap_len = 0;
+      }
+      continue;  // no room: no draft
+    }
     w.seq = &seq;
     ready.push_back(w);
   }
@@ -327,12 +398,12 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
       if (round == 0) {
         in.tokens = w.context.data() + w.start;
         in.num_tokens = w.feed_end - w.start;
-        in.start_position = w.start;
+        in.start_position = w.slot_start;
       } else {
         fed[i] = (*out)[w.index].tokens.back();
         in.tokens = &fed[i];
         in.num_tokens = 1;
-        in.start_position = len + round - 1;
+        in.start_position = w.slot_start + (len - w.start) + round - 1;
       }
       in.block_table = w.seq->blocks.data();
       in.num_blocks = static_cast<int64_t>(w.seq->blocks.size());
@@ -344,7 +415,11 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
     if (!s.ok()) {
       // KV written by this proposal may be partial: keep only what was valid before it.
       for (Work& w : ready) {
-        Truncate(w.seq, w.start);
+        Truncate(w.seq, w.slot_start);
+        if (w.new_gap) {
+          w.seq->gap_at = -1;  // nothing valid after it
+          w.seq->gap_len = 0;
+        }
         (*out)[w.index] = DraftProposal();
       }
       fail(s);

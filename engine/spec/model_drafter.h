@@ -21,6 +21,18 @@
 // used other sequences are evicted (their KV is recomputed from the context on their next
 // proposal); a sequence that cannot fit even then gets an empty proposal (no draft, OK status).
 //
+// Catch-up window. A sequence not drafted for a while (the engine ran steps without drafts), or a
+// new request's prompt, lags its cache by many tokens, and feeding them all costs a prefill of
+// the draft model for a few steps of drafting. With `catch_up_window` W > 0 a lag of more than W
+// tokens is not fed: the cache keeps what it holds and receives the context's last W tokens in
+// the slots right after it, so the draft model reads its old context followed directly by the
+// recent text (a jump of the skipped tokens; positions are slots, so the jump is invisible to it).
+// The cache then covers the context with one gap: slot i holds context position i before the gap
+// and i + gap_len from it on. Lossless all the same (the target verifies every draft); only
+// acceptance can suffer, and the recent text is what a draft continues. A second skip while a
+// gap exists first drops everything after the gap (one gap at most). Released sequences keep
+// their gap: a retired entry matches a new context through it.
+//
 // Drafts. With temperature 0 a draft token is the arg-max of the draft logits (lowest id on
 // ties) and `probs` stays empty: the verifier treats it as a point mass, which keeps rejection
 // sampling lossless (the softmax is NOT the distribution a greedy draft was drawn from, so
@@ -71,6 +83,10 @@ struct ModelDrafterOptions {
   // with more (a new request's prompt, or one not drafted for a while) advances its cache by that
   // many and gets no draft this call, so one catch-up never stalls a step for long. 0: no limit.
   int max_catch_up = 0;
+  // > 0: a sequence whose cache lags its context by more than this many tokens skips ahead: its
+  // cached KV stays and only the context's last `catch_up_window` tokens are fed, at the cache
+  // slots right after it (see "Catch-up window" above). 0: every context token is fed.
+  int catch_up_window = 0;
 };
 
 class ModelDrafter : public Drafter {
@@ -117,6 +133,12 @@ class ModelDrafter : public Drafter {
   int num_blocks() const { return options_.num_blocks; }
   // Tokens of `seq_id` whose KV the drafter holds (0 for an unknown sequence).
   int64_t cached_length(int64_t seq_id) const;
+  // Tokens a call would feed to bring `seq_id`'s cache up to a context of `context_length`
+  // tokens that extends what it covers (skipped ones included): the uncovered rest, at most
+  // catch_up_window when that is set; the whole context for an unknown sequence (before any
+  // adoption of a retired entry). Feed stops one token short: ask with context_length - 1.
+  int64_t Lag(int64_t seq_id, int64_t context_length) const;
+  int64_t skipped_tokens() const { return skipped_tokens_; }  // never fed (catch_up_window)
   int64_t evictions() const { return evictions_; }  // live sequences evicted for room
   // Blocks held by retired entries (reusable; dropped before anything is evicted).
   int reusable_blocks() const;
@@ -127,10 +149,21 @@ class ModelDrafter : public Drafter {
 
  private:
   struct SeqCache {
-    std::vector<int32_t> tokens;  // tokens whose KV is cached, in order
+    std::vector<int32_t> tokens;  // tokens whose KV is cached, in slot order
     std::vector<int32_t> blocks;  // drafter block ids covering `tokens`
     uint64_t last_used = 0;
+    // The skipped context (catch_up_window): slot i holds context position i for i < gap_at,
+    // i + gap_len from gap_at on. gap_at < 0: no gap (slot i is position i).
+    int64_t gap_at = -1;
+    int64_t gap_len = 0;
   };
+  // How much of `context` `seq` holds: its first `slots` cached tokens agree with the context's
+  // positions they stand for, up to context position `covered` (slots + gap_len past the gap).
+  struct Match {
+    int64_t slots = 0;
+    int64_t covered = 0;
+  };
+  static Match MatchContext(const SeqCache& seq, absl::Span<const int32_t> context);
   // Retired entries kept at most (each new sequence scans them once for its prefix).
   static constexpr size_t kMaxRetired = 1024;
   // One request's working state during ProposeBatch.
@@ -170,6 +203,7 @@ class ModelDrafter : public Drafter {
   int64_t evictions_ = 0;
   int64_t computed_tokens_ = 0;
   int64_t reused_tokens_ = 0;
+  int64_t skipped_tokens_ = 0;
   std::vector<float> logits_;    // workspace
   std::vector<double> weights_;  // workspace
 };

@@ -265,6 +265,87 @@ TEST(ModelDrafterTest, LongCatchUpsAreSpreadOverCalls) {
   EXPECT_EQ(p.tokens, Reference(next, 2));
 }
 
+// The drafts after a skip are the draft model's greedy continuation of what its cache then
+// holds: the old context followed directly by the last `catch_up_window` tokens.
+std::vector<int32_t> Spliced(const std::vector<int32_t>& head, const std::vector<int32_t>& ctx,
+                             size_t from, size_t to) {
+  std::vector<int32_t> out = head;
+  out.insert(out.end(), ctx.begin() + from, ctx.begin() + to);
+  return out;
+}
+
+TEST(ModelDrafterTest, CatchUpWindowSkipsToTheRecentText) {
+  ModelDrafterOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.catch_up_window = 4;
+  auto made = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ModelDrafter& d = **made;
+  // A short prompt is fed whole.
+  const std::vector<int32_t> prompt = Context(3, 11);
+  DraftProposal p;
+  ASSERT_TRUE(d.Propose(1, prompt, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(prompt, 3));
+  EXPECT_EQ(d.skipped_tokens(), 0);
+  EXPECT_EQ(d.computed_tokens(), 3 + 2);
+  // 10 tokens later (no drafts meanwhile): the prompt's KV stays and only the last 4 are fed.
+  std::vector<int32_t> ctx = prompt;
+  const std::vector<int32_t> more = Context(10, 12);
+  ctx.insert(ctx.end(), more.begin(), more.end());
+  EXPECT_EQ(d.Lag(1, static_cast<int64_t>(ctx.size())), 4);  // at most the window
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  std::vector<int32_t> seen = Spliced(prompt, ctx, ctx.size() - 4, ctx.size());
+  EXPECT_EQ(p.tokens, Reference(seen, 3));
+  EXPECT_EQ(d.skipped_tokens(), 13 - 4 - 3);
+  EXPECT_EQ(d.computed_tokens(), 5 + 4 + 2);
+  // Steady drafting goes on past the gap: the first draft accepted and a correction; only the
+  // correction is fed (the accepted draft's KV is cached), at the slots after the window.
+  ctx.push_back(p.tokens[0]);
+  const int32_t correction = (p.tokens[1] + 1) % SharedModel()->config().vocab_size;
+  ctx.push_back(correction);
+  // Lag counts cached drafts as covered (a rejected one shows only when a call matches the
+  // context), as the cache holds d_1 and d_2 here.
+  EXPECT_EQ(d.Lag(1, static_cast<int64_t>(ctx.size())), 0);
+  ASSERT_TRUE(d.Propose(1, ctx, 2, &p).ok());
+  seen.push_back(ctx[ctx.size() - 2]);
+  seen.push_back(correction);
+  EXPECT_EQ(p.tokens, Reference(seen, 2));
+  EXPECT_EQ(d.computed_tokens(), 11 + 1 + 1);
+  // Released, the entry keeps its gap: a new sequence whose context continues this one adopts it
+  // through the gap and feeds only what is new.
+  d.Release(1);
+  ASSERT_GT(d.reusable_blocks(), 0);
+  std::vector<int32_t> next = ctx;
+  next.push_back(5);
+  ASSERT_TRUE(d.Propose(2, next, 2, &p).ok());
+  // Whole blocks of the released cache (8 of its 10 slots: the prompt, the window and the
+  // accepted draft) are adopted; the correction and the new token are fed.
+  std::vector<int32_t> adopted(seen.begin(), seen.begin() + 8);
+  adopted.push_back(correction);
+  adopted.push_back(5);
+  EXPECT_EQ(p.tokens, Reference(adopted, 2));
+  EXPECT_EQ(d.reused_tokens(), 8);
+  EXPECT_EQ(d.computed_tokens(), 13 + 2 + 1);
+  // A second long stretch drops everything after the first gap and skips again: the prompt and
+  // the latest 4 tokens.
+  std::vector<int32_t> later = next;
+  const std::vector<int32_t> tail = Context(9, 13);
+  later.insert(later.end(), tail.begin(), tail.end());
+  const int64_t skipped = d.skipped_tokens();
+  ASSERT_TRUE(d.Propose(2, later, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(Spliced(prompt, later, later.size() - 4, later.size()), 3));
+  // The cache covered `next` (the draft after it was rejected): the rest but 4 is skipped.
+  EXPECT_EQ(d.skipped_tokens(),
+            skipped + static_cast<int64_t>(later.size() - 4 - next.size()));
+  // A context that disagrees before the gap drops the gap: its new text is fed (the last 4).
+  std::vector<int32_t> other = later;
+  other[1] = (other[1] + 1) % SharedModel()->config().vocab_size;
+  ASSERT_TRUE(d.Propose(2, other, 2, &p).ok());
+  EXPECT_EQ(p.tokens,
+            Reference(Spliced({other[0]}, other, other.size() - 4, other.size()), 2));
+}
+
 TEST(ModelDrafterTest, FeedKeepsTheCacheOneTokenBehindWithoutDrafting) {
   ModelDrafterOptions o;
   o.num_blocks = 64;
