@@ -72,12 +72,14 @@ ABSL_FLAG(int, draft_kv_blocks, 0,
           "tokens each, >= 0); 0: as many as --kv_blocks, so every sequence the target holds "
           "keeps its draft KV (fewer evict the least recently drafted sequences, whose prompts "
           "are then recomputed by the draft model).");
-ABSL_FLAG(int32_t, draft_catch_up_window, 0,
+ABSL_FLAG(std::string, draft_catch_up_window, "auto",
           "With --speculative=draft_model: a sequence whose draft KV lags its context by more "
           "than this many tokens (a new prompt, or tokens decoded without drafts) skips ahead: "
           "the draft model keeps what it holds and is fed only the last this-many tokens, so a "
-          "catch-up costs at most that much (>= 0; 0: every token is fed). Lossless: drafts are "
-          "verified.");
+          "catch-up costs at most that much (0: every token is fed). Lossless: drafts are "
+          "verified. auto: 16 with --spec_adaptive and --spec_select (whose buckets frozen on no "
+          "drafting leave the draft model far behind), 0 otherwise (a fixed draft length drafts "
+          "every step, and skipping part of a new prompt only lowers its acceptance).");
 ABSL_FLAG(bool, spec_adaptive, false,
           "With --speculative: verify per step the number of drafts that maximises expected "
           "tokens per second, from a cost table profiled on the model at start-up.");
@@ -396,11 +398,16 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   o.speculative.draft_threads = o.threads;
   o.speculative.draft_num_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);
-  o.speculative.draft_catch_up_window = absl::GetFlag(FLAGS_draft_catch_up_window);
-  if (o.speculative.draft_catch_up_window < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--draft_catch_up_window: expected >= 0 (0: feed every token), got ",
-                     o.speculative.draft_catch_up_window));
+  const std::string window = absl::GetFlag(FLAGS_draft_catch_up_window);
+  int& window_tokens = o.speculative.draft_catch_up_window;
+  if (window == "auto") {
+    window_tokens = o.speculative.adaptive && o.speculative.select_mode
+                        ? kSelectorDraftCatchUpWindow
+                        : 0;
+  } else if (!absl::SimpleAtoi(window, &window_tokens) || window_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--draft_catch_up_window: expected auto or an integer >= 0 (0: feed every token), got \"",
+        window, "\""));
   }
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(o.speculative));
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());

@@ -68,7 +68,7 @@ ABSL_DECLARE_FLAG(bool, spec_weigh_cut_trials);
 ABSL_DECLARE_FLAG(bool, spec_carry_over_correction);
 ABSL_DECLARE_FLAG(std::string, draft_model);
 ABSL_DECLARE_FLAG(int, draft_kv_blocks);
-ABSL_DECLARE_FLAG(int32_t, draft_catch_up_window);
+ABSL_DECLARE_FLAG(std::string, draft_catch_up_window);
 
 namespace deepinfer::node {
 
@@ -79,6 +79,12 @@ inline constexpr double kNgramTrialRunTokens = 16.0;
 // --spec_catch_up_delay_steps=auto with a draft model (an n-gram drafter has nothing to catch up:
 // 0).
 inline constexpr int kDraftModelCatchUpDelaySteps = 8;
+// --draft_catch_up_window=auto with --spec_adaptive and --spec_select (0 otherwise). Measured
+// beside 0 and 64 in the same rounds (issue 12, session 33; 2 cold + 3 measured rounds): an
+// adaptive draft-model node at 1.32 / 0.96 / 1.17 of no speculation at 1 / 8 / 32 concurrent
+// requests (64: 1.35 / 0.97 / 1.05; 0: 1.14 / 0.89 / 1.01); a fixed k = 2 with 64 at 1.27 / 0.84 /
+// 0.86 against 1.31 / 0.86 / 0.91 without (acceptance 0.58 against 0.64).
+inline constexpr int kSelectorDraftCatchUpWindow = 16;
 
 // WorkerOptions for `role` from the flags above. kInvalidArgument naming the flag
 // ("--kv_blocks: expected > 0, got 0") for a bad value. --log_level is validated here too but

@@ -188,11 +188,18 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_num_blocks, 512);
-  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // default: every token is fed
-  absl::SetFlag(&FLAGS_draft_catch_up_window, 48);
+  // auto: a window under the adaptive selector (on here), none for a fixed draft length.
+  EXPECT_EQ(o->speculative.draft_catch_up_window, kSelectorDraftCatchUpWindow);
+  absl::SetFlag(&FLAGS_draft_catch_up_window, "48");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_catch_up_window, 48);
+  absl::SetFlag(&FLAGS_draft_catch_up_window, "auto");
+  absl::SetFlag(&FLAGS_spec_select, false);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);
+  absl::SetFlag(&FLAGS_spec_select, true);
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).method(), "draft_model");
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).draft_model_id(), "tiny-draft");
   // Off: the other speculative flags are not checked, and the config says only "off".
@@ -273,9 +280,10 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] {
          absl::SetFlag(&FLAGS_speculative, "draft_model");
          absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft");
-         absl::SetFlag(&FLAGS_draft_catch_up_window, -2);
+         absl::SetFlag(&FLAGS_draft_catch_up_window, "-2");
        },
-       "--draft_catch_up_window: expected >= 0 (0: feed every token), got -2"},
+       "--draft_catch_up_window: expected auto or an integer >= 0 (0: feed every token), got "
+       "\"-2\""},
       {[] {
          absl::SetFlag(&FLAGS_speculative, "ngram");
          absl::SetFlag(&FLAGS_ngram_min, 0);
