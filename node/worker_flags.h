@@ -83,7 +83,9 @@ inline constexpr int kDraftModelCatchUpDelaySteps = 8;
 // beside 0 and 64 in the same rounds (issue 12, session 33; 2 cold + 3 measured rounds): an
 // adaptive draft-model node at 1.32 / 0.96 / 1.17 of no speculation at 1 / 8 / 32 concurrent
 // requests (64: 1.35 / 0.97 / 1.05; 0: 1.14 / 0.89 / 1.01); a fixed k = 2 with 64 at 1.27 / 0.84 /
-// 0.86 against 1.31 / 0.86 / 0.91 without (acceptance 0.58 against 0.64).
+// 0.86 against 1.31 / 0.86 / 0.91 without (acceptance 0.58 against 0.64). In the full sweep that
+// followed (4 cold + 3 measured rounds) the adaptive node with 16 ran at 1.30 / 1.03 / 1.03 of no
+// speculation, beside one with 0 at 1.29 / 0.97 / 0.97.
 inline constexpr int kSelectorDraftCatchUpWindow = 16;
 
 // WorkerOptions for `role` from the flags above. kInvalidArgument naming the flag
