@@ -26,13 +26,17 @@ Model* SharedModel() {
   return model;
 }
 
+std::unique_ptr<ModelDrafter> MakeWith(const ModelDrafterOptions& o) {
+  auto d = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
 std::unique_ptr<ModelDrafter> Make(int num_blocks = 64, int block_size = 4) {
   ModelDrafterOptions o;
   o.num_blocks = num_blocks;
   o.block_size = block_size;
-  auto d = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
-  EXPECT_TRUE(d.ok()) << d.status();
-  return *std::move(d);
+  return MakeWith(o);
 }
 
 // Greedy continuation the slow way: a fresh cache and a full forward pass per token (of the
@@ -279,9 +283,9 @@ TEST(ModelDrafterTest, CatchUpWindowSkipsToTheRecentText) {
   o.num_blocks = 64;
   o.block_size = 4;
   o.catch_up_window = 4;
-  auto made = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  ModelDrafter& d = **made;
+  const std::unique_ptr<ModelDrafter> made = MakeWith(o);
+  ASSERT_NE(made, nullptr);
+  ModelDrafter& d = *made;
   // A short prompt is fed whole.
   const std::vector<int32_t> prompt = Context(3, 11);
   DraftProposal p;
