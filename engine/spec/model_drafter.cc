@@ -174,10 +174,7 @@ void ModelDrafter::DropOldestRetired() {
 
 void ModelDrafter::Truncate(SeqCache* seq, int64_t length) {
   if (static_cast<int64_t>(seq->tokens.size()) > length) seq->tokens.resize(length);
-  if (seq->gap_at >= 0 && length <= seq->gap_at) {
-    seq->gap_at = -1;  // nothing past the gap is left
-    seq->gap_len = 0;
-  }
+  if (seq->gap_at >= 0 && length <= seq->gap_at) seq->DropGap();  // nothing past it is left
   const int64_t bs = options_.block_size;
   const size_t keep = static_cast<size_t>((length + bs - 1) / bs);
   while (seq->blocks.size() > keep) {
@@ -370,11 +367,8 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
     const int64_t fed_slots = slots + (w.feed_end - w.start);
     const int64_t positions = w.catching_up ? fed_slots : fed_slots + w.k - 1;
     if (!Reserve(w.seq_id, &seq, positions, pinned)) {
-      if (w.new_gap) {
-        seq.gap_at = -1;  // nothing fed after it
-        seq.gap_len = 0;
-      }
-      continue;  // no room: no draft
+      if (w.new_gap) seq.DropGap();  // nothing fed after it
+      continue;                       // no room: no draft
     }
     w.seq = &seq;
     ready.push_back(w);
@@ -416,10 +410,7 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
       // KV written by this proposal may be partial: keep only what was valid before it.
       for (Work& w : ready) {
         Truncate(w.seq, w.slot_start);
-        if (w.new_gap) {
-          w.seq->gap_at = -1;  // nothing valid after it
-          w.seq->gap_len = 0;
-        }
+        if (w.new_gap) w.seq->DropGap();  // nothing valid after it
         (*out)[w.index] = DraftProposal();
       }
       fail(s);

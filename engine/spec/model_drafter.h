@@ -156,6 +156,10 @@ class ModelDrafter : public Drafter {
     // i + gap_len from gap_at on. gap_at < 0: no gap (slot i is position i).
     int64_t gap_at = -1;
     int64_t gap_len = 0;
+    void DropGap() {
+      gap_at = -1;
+      gap_len = 0;
+    }
   };
   // How much of `context` `seq` holds: its first `slots` cached tokens agree with the context's
   // positions they stand for, up to context position `covered` (slots + gap_len past the gap).
