@@ -164,10 +164,12 @@ ABSL_FLAG(int32_t, spec_trial_run_steps, 3,
           "and the current mode, each run's first step (which starts from the other mode's "
           "state) left unmeasured when above 1 (see --spec_trial_run_max_decoding); 1: single "
           "steps, every one measured.");
-ABSL_FLAG(int32_t, spec_trial_run_unmeasured, 1,
+ABSL_FLAG(std::string, spec_trial_run_unmeasured, "auto",
           "With --spec_select and --spec_trial_run_steps above 1: how many first steps of each "
           "run are left unmeasured (at most the run's length - 1): a forward pass right after "
-          "one of another shape costs more, for more than one step.");
+          "one of another shape costs more, for more than one step; auto: 0 with "
+          "--speculative=ngram (a run of text begins where the other mode's ended, often inside "
+          "a copied stretch, whose first step is a long draft's best), 1 with a draft model.");
 ABSL_FLAG(std::string, spec_trial_run_tokens, "auto",
           "With --spec_select and --spec_trial_run_steps above 1: above 0, a run lasts until its "
           "measured steps have emitted this many tokens per decoding request, instead of "
@@ -350,12 +352,14 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         absl::StrCat("--spec_trial_run_steps: expected >= 1, got ",
                      o.speculative.select_options.trial_run_steps));
   }
-  o.speculative.select_options.trial_run_unmeasured =
-      absl::GetFlag(FLAGS_spec_trial_run_unmeasured);
-  if (o.speculative.select_options.trial_run_unmeasured < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--spec_trial_run_unmeasured: expected >= 1, got ",
-                     o.speculative.select_options.trial_run_unmeasured));
+  const std::string unmeasured = absl::GetFlag(FLAGS_spec_trial_run_unmeasured);
+  int& trial_run_unmeasured = o.speculative.select_options.trial_run_unmeasured;
+  if (unmeasured == "auto") {
+    trial_run_unmeasured = o.speculative.drafter == "ngram" ? 0 : 1;
+  } else if (!absl::SimpleAtoi(unmeasured, &trial_run_unmeasured) || trial_run_unmeasured < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec_trial_run_unmeasured: expected auto or an integer >= 0, got \"", unmeasured,
+        "\""));
   }
   const std::string run_tokens = absl::GetFlag(FLAGS_spec_trial_run_tokens);
   double& trial_run_tokens = o.speculative.select_options.trial_run_tokens;

@@ -55,7 +55,7 @@ ABSL_DECLARE_FLAG(bool, spec_draft_model_history);
 ABSL_DECLARE_FLAG(double, spec_trial_stop_below);
 ABSL_DECLARE_FLAG(double, spec_trial_stop_sequence_steps);
 ABSL_DECLARE_FLAG(int32_t, spec_trial_run_steps);
-ABSL_DECLARE_FLAG(int32_t, spec_trial_run_unmeasured);
+ABSL_DECLARE_FLAG(std::string, spec_trial_run_unmeasured);
 ABSL_DECLARE_FLAG(std::string, spec_trial_run_tokens);
 ABSL_DECLARE_FLAG(int32_t, spec_trial_run_max_decoding);
 ABSL_DECLARE_FLAG(bool, spec_off_epoch_catch_up);

@@ -121,7 +121,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
-  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 0);  // auto with n-gram drafts
   // auto: runs of text with n-gram drafts.
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kNgramTrialRunTokens);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
@@ -137,6 +137,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
   absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 8);
   absl::SetFlag(&FLAGS_spec_trial_run_tokens, "8.5");
+  absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "2");
   absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
   absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "3");
   absl::SetFlag(&FLAGS_spec_catch_up_gate, true);
@@ -161,6 +162,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 2);
   EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);
   EXPECT_TRUE(o->speculative.catch_up_gate);
@@ -178,11 +180,14 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_num_blocks, 0);  // as many as the target's cache
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);  // as given
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);       // as given
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 2);     // as given
   absl::SetFlag(&FLAGS_spec_trial_run_tokens, "auto");
   absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "auto");
+  absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "auto");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);  // runs of steps
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, kDraftModelCatchUpDelaySteps);
   absl::SetFlag(&FLAGS_draft_kv_blocks, 512);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
@@ -232,7 +237,10 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
        "--spec_trial_stop_sequence_steps:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, 0); }, "--spec_trial_run_unmeasured:"},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "-1"); },
+       "--spec_trial_run_unmeasured: expected auto or an integer >= 0, got \"-1\""},
+      {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "one"); },
+       "--spec_trial_run_unmeasured:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "-1"); },
        "--spec_trial_run_tokens: expected auto or a finite number >= 0, got \"-1\""},
       {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "inf"); }, "--spec_trial_run_tokens:"},

@@ -37,7 +37,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
       options.freeze_epochs < 1 || !(options.trial_stop_below >= 0.0) ||
       !(options.trial_stop_below <= 1.0) || !(options.trial_stop_sequence_steps >= 0.0) ||
-      options.trial_run_steps < 1 || options.trial_run_unmeasured < 1 ||
+      options.trial_run_steps < 1 || options.trial_run_unmeasured < 0 ||
       !(options.trial_run_tokens >= 0.0) || !std::isfinite(options.trial_run_tokens) ||
       options.trial_run_max_decoding < 0 || !(options.catch_up_horizon_seconds > 0.0) ||
       !(options.inherit_weight > 0.0) || !(options.inherit_weight <= 1.0) ||
@@ -50,7 +50,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
-        "trial_run_steps >= 1, trial_run_unmeasured >= 1, finite trial_run_tokens >= 0, "
+        "trial_run_steps >= 1, trial_run_unmeasured >= 0, finite trial_run_tokens >= 0, "
         "trial_run_max_decoding >= 0, "
         "catch_up_horizon_seconds > 0, 0 < "
         "inherit_weight <= 1, catch_up_delay_steps >= 0");
