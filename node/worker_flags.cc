@@ -161,9 +161,9 @@ ABSL_FLAG(double, spec_trial_stop_sequence_steps, 32,
           "a mode just below --spec_trial_stop_below; x log(that) / log(its ratio) for others.");
 ABSL_FLAG(int32_t, spec_trial_run_steps, 3,
           "With --spec_select: a trial alternates runs of this many steps of the mode on trial "
-          "and the current mode, each run's first step (which starts from the other mode's "
-          "state) left unmeasured when above 1 (see --spec_trial_run_max_decoding); 1: single "
-          "steps, every one measured.");
+          "and the current mode, each run's first --spec_trial_run_unmeasured steps (which start "
+          "from the other mode's state) left unmeasured (see --spec_trial_run_max_decoding); 1: "
+          "single steps, every one measured.");
 ABSL_FLAG(std::string, spec_trial_run_unmeasured, "auto",
           "With --spec_select and --spec_trial_run_steps above 1: how many first steps of each "
           "run are left unmeasured (at most the run's length - 1): a forward pass right after "
