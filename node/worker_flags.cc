@@ -207,6 +207,21 @@ absl::Status Positive(absl::string_view flag, int value) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected > 0, got ", value));
 }
 
+// A count flag that also takes "auto": `automatic` for auto, else an integer >= 0 (`zero_means`,
+// if not empty, says in the error what 0 does).
+absl::Status AutoCount(absl::string_view flag, const std::string& value, int automatic,
+                       int* out, absl::string_view zero_means = "") {
+  if (value == "auto") {
+    *out = automatic;
+    return absl::OkStatus();
+  }
+  if (absl::SimpleAtoi(value, out) && *out >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, ": expected auto or an integer >= 0",
+                   zero_means.empty() ? "" : absl::StrCat(" (0: ", zero_means, ")"), ", got \"",
+                   value, "\""));
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole role) {
@@ -352,14 +367,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         absl::StrCat("--spec_trial_run_steps: expected >= 1, got ",
                      o.speculative.select_options.trial_run_steps));
   }
-  const std::string unmeasured = absl::GetFlag(FLAGS_spec_trial_run_unmeasured);
-  int& trial_run_unmeasured = o.speculative.select_options.trial_run_unmeasured;
-  if (unmeasured == "auto") {
-    trial_run_unmeasured = o.speculative.drafter == "ngram" ? 0 : 1;
-  } else if (!absl::SimpleAtoi(unmeasured, &trial_run_unmeasured) || trial_run_unmeasured < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--spec_trial_run_unmeasured: expected auto or an integer >= 0, got \"", unmeasured,
-        "\""));
+  if (absl::Status s = AutoCount("spec_trial_run_unmeasured",
+                                  absl::GetFlag(FLAGS_spec_trial_run_unmeasured),
+                                  o.speculative.drafter == "ngram" ? 0 : 1,
+                                  &o.speculative.select_options.trial_run_unmeasured);
+      !s.ok()) {
+    return s;
   }
   const std::string run_tokens = absl::GetFlag(FLAGS_spec_trial_run_tokens);
   double& trial_run_tokens = o.speculative.select_options.trial_run_tokens;
@@ -373,13 +386,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   }
   o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
   o.speculative.catch_up_gate = absl::GetFlag(FLAGS_spec_catch_up_gate);
-  const std::string delay = absl::GetFlag(FLAGS_spec_catch_up_delay_steps);
-  int& delay_steps = o.speculative.select_options.catch_up_delay_steps;
-  if (delay == "auto") {
-    delay_steps = o.speculative.drafter == "ngram" ? 0 : kDraftModelCatchUpDelaySteps;
-  } else if (!absl::SimpleAtoi(delay, &delay_steps) || delay_steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--spec_catch_up_delay_steps: expected auto or an integer >= 0, got \"", delay, "\""));
+  if (absl::Status s = AutoCount(
+          "spec_catch_up_delay_steps", absl::GetFlag(FLAGS_spec_catch_up_delay_steps),
+          o.speculative.drafter == "ngram" ? 0 : kDraftModelCatchUpDelaySteps,
+          &o.speculative.select_options.catch_up_delay_steps);
+      !s.ok()) {
+    return s;
   }
   o.speculative.select_options.trial_run_max_decoding =
       absl::GetFlag(FLAGS_spec_trial_run_max_decoding);
@@ -402,16 +414,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.draft_model_path = absl::GetFlag(FLAGS_draft_model);
   o.speculative.draft_threads = o.threads;
   o.speculative.draft_num_blocks = absl::GetFlag(FLAGS_draft_kv_blocks);
-  const std::string window = absl::GetFlag(FLAGS_draft_catch_up_window);
-  int& window_tokens = o.speculative.draft_catch_up_window;
-  if (window == "auto") {
-    window_tokens = o.speculative.adaptive && o.speculative.select_mode
-                        ? kSelectorDraftCatchUpWindow
-                        : 0;
-  } else if (!absl::SimpleAtoi(window, &window_tokens) || window_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--draft_catch_up_window: expected auto or an integer >= 0 (0: feed every token), got \"",
-        window, "\""));
+  if (absl::Status s = AutoCount(
+          "draft_catch_up_window", absl::GetFlag(FLAGS_draft_catch_up_window),
+          o.speculative.adaptive && o.speculative.select_mode ? kSelectorDraftCatchUpWindow : 0,
+          &o.speculative.draft_catch_up_window, "feed every token");
+      !s.ok()) {
+    return s;
   }
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(o.speculative));
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());
