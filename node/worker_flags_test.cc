@@ -193,8 +193,8 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_num_blocks, 512);
-  // auto: a window under the adaptive selector (on here), none for a fixed draft length.
-  EXPECT_EQ(o->speculative.draft_catch_up_window, kSelectorDraftCatchUpWindow);
+  // auto: the window, under the adaptive selector (on here) and with a fixed draft length.
+  EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
   absl::SetFlag(&FLAGS_draft_catch_up_window, "48");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -203,7 +203,12 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_select, false);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);
+  EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
+  absl::SetFlag(&FLAGS_draft_catch_up_window, "0");
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // every token fed
+  absl::SetFlag(&FLAGS_draft_catch_up_window, "auto");
   absl::SetFlag(&FLAGS_spec_select, true);
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).method(), "draft_model");
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).draft_model_id(), "tiny-draft");
