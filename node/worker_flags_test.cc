@@ -193,7 +193,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_num_blocks, 512);
-  // auto: the window, under the adaptive selector (on here) and with a fixed draft length.
+  // auto: the window under the adaptive selector (on here), and for fixed drafts of up to 2.
   EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
   absl::SetFlag(&FLAGS_draft_catch_up_window, "48");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
@@ -201,9 +201,16 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_catch_up_window, 48);
   absl::SetFlag(&FLAGS_draft_catch_up_window, "auto");
   absl::SetFlag(&FLAGS_spec_select, false);
+  const int k = absl::GetFlag(FLAGS_num_speculative_tokens);
+  absl::SetFlag(&FLAGS_num_speculative_tokens, kDraftCatchUpWindowMaxFixedLength + 1);
+  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // a long fixed draft: none
+  absl::SetFlag(&FLAGS_num_speculative_tokens, kDraftCatchUpWindowMaxFixedLength);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
+  absl::SetFlag(&FLAGS_num_speculative_tokens, k);
   absl::SetFlag(&FLAGS_draft_catch_up_window, "0");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
