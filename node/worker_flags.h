@@ -81,21 +81,23 @@ inline constexpr double kNgramTrialRunTokens = 16.0;
 inline constexpr int kDraftModelCatchUpDelaySteps = 8;
 // --draft_catch_up_window=auto with --spec_adaptive and --spec_select, and with a fixed draft
 // length of at most kDraftCatchUpWindowMaxFixedLength (0 for longer ones). Measured first for the
-// adaptive selector, beside 0 and 64 in the same rounds (issue 12, session 33; 2 cold + 3 measured rounds): an
-// adaptive draft-model node at 1.32 / 0.96 / 1.17 of no speculation at 1 / 8 / 32 concurrent
-// requests (64: 1.35 / 0.97 / 1.05; 0: 1.14 / 0.89 / 1.01); a fixed k = 2 with 64 at 1.27 / 0.84 /
-// 0.86 against 1.31 / 0.86 / 0.91 without (acceptance 0.58 against 0.64). In the full sweep that
-// followed (4 cold + 3 measured rounds) the adaptive node with 16 ran at 1.30 / 1.03 / 1.03 of no
-// speculation, beside one with 0 at 1.29 / 0.97 / 0.97. Then for fixed draft lengths (issue 12,
-// session 35; nodes with 16 beside the same lengths with 0, 6 rounds of one sweep, decode tokens/s
-// over no speculation, medians): k = 1 at 1.40 / 1.21 / 1.15 against 1.28 / 1.10 / 1.02, k = 2
-// at 1.42 / 1.10 / 1.09 against 1.40 / 1.09 / 0.97. At 17-32 decoding sequences k = 1's drafting
-// round took 1.46 ms against 4.28 (the draft model attending to the whole conversation), for 1.75
-// emitted tokens per sequence-step against 1.80. Longer drafts lost with it (the next sweep, all
-// fixed lengths with 16, against the one before with 0: tokens per step for k = 4 2.48 against
-// 2.83, k = 8 2.70 against 3.31, k = 2 2.10 against 2.21, k = 1 1.74 against 1.75; k = 4 at 0.99
-// / 1.00 / 0.89 of no speculation against 1.25 / 1.02 / 0.92): their later positions are accepted
-// where the draft model copies from earlier turns, which the window hides from it.
+// adaptive selector, beside 0 and 64 in the same rounds (issue 12, session 33; 2 cold + 3 measured
+// rounds): an adaptive draft-model node at 1.32 / 0.96 / 1.17 of no speculation at 1 / 8 / 32
+// concurrent requests (64: 1.35 / 0.97 / 1.05; 0: 1.14 / 0.89 / 1.01); a fixed k = 2 with 64 at
+// 1.27 / 0.84 / 0.86 against 1.31 / 0.86 / 0.91 without (acceptance 0.58 against 0.64). In the full
+// sweep that followed (4 cold + 3 measured rounds) the adaptive node with 16 ran at 1.30 / 1.03 /
+// 1.03 of no speculation, beside one with 0 at 1.29 / 0.97 / 0.97. Then for fixed draft lengths
+// (issue 12, session 35; nodes with 16 beside the same lengths with 0, 6 rounds of one sweep,
+// decode tokens/s over no speculation, medians): k = 1 at 1.40 / 1.21 / 1.15 against 1.28 / 1.10 /
+// 1.02, k = 2 at 1.42 / 1.10 / 1.09 against 1.40 / 1.09 / 0.97. At 17-32 decoding sequences k = 1's
+// drafting round took 1.46 ms against 4.28 (the draft model attending to the whole conversation),
+// for 1.75 emitted tokens per sequence-step against 1.80. Longer drafts lost with it (the next
+// sweep, all fixed lengths with 16, against the one before with 0: tokens per step for k = 4 2.48
+// against 2.83, k = 8 2.70 against 3.31, k = 2 2.10 against 2.21, k = 1 1.74 against 1.75; k = 4 at
+// 0.99 / 1.00 / 0.89 of no speculation against 1.25 / 1.02 / 0.92): their later positions are
+// accepted where the draft model copies from earlier turns, which the window hides from it. With 0
+// again (the sweep after that), k = 4 emitted 2.75-2.95 tokens per step and ran 1.11 of no
+// speculation at one request.
 inline constexpr int kDraftCatchUpWindow = 16;
 inline constexpr int kDraftCatchUpWindowMaxFixedLength = 2;
 
