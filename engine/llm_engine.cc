@@ -1669,6 +1669,17 @@ void LlmEngine::Process(Step& step) {
             "at {:.0f} tokens/s",
             selector_->epochs(), selector_->length(selector_->current()),
             last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
+        const spec::DraftModeSelector::LastTrial& trial = selector_->last_trial();
+        if (trial.epoch >= 0 && trial.epoch != logged_trial_epoch_) {
+          logged_trial_epoch_ = trial.epoch;
+          spdlog::debug(
+              "speculative: trial of mode {} against {} in bucket {} ({} and {} measured steps): "
+              "{:.1f}% of its rate, weight {:.2f}; rated {:.1f}%",
+              selector_->length(trial.mode), selector_->length(trial.incumbent),
+              spec::DraftModeSelector::BucketName(trial.bucket), trial.steps,
+              trial.incumbent_steps, 100.0 * std::exp(trial.log_ratio), trial.weight,
+              100.0 * std::exp(trial.score));
+        }
         if (selector_->epochs() % kSelectorLogEpochs == 0) {
           spdlog::info(
               "speculative: measured modes (tokens/s by decoding sequences) {}; draft model "
@@ -1843,7 +1854,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // sequence's draft where the next token is not worth it (SpecOptions::draft_stop_extend).
       l = spec::ExtendDraftLength(*length, so.draft_stop_extend);
     }
-    if (l >= 2 && !probe && !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
+    if (l >= 2 && !probe && so.draft_length_check &&
+        !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
       // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
       // fewer tokens per second than steps that drafted 1 (spec::DraftingRateCheck).
       l = 1;

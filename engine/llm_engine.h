@@ -235,6 +235,12 @@ struct SpecOptions {
   // long drafts (steps drafting 2 or more against steps drafting 1) still overrules it. Still
   // lossless: L comes from earlier steps' estimates. 0: the best L.
   double draft_stop_extend = 0.0;
+  // Adaptive, draft model: the measured check on long drafts (length_check_ in LlmEngine; see
+  // spec::DraftingRateCheck): where the plan's steps that drafted 2 or more tokens per sequence
+  // realised fewer tokens per second than its steps that drafted 1, the planned length is cut to
+  // 1. It only sees the plan's own steps, so once it vetoes, long drafts are no longer measured
+  // until its data fades (about 140 of the plan's steps in the bucket). False: no such cut.
+  bool draft_length_check = true;
   // Adaptive with select_mode, draft model: a sequence whose draft KV is far behind (a new
   // prompt, or tokens decoded while its bucket drafted nothing and skipped the upkeep) is caught
   // up, for drafting or by the upkeep, only where drafting's steady gain in that bucket
@@ -711,6 +717,7 @@ class LlmEngine {
   // Adaptive with SpecOptions::select_mode: chooses between the plan, fixed lengths and no
   // drafting by measured tokens per second (scheduler thread only).
   std::optional<spec::DraftModeSelector> selector_;
+  int64_t logged_trial_epoch_ = -1;  // the selector's last trial already logged
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;
   // When the last step's outputs were processed (scheduler thread); the period of an overlapped

@@ -154,6 +154,10 @@ ABSL_FLAG(double, spec_draft_stop_extend, 0.0,
           "With --spec_adaptive and a draft model: draft up to the longest length whose predicted "
           "tokens/s is within this fraction of the best length's, each request stopping where "
           "the next token's estimated acceptance is not worth its cost (0: the best length).");
+ABSL_FLAG(bool, spec_draft_length_check, true,
+          "With --spec_adaptive and a draft model: cut the planned draft length to 1 token where "
+          "the plan's steps that drafted 2 or more tokens per request realised fewer tokens/s "
+          "than its steps that drafted 1 (at that many decoding requests).");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "
@@ -350,6 +354,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.draft_model_history = absl::GetFlag(FLAGS_spec_draft_model_history);
   o.speculative.draft_stop_measured_rate = absl::GetFlag(FLAGS_spec_draft_stop_measured_rate);
   o.speculative.draft_stop_extend = absl::GetFlag(FLAGS_spec_draft_stop_extend);
+  o.speculative.draft_length_check = absl::GetFlag(FLAGS_spec_draft_length_check);
   if (!(o.speculative.draft_stop_extend >= 0.0 && o.speculative.draft_stop_extend < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--spec_draft_stop_extend: expected a fraction in [0, 1), got ",

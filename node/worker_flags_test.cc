@@ -118,6 +118,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_FALSE(o->speculative.draft_model_history);
   EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.0);
+  EXPECT_TRUE(o->speculative.draft_length_check);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
@@ -132,6 +133,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_extend, 0.25);
+  absl::SetFlag(&FLAGS_spec_draft_length_check, false);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
@@ -157,6 +159,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_TRUE(o->speculative.draft_model_history);
   EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.25);
+  EXPECT_FALSE(o->speculative.draft_length_check);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);

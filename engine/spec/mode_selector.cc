@@ -88,6 +88,12 @@ int DraftModeSelector::Bucket(int decoding) {
   return b;
 }
 
+std::string DraftModeSelector::BucketName(int bucket) {
+  const int hi = 1 << bucket;
+  const int lo = bucket == 0 ? 1 : (1 << (bucket - 1)) + 1;
+  return lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi);
+}
+
 DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
   if (buckets_.size() <= static_cast<size_t>(b)) buckets_.resize(b + 1);
   if (buckets_[b].modes.empty()) {
@@ -356,7 +362,17 @@ void DraftModeSelector::FinishEpoch() {
       }
       const double x = std::log(std::max(mine_tokens, 1e-9) / mine.rate_seconds /
                                 (std::max(their_tokens, 1e-9) / theirs.rate_seconds));
-      ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0), TrialWeight());
+      const double w = TrialWeight();
+      ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0), w);
+      last_trial_ = LastTrial{epochs_,
+                              epoch_bucket_,
+                              current_,
+                              partner_,
+                              x,
+                              w,
+                              mine.rate_steps,
+                              theirs.rate_steps,
+                              Score(bucket, current_)};
       MaybeSwitch(bucket);
     }
   } else {
@@ -756,10 +772,7 @@ std::string DraftModeSelector::DebugString() const {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const BucketStats& bucket = buckets_[b];
     if (bucket.incumbent < 0) continue;
-    const int hi = 1 << b;
-    const int lo = b == 0 ? 1 : (1 << (b - 1)) + 1;
-    absl::StrAppend(&out, out.empty() ? "" : "; ",
-                    lo == hi ? absl::StrCat(lo) : absl::StrCat(lo, "-", hi),
+    absl::StrAppend(&out, out.empty() ? "" : "; ", BucketName(static_cast<int>(b)),
                     Frozen(bucket) ? " (frozen)" : "", ":");
     for (int m = 0; m < num_modes(); ++m) {
       const int l = lengths_[m];

@@ -505,7 +505,25 @@ class DraftModeSelector {
   // none). For logs.
   double last_epoch_rate() const { return last_.rate; }
   int last_epoch_mode() const { return last_.mode; }
+  // The last finished interleaved trial (epoch -1: none yet): its epoch, bucket, mode on trial
+  // and the incumbent it alternated with, its observation log(rate / the incumbent's) and weight,
+  // each side's measured steps in the bucket, and the mode's score right after it (before any
+  // switch). For logs.
+  struct LastTrial {
+    int64_t epoch = -1;
+    int bucket = -1;
+    int mode = -1;
+    int incumbent = -1;
+    double log_ratio = 0.0;
+    double weight = 0.0;
+    int steps = 0;
+    int incumbent_steps = 0;
+    double score = 0.0;
+  };
+  const LastTrial& last_trial() const { return last_trial_; }
   static int Bucket(int decoding);
+  // A bucket's decoding counts, "1", "3-4", "17-32".
+  static std::string BucketName(int bucket);
   // Per bucket with data: each mode's rate relative to the incumbent in percent, the incumbent
   // marked with '*', e.g. "1: plan 91 k1 100* k2 97 off 70; 5-8: ...". For logs.
   std::string DebugString() const;
@@ -631,6 +649,7 @@ class DraftModeSelector {
   int warmup_taken_ = 0;             // of them, returned since the change
   bool last_unmeasured_ = false;     // the latest Choose returned measured = false
   LastEpoch last_;
+  LastTrial last_trial_;
   int64_t epochs_ = 0;
   int64_t explorations_ = 0;
   int64_t switches_ = 0;

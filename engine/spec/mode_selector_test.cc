@@ -752,10 +752,32 @@ TEST(DraftModeSelectorTest, TrialsAlternateWithTheIncumbentAfterTheWarmUp) {
   EXPECT_EQ(r.modes, std::vector<int>({0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0}));
   EXPECT_EQ(r.measured, std::vector<int>({0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1}));
   EXPECT_EQ(r.selector->partner(), 0);
+  EXPECT_EQ(r.selector->last_trial().epoch, -1);
   r.selector->Choose(2);  // the trial ends: 50% faster, mode 1 takes over
   EXPECT_EQ(r.selector->Incumbent(2), 1);
   EXPECT_NEAR(r.selector->Relative(2, 0), 100.0 / 150.0, 1e-9);
   EXPECT_EQ(r.selector->partner(), -1);
+  // The trial as logged: mode 1 against mode 0 in bucket 2 (2 sequences), 4 measured steps a
+  // side, 50% faster, a whole trial, rated at its one observation before the switch.
+  const DraftModeSelector::LastTrial& t = r.selector->last_trial();
+  EXPECT_EQ(t.epoch, 2);
+  EXPECT_EQ(t.bucket, DraftModeSelector::Bucket(2));
+  EXPECT_EQ(DraftModeSelector::BucketName(t.bucket), "2");
+  EXPECT_EQ(t.mode, 1);
+  EXPECT_EQ(t.incumbent, 0);
+  EXPECT_NEAR(t.log_ratio, std::log(1.5), 1e-9);
+  EXPECT_DOUBLE_EQ(t.weight, 1.0);
+  EXPECT_EQ(t.steps, 4);
+  EXPECT_EQ(t.incumbent_steps, 4);
+  EXPECT_NEAR(t.score, std::log(1.5), 1e-9);
+}
+
+TEST(DraftModeSelectorTest, BucketNamesGiveTheirDecodingCounts) {
+  EXPECT_EQ(DraftModeSelector::BucketName(DraftModeSelector::Bucket(1)), "1");
+  EXPECT_EQ(DraftModeSelector::BucketName(DraftModeSelector::Bucket(3)), "3-4");
+  EXPECT_EQ(DraftModeSelector::BucketName(DraftModeSelector::Bucket(4)), "3-4");
+  EXPECT_EQ(DraftModeSelector::BucketName(DraftModeSelector::Bucket(17)), "17-32");
+  EXPECT_EQ(DraftModeSelector::BucketName(DraftModeSelector::Bucket(32)), "17-32");
 }
 
 // A bucket the decoding count only passes through: visits of 6 steps at 8 sequences between
