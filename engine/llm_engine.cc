@@ -221,6 +221,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       return absl::InvalidArgumentError(absl::StrCat(
           "speculative.draft_stop_extend: expected [0, 1), got ", so.draft_stop_extend));
     }
+    if (so.draft_stop_extend_min_decoding < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculative.draft_stop_extend_min_decoding: expected >= 1, got ",
+                       so.draft_stop_extend_min_decoding));
+    }
     if (so.drafter == "draft_model") {
       if (so.draft_model_path.empty()) {
         return absl::InvalidArgumentError(
@@ -1849,7 +1854,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     int l = length.ok() ? length->length : k;
-    if (!probe && length.ok() && model_drafter_ != nullptr) {
+    if (!probe && length.ok() && model_drafter_ != nullptr &&
+        static_cast<int>(decodes.size()) >= so.draft_stop_extend_min_decoding) {
       // Up to the longest L nearly as good as the best: the confidence stop below cuts each
       // sequence's draft where the next token is not worth it (SpecOptions::draft_stop_extend).
       l = spec::ExtendDraftLength(*length, so.draft_stop_extend);

@@ -570,6 +570,11 @@ TEST(SpecEngineLlamaTest, RejectsBadSpeculativeOptions) {
   EXPECT_NE(LlmEngine::Create(model.get(), o).status().message().find(
                 "speculative.draft_stop_extend"),
             std::string::npos);
+  o = WithSpec(BaseOptions(), 4, false);
+  o.speculative.draft_stop_extend_min_decoding = 0;
+  EXPECT_NE(LlmEngine::Create(model.get(), o).status().message().find(
+                "speculative.draft_stop_extend_min_decoding"),
+            std::string::npos);
 }
 
 EngineOptions WithDraftModel(EngineOptions o, const std::string& dir, int k, bool adaptive) {

@@ -150,11 +150,15 @@ ABSL_FLAG(bool, spec_draft_stop_measured_rate, false,
           "token's estimated acceptance is worth less than its cost at the tokens/s the plan's "
           "drafting steps realised (at that many decoding requests); default: at the plan's "
           "predicted tokens/s (the realised rate drafted longer and measured worse).");
-ABSL_FLAG(double, spec_draft_stop_extend, 0.0,
+ABSL_FLAG(double, spec_draft_stop_extend, 0.25,
           "With --spec_adaptive and a draft model: draft up to the longest length whose predicted "
           "tokens/s is within this fraction of the best length's, each request stopping where "
-          "the next token's estimated acceptance is not worth its cost (0: the best length).");
-ABSL_FLAG(bool, spec_draft_length_check, true,
+          "the next token's estimated acceptance is not worth its cost (0: the best length), at "
+          "--spec_draft_stop_extend_min_decoding or more decoding requests.");
+ABSL_FLAG(int32_t, spec_draft_stop_extend_min_decoding, 3,
+          "With --spec_draft_stop_extend: the fewest decoding requests at which a step extends "
+          "its draft length (fewer draft the best length).");
+ABSL_FLAG(bool, spec_draft_length_check, false,
           "With --spec_adaptive and a draft model: cut the planned draft length to 1 token where "
           "the plan's steps that drafted 2 or more tokens per request realised fewer tokens/s "
           "than its steps that drafted 1 (at that many decoding requests).");
@@ -355,6 +359,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.draft_stop_measured_rate = absl::GetFlag(FLAGS_spec_draft_stop_measured_rate);
   o.speculative.draft_stop_extend = absl::GetFlag(FLAGS_spec_draft_stop_extend);
   o.speculative.draft_length_check = absl::GetFlag(FLAGS_spec_draft_length_check);
+  o.speculative.draft_stop_extend_min_decoding =
+      absl::GetFlag(FLAGS_spec_draft_stop_extend_min_decoding);
+  if (o.speculative.draft_stop_extend_min_decoding < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_draft_stop_extend_min_decoding: expected >= 1, got ",
+                     o.speculative.draft_stop_extend_min_decoding));
+  }
   if (!(o.speculative.draft_stop_extend >= 0.0 && o.speculative.draft_stop_extend < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--spec_draft_stop_extend: expected a fraction in [0, 1), got ",

@@ -117,8 +117,9 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_FALSE(o->speculative.ngram_history);
   EXPECT_FALSE(o->speculative.draft_model_history);
   EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
-  EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.0);
-  EXPECT_TRUE(o->speculative.draft_length_check);
+  EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.25);
+  EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 3);
+  EXPECT_FALSE(o->speculative.draft_length_check);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
@@ -132,8 +133,9 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
-  absl::SetFlag(&FLAGS_spec_draft_stop_extend, 0.25);
-  absl::SetFlag(&FLAGS_spec_draft_length_check, false);
+  absl::SetFlag(&FLAGS_spec_draft_stop_extend, 0.5);
+  absl::SetFlag(&FLAGS_spec_draft_stop_extend_min_decoding, 1);
+  absl::SetFlag(&FLAGS_spec_draft_length_check, true);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
@@ -158,8 +160,9 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_TRUE(o->speculative.draft_model_history);
   EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
-  EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.25);
-  EXPECT_FALSE(o->speculative.draft_length_check);
+  EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.5);
+  EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 1);
+  EXPECT_TRUE(o->speculative.draft_length_check);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);
@@ -326,6 +329,8 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
        "--spec_select_max_length: expected [0, --num_speculative_tokens = 8], got 16"},
       {[] { absl::SetFlag(&FLAGS_spec_draft_stop_extend, 1.0); },
        "--spec_draft_stop_extend: expected a fraction in [0, 1), got 1"},
+      {[] { absl::SetFlag(&FLAGS_spec_draft_stop_extend_min_decoding, 0); },
+       "--spec_draft_stop_extend_min_decoding: expected >= 1, got 0"},
   };
   for (const Case& c : cases) {
     absl::FlagSaver restore;
