@@ -364,15 +364,15 @@ void DraftModeSelector::FinishEpoch() {
                                 (std::max(their_tokens, 1e-9) / theirs.rate_seconds));
       const double w = TrialWeight();
       ComparePaired(bucket, current_, std::clamp(x, -5.0, 5.0), w);
-      last_trial_ = LastTrial{epochs_,
-                              epoch_bucket_,
-                              current_,
-                              partner_,
-                              x,
-                              w,
-                              mine.rate_steps,
-                              theirs.rate_steps,
-                              Score(bucket, current_)};
+      last_trial_ = LastTrial{.epoch = epochs_,
+                              .bucket = epoch_bucket_,
+                              .mode = current_,
+                              .incumbent = partner_,
+                              .log_ratio = x,
+                              .weight = w,
+                              .steps = mine.rate_steps,
+                              .incumbent_steps = theirs.rate_steps,
+                              .score = Score(bucket, current_)};
       MaybeSwitch(bucket);
     }
   } else {
