@@ -113,6 +113,11 @@ ABSL_FLAG(int32_t, spec_min_gap_epochs, 4,
 ABSL_FLAG(double, spec_cost_decay, 0.9,
           "With --spec_select: the weight of a mode's older trials in its score, in [0, 1): "
           "higher averages more trials (less noise, slower to follow a change).");
+ABSL_FLAG(double, spec_switch_margin, 0.01,
+          "With --spec_select: how much faster (in log tokens/s, >= 0) a mode must measure than "
+          "the current one of its bucket of decoding-request counts to take the bucket over; "
+          "higher keeps a bucket with its mode through near-ties (each change of mode pays a "
+          "warm-up).");
 ABSL_FLAG(bool, spec_interleave, true,
           "With --spec_select: a losing mode is re-measured in a trial that alternates its steps "
           "with the current mode's, so both see the same machine speed and text; "
@@ -347,6 +352,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         o.speculative.select_options.cost_decay < 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--spec_cost_decay: expected [0, 1), got ",
                                                    o.speculative.select_options.cost_decay));
+  }
+  o.speculative.select_options.switch_margin = absl::GetFlag(FLAGS_spec_switch_margin);
+  if (!(o.speculative.select_options.switch_margin >= 0.0 &&
+        o.speculative.select_options.switch_margin < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec_switch_margin: expected [0, 1), got ",
+                                                   o.speculative.select_options.switch_margin));
   }
   o.speculative.select_options.freeze_epochs = absl::GetFlag(FLAGS_spec_freeze_epochs);
   if (o.speculative.select_options.freeze_epochs < 1) {

@@ -52,6 +52,7 @@ ABSL_DECLARE_FLAG(double, spec_freeze_below);
 ABSL_DECLARE_FLAG(int32_t, spec_freeze_epochs);
 ABSL_DECLARE_FLAG(int32_t, spec_min_gap_epochs);
 ABSL_DECLARE_FLAG(double, spec_cost_decay);
+ABSL_DECLARE_FLAG(double, spec_switch_margin);
 ABSL_DECLARE_FLAG(bool, spec_ngram_history);
 ABSL_DECLARE_FLAG(bool, spec_draft_model_history);
 ABSL_DECLARE_FLAG(double, spec_trial_stop_below);

@@ -148,15 +148,18 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.01);
   absl::SetFlag(&FLAGS_spec_min_gap_epochs, 16);
   EXPECT_EQ(o->speculative.select_max_length, 0);  // the fixed lengths go up to k
   absl::SetFlag(&FLAGS_spec_cost_decay, 0.7);
+  absl::SetFlag(&FLAGS_spec_switch_margin, 0.03);
   absl::SetFlag(&FLAGS_spec_select_max_length, 2);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_max_length, 2);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 16);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.03);
   EXPECT_TRUE(o->speculative.ngram_history);
   EXPECT_TRUE(o->speculative.draft_model_history);
   EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
@@ -251,6 +254,8 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_min_gap_epochs, 129); }, "--spec_min_gap_epochs:"},
       {[] { absl::SetFlag(&FLAGS_spec_cost_decay, 1.0); }, "--spec_cost_decay:"},
       {[] { absl::SetFlag(&FLAGS_spec_cost_decay, -0.1); }, "--spec_cost_decay:"},
+      {[] { absl::SetFlag(&FLAGS_spec_switch_margin, -0.01); }, "--spec_switch_margin:"},
+      {[] { absl::SetFlag(&FLAGS_spec_switch_margin, 1.0); }, "--spec_switch_margin:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_below, -0.1); }, "--spec_trial_stop_below:"},
       {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
        "--spec_trial_stop_sequence_steps:"},
