@@ -1844,6 +1844,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   bool no_draft = false;
   bool length_vetoed = false;
   double keep_threshold = -1.0;  // >= 0: draft-model drafts stop by confidence (below)
+  int probe_seq = -1;            // a probe's sequence (index into decodes), if any
   if (adaptive && calibration_ != nullptr && spare > 0) {
     // A draft model pays for every token it drafts, verified or not: one draft length for the
     // step, chosen before drafting from the prior rows and the target's and the draft's costs.
@@ -1872,7 +1873,6 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // A probe drafts one token more for one sequence: the one whose draft cache lags least (a
     // sequence not drafted for a while first feeds everything since into the draft model, which
     // for a whole batch would cost more than the probe learns). Chosen from the contexts only.
-    int probe_seq = -1;
     if (probe && model_drafter_ != nullptr) {
       int64_t least = 0;
       for (size_t i = 0; i < decodes.size(); ++i) {
@@ -1891,11 +1891,13 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
                               : l;
       caps[i] = std::min(caps[i], allowed);
     }
-    if (l > 1 && !probe && length.ok() && length->adaptive && model_drafter_ != nullptr) {
+    if (l + (probe_seq >= 0 ? 1 : 0) > 1 && (!probe || so.probe_past_stop) && length.ok() &&
+        length->adaptive && model_drafter_ != nullptr) {
       // Within the plan's L, each sequence stops drafting early once the draft's own confidence
       // (known before each token is drawn) says the next token is not worth its time: position
       // j >= 1 is drafted (and then verified) while its calibrated survival a_j is at least the
-      // plan's rate x (one more verified token + its share of a draft round).
+      // plan's rate x (one more verified token + its share of a draft round). A probe's sequence
+      // drafts one position past its stop (spec::ConfidenceStop).
       const double t0 = static_cast<double>(shape.step_tokens + length->budget);
       const double verify_token =
           shape.cost_scale * (cost_->StepSeconds(t0 + 1.0, shape.step_requests) -
@@ -1934,12 +1936,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (keep_threshold >= 0.0) {
       // a_j = prod_{i<=j} c(confidence_i): the first token is always drafted (the catch-up
       // round that computes it is paid once drafting is on), later ones while a_j is worth it.
-      const spec::DraftCalibration* calibration = CalibrationFor(seq->draft_history);
-      r.keep_drafting = [calibration, keep_threshold, survival = 1.0](int position,
-                                                                      float confidence) mutable {
-        survival *= calibration->Conditional(confidence);
-        return position == 0 || survival >= keep_threshold;
-      };
+      r.keep_drafting = spec::ConfidenceStop(CalibrationFor(seq->draft_history), keep_threshold,
+                                             static_cast<int>(i) == probe_seq ? 1 : 0);
     }
     requests.push_back(r);
     asked.push_back(seq);

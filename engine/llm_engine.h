@@ -161,8 +161,8 @@ struct SpecOptions {
   // lengths) would verify none: then it is not asked. Probes count steps with decoding sequences;
   // one falls due at the next that can draft. Probing: every `probe_interval`-th adaptive step
   // verifies one draft more per sequence than the plan (a draft model drafts one more for the one
-  // sequence whose draft cache lags least, so after a run of L = 0 one sequence catches up and
-  // verifies one token), so that positions the plan stopped verifying keep being observed and
+  // sequence whose draft cache lags least, one position past its confidence stop, so after a run
+  // of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped verifying keep being observed and
   // estimates can recover; 0 turns probing off. While no plan between two probes drafts, the gap
   // doubles (up to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
   // A measured check overrules the plan's "draft": where the steps it drafted in (probes aside)
@@ -272,6 +272,10 @@ struct SpecOptions {
   bool catch_up_gate = false;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
+  // Adaptive, draft model: a probe's sequence drafts one position past its confidence stop
+  // (spec::ConfidenceStop). False (as until issue 12, session 37): it drafts the plan's length + 1
+  // without the stop.
+  bool probe_past_stop = true;
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
   // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
   // (so no other thread may be running the model then).

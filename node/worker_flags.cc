@@ -167,6 +167,10 @@ ABSL_FLAG(bool, spec_draft_length_check, false,
           "With --spec_adaptive and a draft model: cut the planned draft length to 1 token where "
           "the plan's steps that drafted 2 or more tokens per request realised fewer tokens/s "
           "than its steps that drafted 1 (at that many decoding requests).");
+ABSL_FLAG(bool, spec_probe_past_stop, true,
+          "With --spec_adaptive and a draft model: a probe step's request drafts one token past "
+          "where its confidence stop would end its draft; --nospec_probe_past_stop: the planned "
+          "length + 1, whatever the confidences.");
 ABSL_FLAG(double, spec_trial_stop_below, 0.8,
           "With --spec_select: a trial ends early once the mode on trial realised less than this "
           "fraction of the current mode's tokens/s over at least 4 steps and "
@@ -370,6 +374,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.draft_stop_measured_rate = absl::GetFlag(FLAGS_spec_draft_stop_measured_rate);
   o.speculative.draft_stop_extend = absl::GetFlag(FLAGS_spec_draft_stop_extend);
   o.speculative.draft_length_check = absl::GetFlag(FLAGS_spec_draft_length_check);
+  o.speculative.probe_past_stop = absl::GetFlag(FLAGS_spec_probe_past_stop);
   o.speculative.draft_stop_extend_min_decoding =
       absl::GetFlag(FLAGS_spec_draft_stop_extend_min_decoding);
   if (o.speculative.draft_stop_extend_min_decoding < 1) {

@@ -44,6 +44,7 @@ ABSL_DECLARE_FLAG(bool, spec_adaptive);
 ABSL_DECLARE_FLAG(bool, spec_select);
 ABSL_DECLARE_FLAG(bool, spec_draft_stop_measured_rate);
 ABSL_DECLARE_FLAG(bool, spec_draft_length_check);
+ABSL_DECLARE_FLAG(bool, spec_probe_past_stop);
 ABSL_DECLARE_FLAG(int32_t, spec_draft_stop_extend_min_decoding);
 ABSL_DECLARE_FLAG(double, spec_draft_stop_extend);
 ABSL_DECLARE_FLAG(int32_t, spec_select_max_length);

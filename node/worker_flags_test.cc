@@ -120,6 +120,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.25);
   EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 3);
   EXPECT_FALSE(o->speculative.draft_length_check);
+  EXPECT_TRUE(o->speculative.probe_past_stop);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
@@ -136,6 +137,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_draft_stop_extend, 0.5);
   absl::SetFlag(&FLAGS_spec_draft_stop_extend_min_decoding, 1);
   absl::SetFlag(&FLAGS_spec_draft_length_check, true);
+  absl::SetFlag(&FLAGS_spec_probe_past_stop, false);
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
@@ -166,6 +168,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.5);
   EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 1);
   EXPECT_TRUE(o->speculative.draft_length_check);
+  EXPECT_FALSE(o->speculative.probe_past_stop);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);

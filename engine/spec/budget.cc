@@ -505,6 +505,15 @@ double ConfidenceStopThreshold(double planned_rate, const DraftingRateCheck* mea
   return rate * marginal_seconds;
 }
 
+bool ConfidenceStop::operator()(int position, float confidence) {
+  survival_ *= calibration_->Conditional(confidence);
+  if (!declined_ && (position == 0 || survival_ >= threshold_)) return true;
+  declined_ = true;
+  if (past_ <= 0) return false;
+  --past_;
+  return true;
+}
+
 double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int length) {
   double seconds = 0.0;
   for (int r = 0; r < length; ++r) {

@@ -794,6 +794,39 @@ TEST(DraftingRateCheckTest, VetoesMeasuredSlowerDraftingUntilItFades) {
 namespace deepinfer::engine::spec {
 namespace {
 
+// The confidence stop: position 0 always, then while the product of calibrated conditionals
+// holds up; a probe's stop lets exactly `past` positions through after the first it declines,
+// whatever their confidences, and none after them.
+TEST(ConfidenceStopTest, StopsAtTheThresholdAndAProbeGoesOnePositionPast) {
+  DraftCalibration calibration;  // no observations: Conditional(c) = c (the prior)
+  ASSERT_NEAR(calibration.Conditional(0.5), 0.5, 0.05);
+  const double c09 = calibration.Conditional(0.9);
+  const double c05 = calibration.Conditional(0.5);
+  // Threshold between a_1 = c(0.9) c(0.9) and a_2 = a_1 c(0.5).
+  const double threshold = 0.5 * (c09 * c09 + c09 * c09 * c05);
+  ConfidenceStop plain(&calibration, threshold);
+  EXPECT_TRUE(plain(0, 0.01f));  // the first token is always drafted: a_0 ignored
+  ConfidenceStop stop(&calibration, threshold);
+  EXPECT_TRUE(stop(0, 0.9f));
+  EXPECT_TRUE(stop(1, 0.9f));
+  EXPECT_FALSE(stop(2, 0.5f));
+  EXPECT_FALSE(stop(3, 1.0f));  // once declined, never again
+  ConfidenceStop probe(&calibration, threshold, /*past=*/1);
+  EXPECT_TRUE(probe(0, 0.9f));
+  EXPECT_TRUE(probe(1, 0.9f));
+  EXPECT_TRUE(probe(2, 0.5f));   // the declined position, let through
+  EXPECT_FALSE(probe(3, 1.0f));  // and no further, however confident
+  ConfidenceStop two(&calibration, threshold, /*past=*/2);
+  EXPECT_TRUE(two(0, 0.9f));
+  EXPECT_TRUE(two(1, 0.9f));
+  EXPECT_TRUE(two(2, 0.5f));
+  EXPECT_TRUE(two(3, 0.1f));
+  EXPECT_FALSE(two(4, 1.0f));
+  // A threshold of 0 never declines: past is never used.
+  ConfidenceStop open(&calibration, 0.0, /*past=*/1);
+  for (int j = 0; j < 8; ++j) EXPECT_TRUE(open(j, 0.2f)) << j;
+}
+
 // The confidence stop's threshold: the planned rate until the drafting steps at that count weigh
 // min_weight, then their realised tokens per second; other counts' buckets and steps that did not
 // draft do not count; without a check, always the planned rate.
