@@ -1891,8 +1891,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
                               : l;
       caps[i] = std::min(caps[i], allowed);
     }
-    if (l + (probe_seq >= 0 ? 1 : 0) > 1 && (!probe || so.probe_past_stop) && length.ok() &&
-        length->adaptive && model_drafter_ != nullptr) {
+    if ((probe ? so.probe_past_stop && l >= 1 : l > 1) && length.ok() && length->adaptive &&
+        model_drafter_ != nullptr) {
       // Within the plan's L, each sequence stops drafting early once the draft's own confidence
       // (known before each token is drawn) says the next token is not worth its time: position
       // j >= 1 is drafted (and then verified) while its calibrated survival a_j is at least the

@@ -162,9 +162,10 @@ struct SpecOptions {
   // one falls due at the next that can draft. Probing: every `probe_interval`-th adaptive step
   // verifies one draft more per sequence than the plan (a draft model drafts one more for the one
   // sequence whose draft cache lags least, one position past its confidence stop, so after a run
-  // of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped verifying keep being observed and
-  // estimates can recover; 0 turns probing off. While no plan between two probes drafts, the gap
-  // doubles (up to 16 x probe_interval), and it returns to probe_interval once a plan drafts again.
+  // of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped
+  // verifying keep being observed and estimates can recover; 0 turns probing off. While no plan
+  // between two probes drafts, the gap doubles (up to 16 x probe_interval), and it returns to
+  // probe_interval once a plan drafts again.
   // A measured check overrules the plan's "draft": where the steps it drafted in (probes aside)
   // emitted fewer tokens per second than those it did not, at the same number of decoding
   // sequences (bucketed by powers of two), the step does not draft, until that measurement fades
