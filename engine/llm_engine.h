@@ -242,7 +242,8 @@ struct SpecOptions {
   // alone 1.79) and 2.08 against 1.90 at 17-32 (2.33 for 1.88; k = 1 alone 2.01), but 1.24
   // against 1.40 at one sequence, where the stop's lower threshold reaches positions whose
   // calibrated survival is optimistic (3 verified, 1 accepted, in a third of its steps), and
-  // 1.30 against 1.42 at 2.
+  // 1.30 against 1.42 at 2. From 5 instead (issue 12, session 38, beside 3 in the same 6 rounds):
+  // 1.097 / 1.093 of no speculation at 8 / 32 concurrent requests against 1.143 / 1.135.
   double draft_stop_extend = 0.25;
   int draft_stop_extend_min_decoding = 3;  // >= 1: fewer decoding sequences draft the best L
   // Adaptive, draft model: the measured check on long drafts (length_check_ in LlmEngine; see

@@ -20,6 +20,8 @@
 #   tools/bench/spec_sweep.sh [MODEL_DIR] [DRAFT_DIR]      (defaults: models/demo, models/demo-draft)
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=6 SWEEP_METHODS="off ngram draft_model" ...
 #   SWEEP_SESSIONS: sessions per run (3 turns each); a concurrency above it runs that many.
+#   Use 16 for a verdict: at 8 a run at 1 or 8 concurrent requests decodes for ~2 s (+-10% a run)
+#   and at 8 requests spends ~40% of its time below 5 decoding (issue 12, session 37).
 #   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 256).
 #   SWEEP_REPEATS (default 1): rounds; each round uses new prompts (seed from round and
 #   concurrency), the same for every configuration. The table shows medians over rounds: tokens/s,
