@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAmx}) {
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
     if (deepinfer::kernels::CpuSupports(isa)) isas.push_back(isa);
   }
   std::printf("batch %d  context %d  heads %d/%d  head_dim %d  (us per sequence, one layer)\n",

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention_amx.h"
+#include "kernels/attention_avx512.h"
 #include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
@@ -149,25 +150,37 @@ void AttentionBatch(const PagedAttentionParams* ps, int count, ThreadPool* pool,
   bool vector = IsaAtLeast(isa, CpuIsa::kAvx2);
   for (int i = 0; i < count; ++i) vector = vector && ps[i].head_dim % 8 == 0;
   if (vector) {
-    // Each sequence on tiles when it can (the choice depends on the sequence alone), else AVX2.
+    // Each sequence on tiles when it can, else on bf16 dot products when it can, else AVX2 (the
+    // choice depends on the sequence alone).
+    enum Path : char { kOnAvx2, kOnTiles, kOnAvx512 };
     thread_local std::vector<int64_t> first_task;
-    thread_local std::vector<char> on_tiles;
+    thread_local std::vector<char> paths;
     first_task.assign(count + 1, 0);
-    on_tiles.assign(count, 0);
+    paths.assign(count, kOnAvx2);
     for (int i = 0; i < count; ++i) {
-      on_tiles[i] = isa == CpuIsa::kAmx && AttentionAmxSupports(ps[i]);
-      first_task[i + 1] =
-          first_task[i] + (on_tiles[i] ? AttentionAmxNumTasks(ps[i]) : NumTasks(ps[i]));
+      int64_t tasks = 0;
+      if (isa == CpuIsa::kAmx && AttentionAmxSupports(ps[i])) {
+        paths[i] = kOnTiles;
+        tasks = AttentionAmxNumTasks(ps[i]);
+      } else if (IsaAtLeast(isa, CpuIsa::kAvx512Bf16) && AttentionAvx512Supports(ps[i])) {
+        paths[i] = kOnAvx512;
+        tasks = AttentionAvx512NumTasks(ps[i]);
+      } else {
+        tasks = NumTasks(ps[i]);
+      }
+      first_task[i + 1] = first_task[i] + tasks;
     }
     const int64_t* starts = first_task.data();
-    const char* tiles = on_tiles.data();
+    const char* on = paths.data();
     auto work = [&](int64_t begin, int64_t end) {
       int i = static_cast<int>(std::upper_bound(starts, starts + count + 1, begin) - starts) - 1;
       for (; i < count && begin < end; ++i) {
         const int64_t stop = std::min(end, starts[i + 1]);
         if (stop > begin) {
-          if (tiles[i]) {
+          if (on[i] == kOnTiles) {
             AttentionTasksAmx(ps[i], begin - starts[i], stop - starts[i]);
+          } else if (on[i] == kOnAvx512) {
+            AttentionTasksAvx512(ps[i], begin - starts[i], stop - starts[i]);
           } else {
             AttentionTasksAvx2(ps[i], begin - starts[i], stop - starts[i]);
           }

@@ -39,7 +39,9 @@ struct PagedAttentionParams {
 // Best path for this CPU. The AVX2 path (head_dim a multiple of 8) runs one task per (token,
 // KV head) that serves all query heads of the group, so each K/V row is read and widened once
 // per token rather than once per query head; exp is vectorised. It differs from the reference
-// only by f32 summation order and exp's last-ulp error.
+// only by f32 summation order and exp's last-ulp error. A bf16 cache with bf16 activations runs
+// on AMX tiles where the CPU has them (kernels/attention_amx.h), else on AVX-512 bf16 dot
+// products where it has those (kernels/attention_avx512.h).
 void PagedAttentionCpu(const PagedAttentionParams& p, ThreadPool* pool);
 
 // Several sequences (e.g. a decode batch) in one parallel region; each computed exactly as

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention_amx.h"
+#include "kernels/attention_avx512.h"
 
 namespace deepinfer::kernels {
 namespace {
@@ -128,7 +129,7 @@ TEST(PagedAttentionCpuTest, Bf16CacheIsReadAsBf16) {
 
 std::vector<CpuIsa> OptimisedIsas() {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAmx}) {
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
     if (CpuSupports(isa)) isas.push_back(isa);
   }
   return isas;
@@ -301,8 +302,12 @@ TEST(PagedAttentionCpuTest, TokensAreInvariantToTheirCall) {
       p.out = all.data();
       p.num_tokens = tokens;
       p.start_position = start;
-      // The demo model's shape: the AMX path takes it.
-      if (isa == CpuIsa::kAmx) ASSERT_TRUE(AttentionAmxSupports(p));
+      // The demo model's shape: the AMX and AVX-512 paths take it.
+      if (isa == CpuIsa::kAmx) {
+        ASSERT_TRUE(AttentionAmxSupports(p));
+      } else if (isa == CpuIsa::kAvx512Bf16) {
+        ASSERT_TRUE(AttentionAvx512Supports(p));
+      }
       PagedAttentionCpuWithIsa(p, pool.get(), isa);
       for (int64_t t = 0; t < tokens; ++t) {
         std::vector<float> one(heads * dim);

@@ -13,16 +13,13 @@
 #include "kernels/dtype.h"
 #include "kernels/linear_units.h"
 #include "kernels/simd_avx2.h"
+#include "kernels/simd_avx512.h"
 
 namespace deepinfer::kernels {
 
 #if defined(__x86_64__)
 namespace {
 
-#define DI_AVX512BF16 \
-  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-// The tile's loops must unroll for its accumulators to stay in registers.
-#define DI_INLINE_AVX512BF16 DI_AVX512BF16 __attribute__((always_inline)) inline
 
 constexpr int64_t kStep = 32;  // bf16 elements of k per 512-bit load
 constexpr int kMaxRows = 4;    // activation rows per pass over the weights
@@ -68,35 +65,6 @@ DI_AVX512BF16 PackedBf16 PackX(const LinearParams& p, std::vector<uint16_t>* sto
     }
   }
   return px;
-}
-
-// The 16 lane sums of v[0..15] in one vector: lane 4 c + r holds the sum of v[4 r + c]. Every
-// vector's lanes are summed by the same tree whatever its slot (IEEE addition commutes), so a sum
-// depends only on its own accumulator, and zero vectors in unused slots change nothing.
-DI_INLINE_AVX512BF16 __m512 Reduce16(const __m512* v) {
-  __m512 s[8];
-#pragma GCC unroll 8
-  for (int p = 0; p < 8; ++p) {
-    // [v2p low 8 + high 8 | v2p+1 low 8 + high 8]
-    s[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xee));
-  }
-  __m512 u[4];
-#pragma GCC unroll 4
-  for (int t = 0; t < 4; ++t) {
-    // Quarters hold v4t .. v4t+3, 4 partial sums each.
-    u[t] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0x88),
-                         _mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0xdd));
-  }
-  __m512 w[2];
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {
-    // Quarter j: v8h+j (2 partial sums), v8h+4+j (2).
-    w[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], 0x44),
-                         _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], 0xee));
-  }
-  // Quarter j: vj, v4+j, v8+j, v12+j.
-  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xdd));
 }
 
 // One k step of a tile: acc[4 r + c] += activation row r's parts . weights wv[c], parts in order.
@@ -151,7 +119,7 @@ DI_INLINE_AVX512BF16 __m512 Tile(const PackedBf16& px, int64_t k, const uint16_t
   }
   // Lane 4 c + r of the reduction holds (r, c); reorder to 4 r + c.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, Reduce16(acc));
+  return _mm512_permutexvar_ps(order, avx512::Reduce16(acc));
 }
 
 template <int PARTS>
@@ -223,9 +191,6 @@ DI_AVX512BF16 void RunUnits(const LinearParams* params, const PackedBf16* packed
     }
   });
 }
-
-#undef DI_INLINE_AVX512BF16
-#undef DI_AVX512BF16
 
 }  // namespace
 
