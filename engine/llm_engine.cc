@@ -14,6 +14,8 @@
 #include "engine/spec/model_drafter.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/verifier.h"
+#include "kernels/cpu_features.h"
+#include "kernels/linear_cpu.h"
 #include "spdlog/spdlog.h"
 
 namespace deepinfer::engine {
@@ -358,17 +360,20 @@ absl::Status LlmEngine::ProfileCost() {
   const int k = options_.speculative.num_speculative_tokens;
   const int bs = options_.block_size;
   const int vocab = model_->config().vocab_size;
-  std::vector<std::pair<int, int>> shapes;
-  for (int r : {1, std::min(8, options_.max_running), std::min(32, options_.max_running)}) {
-    if (!shapes.empty() && shapes.back().second == r) break;
-    for (int m = 1;; m = std::min(2 * m, k + 1)) {
-      const int tokens = r * m;
-      const int64_t blocks_needed = r * ((kContext + m + bs - 1) / bs);
-      if (tokens > options_.max_batch_tokens || blocks_needed > options_.num_blocks) break;
-      shapes.emplace_back(tokens, r);
-      if (m == k + 1) break;
-    }
-  }
+  // The CPU's projections multiply several tokens per pass over the weights: the table measures
+  // the edges where one token more starts a pass (spec::CostProfileShapes). A GPU backend's passes
+  // are not the CPU's: none there.
+  constexpr int kEdgeShapes = 24;
+  const int rows_per_pass =
+      options_.backend != nullptr
+          ? 0
+          : kernels::LinearRowsPerPass(model_->activation_dtype(), kernels::BestCpuIsa());
+  const std::vector<std::pair<int, int>> shapes = spec::CostProfileShapes(
+      k, options_.max_running, rows_per_pass, kEdgeShapes, [&](int tokens, int requests) {
+        const int per_request = (tokens + requests - 1) / requests;
+        const int64_t blocks_needed = requests * ((kContext + per_request + bs - 1) / bs);
+        return tokens <= options_.max_batch_tokens && blocks_needed <= options_.num_blocks;
+      });
   if (shapes.size() < 2) {
     return absl::FailedPreconditionError(
         "speculative: the KV cache or the step budget is too small to profile the step cost");

@@ -20,7 +20,7 @@ namespace deepinfer::kernels {
 #if defined(__x86_64__)
 namespace {
 
-constexpr int64_t kTileRows = 16;  // weight rows (outputs) and activation rows of a tile
+constexpr int64_t kTileRows = kAmxRowsPerPass;  // weight rows (outputs), activation rows
 constexpr int64_t kTileK = 32;     // k of one tile product: 16 pairs of bf16
 constexpr int64_t kTileElems = amx::kOperandElems;  // kTileRows x kTileK
 constexpr int kPanelTiles = 4;  // accumulators (tiles 0-3): a panel of 64 outputs per row block

@@ -24,6 +24,9 @@
 
 namespace deepinfer::kernels {
 
+// Activation rows of a tile: a call multiplies them per pass over the weights.
+inline constexpr int kAmxRowsPerPass = 16;
+
 // Runs params[0..count) (every weight_dtype kBF16) on AMX tiles in one parallel region.
 void LinearMultiAmx(const LinearParams* params, int count, ThreadPool* pool);
 

@@ -22,7 +22,7 @@ namespace {
 
 
 constexpr int64_t kStep = 32;  // bf16 elements of k per 512-bit load
-constexpr int kMaxRows = 4;    // activation rows per pass over the weights
+constexpr int kMaxRows = kAvx512RowsPerPass;
 constexpr int kCols = 4;       // weight rows (outputs) per tile
 // Weight rows visited in panels that stay in L2 while every group of activation rows passes.
 constexpr int64_t kPanel = 64;

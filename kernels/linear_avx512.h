@@ -33,6 +33,9 @@
 
 namespace deepinfer::kernels {
 
+// Activation rows a tile multiplies per pass over the weights.
+inline constexpr int kAvx512RowsPerPass = 4;
+
 // Runs params[0..count) (every weight_dtype kBF16) on the AVX-512 BF16 path in one parallel
 // region.
 void LinearMultiAvx512Bf16(const LinearParams* params, int count, ThreadPool* pool);

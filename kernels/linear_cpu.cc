@@ -300,6 +300,15 @@ void LinearCpuMulti(const LinearParams* params, int count, ThreadPool* pool) {
   LinearMultiWithIsa(params, count, pool, BestCpuIsa());
 }
 
+int LinearRowsPerPass(DType weight_dtype, CpuIsa isa) {
+#if defined(__x86_64__)
+  if (weight_dtype == DType::kBF16 && isa == CpuIsa::kAmx) return kAmxRowsPerPass;
+  if (weight_dtype == DType::kBF16 && isa == CpuIsa::kAvx512Bf16) return kAvx512RowsPerPass;
+  if (IsaAtLeast(isa, CpuIsa::kAvx2)) return 2;  // RunRows: pairs of rows
+#endif
+  return 1;
+}
+
 void LinearMultiWithIsa(const LinearParams* params, int count, ThreadPool* pool, CpuIsa isa) {
 #if defined(__x86_64__)
   if (isa == CpuIsa::kAmx || isa == CpuIsa::kAvx512Bf16) {

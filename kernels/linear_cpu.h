@@ -53,6 +53,13 @@ void LinearMultiWithIsa(const LinearParams* params, int count, ThreadPool* pool,
 // The portable reference path, the baseline the optimised paths are tested against.
 void LinearCpuReference(const LinearParams& p, ThreadPool* pool);
 
+// Activation rows the path for weights of `weight_dtype` on `isa` multiplies in one pass over
+// the weights: 16 on AMX tiles and 4 on AVX-512 BF16 (bf16 weights), 2 on AVX2, 1 on the
+// reference path. A call's time then rises in steps: one row past a multiple of this starts a
+// pass of its own (demo model's projections, AVX-512 BF16, two threads: 4 -> 5 rows +280 us, 5 ->
+// 6 +30 us). For cost models (the speculative step-cost profile, engine/llm_engine.h).
+int LinearRowsPerPass(DType weight_dtype, CpuIsa isa);
+
 }  // namespace deepinfer::kernels
 
 #endif  // DEEPINFER_KERNELS_LINEAR_CPU_H_

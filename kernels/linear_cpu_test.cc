@@ -221,5 +221,18 @@ TEST(LinearCpuTest, MultiRunsEachProjectionLikeASingleCall) {
   EXPECT_EQ(yb, wb);
 }
 
+#if defined(__x86_64__)
+// What a cost model is told of each path's passes over the weights (the rows its tiles take).
+TEST(LinearCpuTest, RowsPerPassFollowThePath) {
+  EXPECT_EQ(LinearRowsPerPass(DType::kBF16, CpuIsa::kScalar), 1);
+  EXPECT_EQ(LinearRowsPerPass(DType::kBF16, CpuIsa::kAvx2), 2);
+  EXPECT_EQ(LinearRowsPerPass(DType::kBF16, CpuIsa::kAvx512Bf16), 4);
+  EXPECT_EQ(LinearRowsPerPass(DType::kBF16, CpuIsa::kAmx), 16);
+  // Other weights take the AVX2 path on every x86 ISA.
+  EXPECT_EQ(LinearRowsPerPass(DType::kF32, CpuIsa::kAvx512Bf16), 2);
+  EXPECT_EQ(LinearRowsPerPass(DType::kF16, CpuIsa::kAmx), 2);
+}
+#endif
+
 }  // namespace
 }  // namespace deepinfer::kernels

@@ -327,6 +327,39 @@ void ForwardCostFit::Refit() {
   }
 }
 
+std::vector<std::pair<int, int>> CostProfileShapes(int k, int max_requests, int rows_per_pass,
+                                                   int max_edges,
+                                                   const std::function<bool(int, int)>& fits) {
+  std::vector<std::pair<int, int>> shapes;
+  for (int r : {1, std::min(8, max_requests), std::min(32, max_requests)}) {
+    if (r < 1 || (!shapes.empty() && shapes.back().second == r)) break;
+    std::vector<int> row;
+    for (int m = 1;; m = std::min(2 * m, k + 1)) {
+      row.push_back(r * m);
+      if (m >= k + 1) break;
+    }
+    if (rows_per_pass > 1) {
+      int edges = 0;
+      for (int e = (r + rows_per_pass - 1) / rows_per_pass * rows_per_pass;
+           e <= r * (k + 1) && edges < max_edges; e += rows_per_pass) {
+        for (int t : {e, e + 1}) {
+          if (t <= r * (k + 1) && edges < max_edges) {
+            row.push_back(t);
+            ++edges;
+          }
+        }
+      }
+    }
+    std::sort(row.begin(), row.end());
+    row.erase(std::unique(row.begin(), row.end()), row.end());
+    for (int tokens : row) {
+      if (!fits(tokens, r)) break;
+      shapes.emplace_back(tokens, r);
+    }
+  }
+  return shapes;
+}
+
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
     absl::Span<const std::pair<int, int>> shapes, int runs, int warm_runs, double warm_seconds) {

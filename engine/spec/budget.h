@@ -208,6 +208,20 @@ absl::StatusOr<CostTable> ProfileCostTable(
     absl::Span<const std::pair<int, int>> shapes, int runs = 5, int warm_runs = 4,
     double warm_seconds = 0.02);
 
+// The (tokens, requests) shapes to profile for drafts of up to k tokens: for 1, 8 and 32 requests
+// (each at most max_requests, stopping at the first repeat), tokens r x m for m = 1, 2, 4, ... up
+// to k + 1, ascending. The backend's projections multiply `rows_per_pass` tokens per pass over
+// the weights (kernels::LinearRowsPerPass; 0 or 1: no passes to see), so a step's time jumps
+// where its tokens pass a multiple of it: one token past 4 cost about four tokens within a pass
+// on AVX-512 BF16 (demo model). Between the powers of two the table would spread that jump
+// evenly, and the plan would verify a token that starts a pass as if it cost a quarter of one. So
+// each row also holds the edges (a multiple of rows_per_pass and one token more) from its fewest
+// tokens up, at most `max_edges` of them. A row ends before its first shape that `fits` refuses
+// (the engine's step and KV budgets).
+std::vector<std::pair<int, int>> CostProfileShapes(int k, int max_requests, int rows_per_pass,
+                                                   int max_edges,
+                                                   const std::function<bool(int, int)>& fits);
+
 // Online fit of the target's measured forward time against the cost table's prediction T for
 // the same step and its number of requests n:
 //     measured ~= scale x T + offset + per_request x n,
