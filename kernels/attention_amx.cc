@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/amx_tiles.h"
+#include "kernels/bf16_parts.h"
 #include "kernels/simd_avx2.h"
 
 namespace deepinfer::kernels {
@@ -253,13 +254,7 @@ bool AttentionAmxSupports(const PagedAttentionParams& p) {
     return false;
   }
   // q must hold bf16 values (the model rounds it after RoPE): the tiles multiply bf16.
-  const int64_t n = p.num_tokens * p.num_heads * p.head_dim;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, p.q + i, 4);
-    if ((b & 0xffffu) != 0) return false;
-  }
-  return true;
+  return bf16_parts::AllBf16Values(p.q, p.num_tokens * p.num_heads * p.head_dim);
 }
 
 int64_t AttentionAmxNumTasks(const PagedAttentionParams& p) {

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/bf16_parts.h"
 #include "kernels/simd_avx2.h"
 #include "kernels/simd_avx512.h"
 
@@ -220,13 +221,7 @@ bool AttentionAvx512Supports(const PagedAttentionParams& p) {
     return false;
   }
   // q must hold bf16 values (the model rounds it after RoPE): the products are of bf16.
-  const int64_t n = p.num_tokens * p.num_heads * p.head_dim;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, p.q + i, 4);
-    if ((b & 0xffffu) != 0) return false;
-  }
-  return true;
+  return bf16_parts::AllBf16Values(p.q, p.num_tokens * p.num_heads * p.head_dim);
 }
 
 int64_t AttentionAvx512NumTasks(const PagedAttentionParams& p) {
