@@ -360,16 +360,18 @@ absl::Status LlmEngine::ProfileCost() {
   const int k = options_.speculative.num_speculative_tokens;
   const int bs = options_.block_size;
   const int vocab = model_->config().vocab_size;
-  // The CPU's projections multiply several tokens per pass over the weights: the table measures
-  // the edges where one token more starts a pass (spec::CostProfileShapes). A GPU backend's passes
-  // are not the CPU's: none there.
+  // The CPU's projections multiply several tokens per pass over the weights: the one-request row
+  // also measures the edges where one token more starts a pass (spec::CostProfileShapes: at more
+  // requests the edges' noise drove the plan). A GPU backend's passes are not the CPU's: none.
   constexpr int kEdgeShapes = 24;
+  constexpr int kEdgeRequests = 1;
   const int rows_per_pass =
       options_.backend != nullptr
           ? 0
           : kernels::LinearRowsPerPass(model_->activation_dtype(), kernels::BestCpuIsa());
   const std::vector<std::pair<int, int>> shapes = spec::CostProfileShapes(
-      k, options_.max_running, rows_per_pass, kEdgeShapes, [&](int tokens, int requests) {
+      k, options_.max_running, rows_per_pass, kEdgeShapes, kEdgeRequests,
+      [&](int tokens, int requests) {
         const int per_request = (tokens + requests - 1) / requests;
         const int64_t blocks_needed = requests * ((kContext + per_request + bs - 1) / bs);
         return tokens <= options_.max_batch_tokens && blocks_needed <= options_.num_blocks;

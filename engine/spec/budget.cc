@@ -328,7 +328,7 @@ void ForwardCostFit::Refit() {
 }
 
 std::vector<std::pair<int, int>> CostProfileShapes(int k, int max_requests, int rows_per_pass,
-                                                   int max_edges,
+                                                   int max_edges, int edge_requests,
                                                    const std::function<bool(int, int)>& fits) {
   std::vector<std::pair<int, int>> shapes;
   for (int r : {1, std::min(8, max_requests), std::min(32, max_requests)}) {
@@ -338,7 +338,7 @@ std::vector<std::pair<int, int>> CostProfileShapes(int k, int max_requests, int 
       row.push_back(r * m);
       if (m >= k + 1) break;
     }
-    if (rows_per_pass > 1) {
+    if (rows_per_pass > 1 && r <= edge_requests) {
       int edges = 0;
       for (int e = (r + rows_per_pass - 1) / rows_per_pass * rows_per_pass;
            e <= r * (k + 1) && edges < max_edges; e += rows_per_pass) {

@@ -215,11 +215,15 @@ absl::StatusOr<CostTable> ProfileCostTable(
 // where its tokens pass a multiple of it: one token past 4 cost about four tokens within a pass
 // on AVX-512 BF16 (demo model). Between the powers of two the table would spread that jump
 // evenly, and the plan would verify a token that starts a pass as if it cost a quarter of one. So
-// each row also holds the edges (a multiple of rows_per_pass and one token more) from its fewest
-// tokens up, at most `max_edges` of them. A row ends before its first shape that `fits` refuses
-// (the engine's step and KV budgets).
+// each row of at most `edge_requests` requests also holds the edges (a multiple of rows_per_pass
+// and one token more) from its fewest tokens up, at most `max_edges` of them. Not every row: each
+// profiled point carries its own noise (+-10% between shapes), and the plan's global search finds
+// every point that happens to be cheap. With edges up to 53 tokens at 8 requests and 77 at 32
+// (issue 12, session 39), a draft-model node verified 2.2-2.9 drafts a sequence at 5, 7, ..., 15
+// decoding sequences against 1.1-1.3 at the even counts (1.5-2 at all of them without edges). A
+// row ends before its first shape that `fits` refuses (the engine's step and KV budgets).
 std::vector<std::pair<int, int>> CostProfileShapes(int k, int max_requests, int rows_per_pass,
-                                                   int max_edges,
+                                                   int max_edges, int edge_requests,
                                                    const std::function<bool(int, int)>& fits);
 
 // Online fit of the target's measured forward time against the cost table's prediction T for
