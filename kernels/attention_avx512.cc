@@ -32,12 +32,6 @@ int64_t TokensPerTask(const PagedAttentionParams& p) {
   return std::max<int64_t>(1, kTaskRows / Group(p));
 }
 
-// 16 floats rounded to bf16 (as avx2::RoundBf16 on each half).
-DI_AVX512BF16 inline void StoreRoundedBf16(float* dst, __m512 v) {
-  _mm256_storeu_ps(dst, avx2::RoundBf16(_mm512_castps512_ps256(v)));
-  _mm256_storeu_ps(dst + 8, avx2::RoundBf16(_mm512_extractf32x8_ps(v, 1)));
-}
-
 // The lanes of the 16 keys from b (lane + b) that lie in [first, last].
 DI_AVX512BF16 inline __mmask16 KeysIn(__m512i lane, int64_t b, int32_t first, int32_t last) {
   const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(b)), lane);
@@ -96,7 +90,7 @@ DI_AVX512BF16 void RunTask(const PagedAttentionParams& p, int64_t t_begin, int64
   // Scores: per block of 16 keys (read once, then from L1 for every row), each (row, key) one
   // accumulator over head_dim; the reduction leaves lane 4 c + r = key 4 r + c, reordered.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m256 scale8 = _mm256_set1_ps(p.scale);
+  const __m512 scale16 = _mm512_set1_ps(p.scale);
   for (int64_t b = 0; b < span; b += kKeys) {
     const uint16_t* keys[kKeys];
     for (int i = 0; i < kKeys; ++i) keys[i] = row_at(k_cache, base + b + i);
@@ -115,10 +109,9 @@ DI_AVX512BF16 void RunTask(const PagedAttentionParams& p, int64_t t_begin, int64
       const __m512 dot = _mm512_permutexvar_ps(order, avx512::Reduce16(acc));
       // As the other paths: the dot rounded, times the scale, rounded again.
       float* s = scores.data() + static_cast<size_t>(r) * span + b;
-      _mm256_storeu_ps(s, avx2::RoundBf16(_mm256_mul_ps(
-                              avx2::RoundBf16(_mm512_castps512_ps256(dot)), scale8)));
-      _mm256_storeu_ps(s + 8, avx2::RoundBf16(_mm256_mul_ps(
-                                  avx2::RoundBf16(_mm512_extractf32x8_ps(dot, 1)), scale8)));
+      _mm512_storeu_ps(s, bf16_parts::RoundTo16(
+                              DType::kBF16,
+                              _mm512_mul_ps(bf16_parts::RoundTo16(DType::kBF16, dot), scale16)));
     }
   }
 
@@ -150,9 +143,9 @@ DI_AVX512BF16 void RunTask(const PagedAttentionParams& p, int64_t t_begin, int64
     std::fill(pr, pr + b0, uint16_t{0});
     std::fill(pr + b1 + kKeys, pr + span, uint16_t{0});
     for (int64_t b = b0; b <= b1; b += kKeys) {
-      alignas(64) float prob[kKeys];
-      StoreRoundedBf16(prob, _mm512_div_ps(_mm512_loadu_ps(s + b), sum));
-      const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(_mm512_load_ps(prob)), 16);
+      const __m512 prob =
+          bf16_parts::RoundTo16(DType::kBF16, _mm512_div_ps(_mm512_loadu_ps(s + b), sum));
+      const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(prob), 16);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + b), _mm512_cvtepi32_epi16(bits));
     }
   }
@@ -203,10 +196,11 @@ DI_AVX512BF16 void RunTask(const PagedAttentionParams& p, int64_t t_begin, int64
       float* out = p.out + ((t_begin + r / group) * p.num_heads +
                             static_cast<int64_t>(kvh) * group + r % group) * kHd;
       for (int c = 0; c < C; ++c) {
-        StoreRoundedBf16(out + 32 * c,
-                         _mm512_permutex2var_ps(acc[rr][2 * c], idx_lo, acc[rr][2 * c + 1]));
-        StoreRoundedBf16(out + 32 * c + 16,
-                         _mm512_permutex2var_ps(acc[rr][2 * c], idx_hi, acc[rr][2 * c + 1]));
+        for (int h = 0; h < 2; ++h) {
+          const __m512 dims =
+              _mm512_permutex2var_ps(acc[rr][2 * c], h == 0 ? idx_lo : idx_hi, acc[rr][2 * c + 1]);
+          _mm512_storeu_ps(out + 32 * c + 16 * h, bf16_parts::RoundTo16(DType::kBF16, dims));
+        }
       }
     }
   }
