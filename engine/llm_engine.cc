@@ -215,6 +215,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
     }
+    if (so.adaptive && so.profile_context < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculative.profile_context: expected >= 1, got ", so.profile_context));
+    }
     if (so.probe_interval < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.probe_interval: expected >= 0, got ", so.probe_interval));
@@ -297,7 +301,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         spdlog::warn("speculative: cost table is flat ({}); verifying every draft token",
                      engine->cost_->DebugString());
       } else {
-        spdlog::info("speculative: adaptive verification with cost table {}",
+        spdlog::info("speculative: adaptive verification with cost table {}{}",
+                     engine->cost_context_ > 0
+                         ? absl::StrCat("(profiled at ", engine->cost_context_, " cached tokens) ")
+                         : std::string(),
                      engine->cost_->DebugString());
       }
       if (model_drafter != nullptr) {
@@ -327,19 +334,29 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       const bool active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
       if (active && so.select_mode) {
         // The plan first, then none, then fixed lengths 1, 2, 4, ... up to select_max_length
-        // (default k; the order in which a new bucket tries them).
+        // (default k; the order in which a new bucket tries them), with the length whose one
+        // sequence fills a pass of the projections (SpecOptions::select_max_length).
         const int longest =
             so.select_max_length > 0 ? so.select_max_length : so.num_speculative_tokens;
+        std::vector<int> lengths;
+        for (int l = 1; l < longest; l *= 2) lengths.push_back(l);
+        lengths.push_back(longest);
+        const int fill_pass = engine->RowsPerPass() - 1;
+        if (fill_pass > 1 && fill_pass < longest &&
+            std::find(lengths.begin(), lengths.end(), fill_pass) == lengths.end()) {
+          lengths.insert(std::upper_bound(lengths.begin(), lengths.end(), fill_pass), fill_pass);
+        }
         std::vector<int> modes = {spec::DraftModeSelector::kPlan, 0};
-        for (int l = 1; l < longest; l *= 2) modes.push_back(l);
-        modes.push_back(longest);
+        modes.insert(modes.end(), lengths.begin(), lengths.end());
         absl::StatusOr<spec::DraftModeSelector> selector =
             spec::DraftModeSelector::Create(std::move(modes), so.select_options);
         if (!selector.ok()) return selector.status();
         engine->selector_.emplace(*std::move(selector));
+        engine->stats_.spec_select_lengths = std::move(lengths);
       }
       std::lock_guard<std::mutex> lock(engine->mu_);
       engine->stats_.spec_adaptive_active = active;
+      engine->stats_.spec_cost_context = engine->cost_context_;
     }
   }
   return engine;
@@ -352,28 +369,38 @@ absl::Status LlmEngine::RunForward(const std::vector<SequenceInput>& batch,
                             : model_->Forward(batch, cache_.get(), logits);
 }
 
+int LlmEngine::RowsPerPass() const {
+  return options_.backend != nullptr
+             ? 0
+             : kernels::LinearRowsPerPass(model_->activation_dtype(), kernels::BestCpuIsa());
+}
+
 absl::Status LlmEngine::ProfileCost() {
-  // Decode-like steps: `requests` sequences with a context of `kContext` tokens each feed
+  // Decode-like steps: `requests` sequences with a context of `context` tokens each feed
   // tokens / requests new tokens with logits for all of them, into scratch blocks (no sequence
   // holds any block yet, and whatever is written is overwritten before anyone reads it).
-  constexpr int64_t kContext = 32;
   const int k = options_.speculative.num_speculative_tokens;
   const int bs = options_.block_size;
+  // SpecOptions::profile_context, less where the model's positions or the KV cache would not hold
+  // the largest row (up to 32 requests) at k + 1 tokens a request; at least 1.
+  const int64_t widest = std::min(32, options_.max_running);
+  const int64_t context = std::max<int64_t>(
+      1, std::min({static_cast<int64_t>(options_.speculative.profile_context),
+                   model_->config().max_position_embeddings - (k + 1),
+                   (options_.num_blocks / widest) * bs - (k + 1)}));
+  cost_context_ = context;
   const int vocab = model_->config().vocab_size;
   // The CPU's projections multiply several tokens per pass over the weights: the one-request row
   // also measures the edges where one token more starts a pass (spec::CostProfileShapes: at more
   // requests the edges' noise drove the plan). A GPU backend's passes are not the CPU's: none.
   constexpr int kEdgeShapes = 24;
   constexpr int kEdgeRequests = 1;
-  const int rows_per_pass =
-      options_.backend != nullptr
-          ? 0
-          : kernels::LinearRowsPerPass(model_->activation_dtype(), kernels::BestCpuIsa());
+  const int rows_per_pass = RowsPerPass();
   const std::vector<std::pair<int, int>> shapes = spec::CostProfileShapes(
       k, options_.max_running, rows_per_pass, kEdgeShapes, kEdgeRequests,
       [&](int tokens, int requests) {
         const int per_request = (tokens + requests - 1) / requests;
-        const int64_t blocks_needed = requests * ((kContext + per_request + bs - 1) / bs);
+        const int64_t blocks_needed = requests * ((context + per_request + bs - 1) / bs);
         return tokens <= options_.max_batch_tokens && blocks_needed <= options_.num_blocks;
       });
   if (shapes.size() < 2) {
@@ -385,7 +412,7 @@ absl::Status LlmEngine::ProfileCost() {
   std::vector<float> logits;
   auto run_step = [&](int tokens, int requests) -> absl::StatusOr<double> {
     std::vector<SequenceInput> batch(requests);
-    const int64_t per_blocks = (kContext + (tokens + requests - 1) / requests + bs - 1) / bs;
+    const int64_t per_blocks = (context + (tokens + requests - 1) / requests + bs - 1) / bs;
     ids.assign(tokens, 0);
     for (int i = 0; i < tokens; ++i) ids[i] = (i * 131 + 7) % vocab;
     tables.resize(requests * per_blocks);
@@ -397,7 +424,7 @@ absl::Status LlmEngine::ProfileCost() {
       const int n = tokens / requests + (r < tokens % requests ? 1 : 0);
       batch[r].tokens = ids.data() + offset;
       batch[r].num_tokens = n;
-      batch[r].start_position = kContext;
+      batch[r].start_position = context;
       batch[r].block_table = tables.data() + r * per_blocks;
       batch[r].num_blocks = per_blocks;
       batch[r].all_logits = true;

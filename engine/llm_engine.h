@@ -189,6 +189,11 @@ struct SpecOptions {
   // session 21), while a fixed length that long pays its verification everywhere: at 8
   // concurrent requests a fixed 16 took the 5-8 bucket (its trials rated it 96-100% of the plan)
   // and ran a third of the node's time at 76% of the plan's tokens per second (session 22).
+  // On the CPU the lengths also hold the one whose single sequence fills a pass of the
+  // projections over the weights (kernels::LinearRowsPerPass - 1, where above 1 and below the
+  // longest: 3 on AVX-512 BF16): a fourth token in a pass costs little and a fifth starts the
+  // next. At one decoding request a draft model's fixed 3 ran 1.81 tokens/ms where 2 ran 1.69 and
+  // the selector, choosing among the plan, 1, 2, 4 and 8, 1.58 (issue 12, session 40).
   int select_max_length = 0;                        // in [0, num_speculative_tokens]
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
   // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
@@ -273,6 +278,13 @@ struct SpecOptions {
   // node without speculation.
   bool catch_up_gate = false;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
+  // Adaptive: the context (tokens already cached) of every sequence in the profiled steps, >= 1;
+  // less where the KV cache or the model's positions do not fit it (LlmEngine::ProfileCost). A
+  // verified draft token attends over its sequence's context like any other, so the table's price
+  // of one token more grows with it: at 32 (until issue 12, session 40) the table priced a token
+  // at 8 requests at 0.10 ms where steps in service at ~600 cached tokens paid 0.15, and the plan
+  // verified 1.9 drafts a sequence at 5-8 decoding requests, 7% slower than drafting one.
+  int profile_context = 512;
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive, draft model: a probe's sequence drafts one position past its confidence stop
   // (spec::ConfidenceStop). False (as until issue 12, session 37): it drafts the plan's length + 1
@@ -433,6 +445,7 @@ struct EngineStats {
   int64_t spec_calibrated_after_accepted = 0;
   int64_t spec_calibrated_other = 0;
   bool spec_adaptive_active = false;  // adaptive budget in use (a usable cost table exists)
+  int64_t spec_cost_context = 0;      // the context the cost table was profiled at; 0: given
   // Adaptive steps with decoding sequences: their predicted time (forward scale x cost table +
   // overhead + predicted drafting, with the estimates before the step), their measured time
   // (period through output processing; SpecOptions::adaptive), and the current per-step overhead
@@ -488,6 +501,9 @@ struct EngineStats {
   // sequence verified in one step (any mode).
   int64_t spec_select_longest_fixed = 0;
   int64_t spec_longest_verified = 0;
+  // The fixed draft lengths the selector measures against the plan, ascending (empty: no
+  // selector; SpecOptions::select_max_length).
+  std::vector<int> spec_select_lengths;
   // Draft model, SpecOptions::catch_up_gate: sequence-steps in which a sequence far behind was
   // neither drafted for nor caught up, its catch-up not worth what it had left to emit.
   int64_t spec_catch_up_skipped = 0;
@@ -661,6 +677,9 @@ class LlmEngine {
   void RecordOutputToken(Sequence* seq, int32_t token);
   // Profiles the model's step cost for the adaptive budget (called by Create).
   absl::Status ProfileCost();
+  // Tokens the backend's projections multiply per pass over the weights (kernels::
+  // LinearRowsPerPass on the CPU; 0 for another backend, whose passes are not the CPU's).
+  int RowsPerPass() const;
   // One forward pass on EngineOptions::backend, or on the CPU model over the host cache.
   absl::Status RunForward(const std::vector<SequenceInput>& batch, std::vector<float>* logits);
 
@@ -718,6 +737,7 @@ class LlmEngine {
                : calibration_.get();
   }
   std::unique_ptr<spec::CostTable> cost_;                // null: verify every draft
+  int64_t cost_context_ = 0;  // the context ProfileCost profiled at; 0: a given table
   std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
   // The step period outside the target's forward pass and the draft model's drafting, averaged
   // (synchronous steps).

@@ -2,6 +2,7 @@
 // on and off (any k, adaptive or not, under chunking, concurrency and preemption), stop
 // conditions truncate an accepted run, seeded sampling is reproducible, aborts leak no KV block,
 // and rejected draft positions never reach the prefix cache.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -23,6 +24,9 @@
 #include "engine/spec/budget.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu_features.h"
+#include "kernels/dtype.h"
+#include "kernels/linear_cpu.h"
 #include "nlohmann/json.hpp"
 
 namespace deepinfer::engine {
@@ -313,6 +317,34 @@ TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
       EXPECT_GT(got.stats.spec_accepted_tokens, 0);
     }
   }
+}
+
+// The start-up cost profile runs its steps at SpecOptions::profile_context cached tokens a
+// sequence, less where the KV cache cannot hold its widest row (32 requests, or max_running) at
+// k + 1 tokens a request; a given table is not profiled.
+TEST(SpecEngineLlamaTest, CostProfileRunsAtTheConfiguredContextWhereTheCacheHoldsIt) {
+  auto model = Model::Load(kLlama, ModelOptions{2}).value();
+  auto profiled_context = [&](const EngineOptions& o) -> int64_t {
+    auto engine = LlmEngine::Create(model.get(), o);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? (*engine)->GetStats().spec_cost_context : -1;
+  };
+  EngineOptions o = WithSpec(BaseOptions(), 4, /*adaptive=*/true);  // 256 blocks of 4 tokens
+  o.speculative.profile_context = 20;
+  EXPECT_EQ(profiled_context(o), 20);
+  o.speculative.profile_context = 512;
+  EXPECT_EQ(profiled_context(o), 256 / 32 * 4 - 5);  // 32 requests of 27 + 5 tokens fill 256
+  o.max_running = 8;
+  EXPECT_EQ(profiled_context(o), 256 / 8 * 4 - 5);
+  const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
+  o.speculative.cost_table = &table;
+  EXPECT_EQ(profiled_context(o), 0);
+  o.speculative.profile_context = 0;
+  auto bad = LlmEngine::Create(model.get(), o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("speculative.profile_context: expected >= 1, got 0"),
+            std::string::npos)
+      << bad.status();
 }
 
 TEST(SpecEngineLlamaTest, StopTokensAndStopStringsTruncateTheAcceptedRun) {
@@ -836,6 +868,35 @@ TEST(SpecEngineSelectorTest, FixedLengthsStopAtSelectMaxLengthWhileThePlanVerifi
       EXPECT_GT(st.spec_longest_verified, 2);  // only the plan drafts that far
     } else {
       EXPECT_EQ(st.spec_longest_verified, 8);  // k = 8's whole drafts
+    }
+  }
+  // The fixed lengths also hold the one whose single sequence fills a pass of the CPU's
+  // projections, where that is above 1 and below the longest (3 on AVX-512 BF16, bf16 weights).
+  for (const char* dir : {kLlama, "engine/testdata/models/llama_bf16"}) {
+    auto m = Model::Load(dir, ModelOptions{2}).value();
+    const int fill =
+        kernels::LinearRowsPerPass(m->activation_dtype(), kernels::BestCpuIsa()) - 1;
+    for (int select_max_length : {0, 2}) {
+      SCOPED_TRACE(::testing::Message() << dir << " select_max_length " << select_max_length);
+      EngineOptions o = WithSelector(WithDraftModel(BaseOptions(), dir, 8, /*adaptive=*/true));
+      o.speculative.cost_table = &target;
+      o.speculative.draft_cost_table = &cheap;
+      o.speculative.select_max_length = select_max_length;
+      auto engine = LlmEngine::Create(m.get(), o);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      std::vector<int> want = select_max_length == 2 ? std::vector<int>{1, 2}
+                                                     : std::vector<int>{1, 2, 4, 8};
+      const int longest = want.back();
+      if (fill > 1 && fill < longest && std::find(want.begin(), want.end(), fill) == want.end()) {
+        want.insert(std::upper_bound(want.begin(), want.end(), fill), fill);
+      }
+      EXPECT_EQ((*engine)->GetStats().spec_select_lengths, want);
+      if (kernels::BestCpuIsa() == kernels::CpuIsa::kAvx512Bf16 &&
+          m->activation_dtype() == kernels::DType::kBF16) {
+        const std::vector<int> avx512 =
+            select_max_length == 2 ? std::vector<int>{1, 2} : std::vector<int>{1, 2, 3, 4, 8};
+        EXPECT_EQ((*engine)->GetStats().spec_select_lengths, avx512);
+      }
     }
   }
   EngineOptions bad = WithDraftModel(BaseOptions(), kLlama, 4, /*adaptive=*/true);

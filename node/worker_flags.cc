@@ -86,6 +86,10 @@ ABSL_FLAG(std::string, draft_catch_up_window, "auto",
 ABSL_FLAG(bool, spec_adaptive, false,
           "With --speculative: verify per step the number of drafts that maximises expected "
           "tokens per second, from a cost table profiled on the model at start-up.");
+ABSL_FLAG(int32_t, spec_profile_context, 512,
+          "With --spec_adaptive: the tokens each sequence has cached in the start-up cost "
+          "profile's steps (>= 1; less where --kv_blocks or the model's positions do not hold "
+          "it): a verified draft attends over its context, so set it near the contexts served.");
 ABSL_FLAG(bool, spec_select, true,
           "With --spec_adaptive: measure that per-step plan against fixed draft lengths (1, 2, "
           "4, ... --num_speculative_tokens, or --spec_select_max_length) and no drafting, and run "
@@ -328,6 +332,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   o.speculative.min_n = absl::GetFlag(FLAGS_ngram_min);
   o.speculative.max_n = absl::GetFlag(FLAGS_ngram_max);
   o.speculative.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  o.speculative.profile_context = absl::GetFlag(FLAGS_spec_profile_context);
+  if (o.speculative.profile_context < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec_profile_context: expected >= 1, got ",
+                                                   o.speculative.profile_context));
+  }
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_max_length = absl::GetFlag(FLAGS_spec_select_max_length);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
