@@ -193,7 +193,12 @@ struct SpecOptions {
   // projections over the weights (kernels::LinearRowsPerPass - 1, where above 1 and below the
   // longest: 3 on AVX-512 BF16): a fourth token in a pass costs little and a fifth starts the
   // next. At one decoding request a draft model's fixed 3 ran 1.81 tokens/ms where 2 ran 1.69 and
-  // the selector, choosing among the plan, 1, 2, 4 and 8, 1.58 (issue 12, session 40).
+  // the selector, choosing among the plan, 1, 2, 4 and 8, 1.58 (issue 12, session 40). Under the
+  // selector's draft catch-up window (16 tokens, node/worker_flags.h) its 3 emitted 2.31-2.33
+  // tokens a step where the fixed node's emitted 2.62 (the later positions copy from earlier turns,
+  // which the window hides), and two full sweeps measured no clear gain at one request (1.40 and
+  // 1.48 of no speculation against sweeps before at 1.37 and 1.49); a node with the window off lost
+  // 2-12% at every concurrency. The selector runs 3 where it measures fastest.
   int select_max_length = 0;                        // in [0, num_speculative_tokens]
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
   // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
