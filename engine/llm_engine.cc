@@ -332,13 +332,13 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         }
       }
       const bool active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
+      std::vector<int> lengths;  // the selector's fixed draft lengths, ascending
       if (active && so.select_mode) {
         // The plan first, then none, then fixed lengths 1, 2, 4, ... up to select_max_length
         // (default k; the order in which a new bucket tries them), with the length whose one
         // sequence fills a pass of the projections (SpecOptions::select_max_length).
         const int longest =
             so.select_max_length > 0 ? so.select_max_length : so.num_speculative_tokens;
-        std::vector<int> lengths;
         for (int l = 1; l < longest; l *= 2) lengths.push_back(l);
         lengths.push_back(longest);
         const int fill_pass = engine->RowsPerPass() - 1;
@@ -352,11 +352,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
             spec::DraftModeSelector::Create(std::move(modes), so.select_options);
         if (!selector.ok()) return selector.status();
         engine->selector_.emplace(*std::move(selector));
-        engine->stats_.spec_select_lengths = std::move(lengths);
       }
       std::lock_guard<std::mutex> lock(engine->mu_);
       engine->stats_.spec_adaptive_active = active;
       engine->stats_.spec_cost_context = engine->cost_context_;
+      engine->stats_.spec_select_lengths = std::move(lengths);
     }
   }
   return engine;
