@@ -11,7 +11,9 @@ targets=$(bazel query 'attr(tags, "\bgpu\b", tests(//kernels/cuda/... + //engine
 [ -n "$targets" ] || { echo "no gpu-tagged tests found" >&2; exit 1; }
 # GPU benchmarks: gpu-tagged binaries that are not tests; run after the tests, into the report.
 benches=$(bazel query 'attr(tags, "\bgpu\b", kind("cc_binary", //kernels/cuda/... + //engine/cuda/...))' 2>/dev/null | tr '\n' ' ')
-bazel build $targets $benches
+# Optimised host code (the benchmarks time host-side launches too), but no -march=native: the GPU
+# machine's processor is not this one (the CPU kernels pick their instruction set at run time).
+bazel build --compilation_mode=opt $targets $benches
 mkdir -p "$out/bin" "$out/bench" "$out/lib" "$out/data"
 for t in $targets $benches; do
   name="${t##*:}"
