@@ -33,6 +33,14 @@
 #   CPU backend's AMX paths a round at 8 concurrent requests is ~550 decode steps (~5 s), and one
 #   cold round left the n-gram node still trialling a quarter of its steps (0.94 of k = 4, two
 #   rounds), four left it trialling 6-12% and ahead of k = 4 in 3 rounds of 3 (issue 12, session 17).
+#   SWEEP_SELECTOR_WARMUP_ROUNDS=6: before those, rounds that run only the adaptive nodes (every
+#   configuration whose flags hold --spec_adaptive; every concurrency, prompts of their own; left
+#   out of both tables): a node's selector learns each bucket of decoding sequences from trials of
+#   its modes (about 15 a bucket: 5 modes compared 3 times), and a bucket gets only 2-3 trials in
+#   one round's run of it (an epoch lasts at least 0.25 s, a c = 8 run's 5-8 bucket ~2 s). With the
+#   3 cold rounds alone a draft-model node at 8 concurrent requests still ran the plan, a loser
+#   there, for 60-75% of its first measured round's 5-8 steps, and settled on k = 1 in its second
+#   (issue 12, session 41). A fixed-length node has nothing to learn. 0: none.
 #   SWEEP_PIN=1 (default, on a machine with >= 2 CPUs): every decode node runs on the last CPU
 #   from its start (launcher --decode_cpus: its start-up cost profile times that CPU), every other
 #   process (launchers, routers, prefill nodes, the bench client) on the others, as
@@ -75,6 +83,7 @@ KS=${SWEEP_KS:-"1 2 4 8 adaptive"}
 THREADS=${SWEEP_THREADS:-1}
 REPEATS=${SWEEP_REPEATS:-1}
 WARMUP_ROUNDS=${SWEEP_WARMUP_ROUNDS:-3}
+SELECTOR_WARMUP_ROUNDS=${SWEEP_SELECTOR_WARMUP_ROUNDS:-6}
 ANSWER=${SWEEP_ANSWER_TOKENS:-256}
 OFF_EVERY=${SWEEP_OFF_EVERY:-4}
 # The adaptive nodes' longest draft (--num_speculative_tokens: the plan's cap, and by default the
@@ -107,6 +116,7 @@ echo -e "$HEADER" >"$RESULTS"
 echo -e "$HEADER" >"$COLD"
 
 NAMES=()
+ADAPTIVE=()
 declare -A ROUTER PID
 stop_all() {
   for name in "${NAMES[@]}"; do kill -INT "${PID[$name]}" 2>/dev/null || true; done
@@ -122,6 +132,7 @@ start_config() {  # name, flags (comma-separated)
     >"$WORK/$name.out" 2>&1 &
   PID[$name]=$!
   NAMES+=("$name")
+  case ",$flags," in *,--spec_adaptive,*) ADAPTIVE+=("$name") ;; esac
   for _ in $(seq 1 600); do [ -s "$ready" ] && break; sleep 0.2; done
   [ -s "$ready" ] || { echo "$name: cluster did not start; see $WORK/$name.out" >&2; exit 1; }
   ROUTER[$name]=$(cat "$ready")
@@ -171,13 +182,21 @@ CONFIGS=()
 for name in "${NAMES[@]}"; do [ "${name%%@*}" = off ] && [ "$name" != off ] || CONFIGS+=("$name"); done
 echo "started ${#NAMES[@]} clusters; logs in $WORK" >&2
 
-# Rounds 1-WARMUP_ROUNDS..0 are the cold ones.
-for REPEAT in $(seq $((1 - WARMUP_ROUNDS)) "$REPEATS"); do
+# Rounds 1-WARMUP_ROUNDS-SELECTOR_WARMUP_ROUNDS..-WARMUP_ROUNDS run the adaptive nodes alone (their
+# figures go nowhere), 1-WARMUP_ROUNDS..0 are the cold ones.
+FIRST=$((1 - WARMUP_ROUNDS))
+[ ${#ADAPTIVE[@]} -gt 0 ] && FIRST=$((FIRST - SELECTOR_WARMUP_ROUNDS))
+for REPEAT in $(seq "$FIRST" "$REPEATS"); do
   out=$RESULTS
   [ "$REPEAT" -le 0 ] && out=$COLD
+  round_configs=("${CONFIGS[@]}")
+  if [ "$REPEAT" -le $((-WARMUP_ROUNDS)) ]; then
+    out=/dev/null
+    round_configs=("${ADAPTIVE[@]}")
+  fi
   for c in $CONCURRENCY; do
     seed=$((1000 * (REPEAT + 100) + c))
-    order=$(python3 - "$seed" "$OFF_EVERY" "${CONFIGS[@]}" <<'PY'
+    order=$(python3 - "$seed" "$OFF_EVERY" "${round_configs[@]}" <<'PY'
 import random, sys
 every, names = int(sys.argv[2]), sys.argv[3:]
 others = [n for n in names if n != "off"] if every > 0 and "off" in names else names
