@@ -253,6 +253,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
             so.draft_catch_up_window));
       }
       mo.catch_up_window = so.draft_catch_up_window;
+      mo.catch_up_window_min_sequences = so.draft_catch_up_window_min_sequences;
       absl::StatusOr<std::unique_ptr<spec::ModelDrafter>> loaded = spec::ModelDrafter::Load(
           so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
       if (!loaded.ok()) {
@@ -1786,6 +1787,7 @@ bool LlmEngine::CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int 
 
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
+  model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
   std::vector<spec::DraftRequest> requests;
   int64_t lags = 0;
   int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchUpExcess)
@@ -1852,6 +1854,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   spec::StepShape shape =
       SyncStepShape(static_cast<int>(decodes.size()), step_tokens, step_requests);
   probe = probe && adaptive;
+  if (model_drafter_ != nullptr) model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
   std::vector<int> caps(decodes.size());
   for (size_t i = 0; i < decodes.size(); ++i) {
     // Never draft past max_tokens: the step emits up to drafts + 1 tokens.

@@ -119,6 +119,9 @@ struct SpecOptions {
   // a bounded catch-up, not a prefill of everything since. Lossless (drafts are verified); 0: every
   // token is fed.
   int draft_catch_up_window = 0;
+  // Draft model: the window applies only while at least this many sequences decode (fewer: every
+  // token is fed; spec::ModelDrafterOptions::catch_up_window_min_sequences). >= 1.
+  int draft_catch_up_window_min_sequences = 1;
   // Draft model, adaptive: on steps that draft nothing (no drafting mode of the selector, or the
   // plan's L = 0), every decoding sequence whose draft KV lags its context by this many tokens or
   // more is fed (spec::ModelDrafter::Feed, at most draft_catch_up_tokens each), so the draft

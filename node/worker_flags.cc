@@ -83,6 +83,10 @@ ABSL_FLAG(std::string, draft_catch_up_window, "auto",
           "times cheaper at 32 decoding sequences for 1-5% fewer tokens per step), 0 for longer "
           "fixed drafts (which also copy from the whole conversation: 12-18% fewer tokens per "
           "step with a window).");
+ABSL_FLAG(int32_t, draft_catch_up_window_min_sequences, 2,
+          "With --draft_catch_up_window above 0: the window applies only while at least this "
+          "many sequences decode (>= 1); with fewer, every token is fed (a lone request's prompt "
+          "costs the draft model a short prefill, and its drafts see the whole conversation).");
 ABSL_FLAG(bool, spec_adaptive, false,
           "With --speculative: verify per step the number of drafts that maximises expected "
           "tokens per second, from a cost table profiled on the model at start-up.");
@@ -114,6 +118,10 @@ ABSL_FLAG(int32_t, spec_freeze_epochs, 512,
 ABSL_FLAG(int32_t, spec_min_gap_epochs, 4,
           "With --spec_select: the fewest epochs of a bucket of decoding-request counts between "
           "two trials of one losing mode, however close it measured (at most 128).");
+ABSL_FLAG(int32_t, spec_confirm_gap_epochs, 1,
+          "With --spec_select: the epochs of a bucket between two trials of a mode rated faster "
+          "than the bucket's current mode but not yet compared often enough to take over; such a "
+          "mode goes before every loser that is due (1..--spec_min_gap_epochs).");
 ABSL_FLAG(double, spec_cost_decay, 0.9,
           "With --spec_select: the weight of a mode's older trials in its score, in [0, 1): "
           "higher averages more trials (less noise, slower to follow a change).");
@@ -199,8 +207,7 @@ ABSL_FLAG(std::string, spec_trial_run_tokens, "auto",
           "measured steps have emitted this many tokens per decoding request, instead of "
           "--spec_trial_run_steps steps, so that both sides are measured on as much of the same "
           "text (runs of equal steps rate a long draft on easier text than a short one); 0: runs "
-          "of steps; auto: 16 with --speculative=ngram, 0 with a draft model (measured best for "
-          "each).");
+          "of steps; auto: 16.");
 ABSL_FLAG(bool, spec_off_epoch_catch_up, true,
           "With --spec_select and a draft model: whether steps of a bucket held by no drafting "
           "feed the draft model everything requests are behind by (a new prompt, what a frozen "
@@ -218,10 +225,10 @@ ABSL_FLAG(std::string, spec_catch_up_delay_steps, "auto",
           "after this many steps there in a row (a dip of a few steps would otherwise pay the "
           "draft model's catch-up on every request); 0: at once; auto: 8 with a draft model, 0 "
           "with --speculative=ngram.");
-ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 4,
+ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 8,
           "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
-          "many requests decode (single steps above: runs of long steps made trials costly); 0: "
-          "at any count.");
+          "many requests decode (single steps above: runs of long steps made trials costly; single "
+          "alternating steps rate a short draft on harder text than its own); 0: at any count.");
 
 namespace deepinfer::node {
 namespace {
@@ -360,6 +367,14 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         "--spec_min_gap_epochs: expected 1..", o.speculative.select_options.max_gap_epochs,
         ", got ", o.speculative.select_options.min_gap_epochs));
   }
+  o.speculative.select_options.confirm_gap_epochs = absl::GetFlag(FLAGS_spec_confirm_gap_epochs);
+  if (o.speculative.select_options.confirm_gap_epochs < 1 ||
+      o.speculative.select_options.confirm_gap_epochs >
+          o.speculative.select_options.min_gap_epochs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec_confirm_gap_epochs: expected 1..", o.speculative.select_options.min_gap_epochs,
+        " (--spec_min_gap_epochs), got ", o.speculative.select_options.confirm_gap_epochs));
+  }
   o.speculative.select_options.cost_decay = absl::GetFlag(FLAGS_spec_cost_decay);
   if (!(o.speculative.select_options.cost_decay >= 0.0 &&
         o.speculative.select_options.cost_decay < 1.0)) {
@@ -421,7 +436,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   const std::string run_tokens = absl::GetFlag(FLAGS_spec_trial_run_tokens);
   double& trial_run_tokens = o.speculative.select_options.trial_run_tokens;
   if (run_tokens == "auto") {
-    trial_run_tokens = o.speculative.drafter == "ngram" ? kNgramTrialRunTokens : 0.0;
+    trial_run_tokens = kTrialRunTokens;
   } else if (!absl::SimpleAtod(run_tokens, &trial_run_tokens) || !(trial_run_tokens >= 0.0) ||
              !std::isfinite(trial_run_tokens)) {
     return absl::InvalidArgumentError(
@@ -467,6 +482,13 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
           &o.speculative.draft_catch_up_window, "feed every token");
       !s.ok()) {
     return s;
+  }
+  o.speculative.draft_catch_up_window_min_sequences =
+      absl::GetFlag(FLAGS_draft_catch_up_window_min_sequences);
+  if (o.speculative.draft_catch_up_window_min_sequences < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--draft_catch_up_window_min_sequences: expected >= 1, got ",
+                     o.speculative.draft_catch_up_window_min_sequences));
   }
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(o.speculative));
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());

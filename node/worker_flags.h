@@ -53,6 +53,7 @@ ABSL_DECLARE_FLAG(bool, spec_interleave);
 ABSL_DECLARE_FLAG(double, spec_freeze_below);
 ABSL_DECLARE_FLAG(int32_t, spec_freeze_epochs);
 ABSL_DECLARE_FLAG(int32_t, spec_min_gap_epochs);
+ABSL_DECLARE_FLAG(int32_t, spec_confirm_gap_epochs);
 ABSL_DECLARE_FLAG(double, spec_cost_decay);
 ABSL_DECLARE_FLAG(double, spec_switch_margin);
 ABSL_DECLARE_FLAG(bool, spec_ngram_history);
@@ -74,13 +75,22 @@ ABSL_DECLARE_FLAG(bool, spec_carry_over_correction);
 ABSL_DECLARE_FLAG(std::string, draft_model);
 ABSL_DECLARE_FLAG(int, draft_kv_blocks);
 ABSL_DECLARE_FLAG(std::string, draft_catch_up_window);
+ABSL_DECLARE_FLAG(int32_t, draft_catch_up_window_min_sequences);
 
 namespace deepinfer::node {
 
-// --spec_trial_run_tokens=auto with --speculative=ngram (a draft model gets 0: runs of steps).
-// Measured beside 0 in the same rounds (issue 12, session 28): an n-gram node with 16 won 5 of 5
-// rounds at 1 concurrent request and 4 of 5 at 8; a draft-model node 2 of 5 and 1 of 5.
-inline constexpr double kNgramTrialRunTokens = 16.0;
+// --spec_trial_run_tokens=auto, for either drafter. Measured beside 0 in the same rounds (issue 12,
+// session 28): an n-gram node with 16 won 5 of 5 rounds at 1 concurrent request and 4 of 5 at 8;
+// a draft-model node 2 of 5 and 1 of 5, so a draft model had runs of steps (0) until session 41.
+// Then, with runs up to 8 decoding requests (--spec_trial_run_max_decoding; they were up to 4, so
+// the 5-8 bucket compared single steps), a draft-model node at 8 concurrent requests with 16
+// measured above one with 0 in three experiments of 5-6 rounds (decode tokens/s over no
+// speculation 1.226 / 1.208 / 1.246 against 1.198 / 1.187 / 1.151; 6 of 6 rounds in the last, a
+// full sweep, where it was also level at 1 and 32 requests): single alternating steps rated k = 1
+// below k = 2 at 5-8 sequences (its steps in the trials emitted 1.61 tokens a sequence where a
+// k = 1 node's emitted 1.72, and k = 2's 2.27 against 2.10: an inspection paradox), and the
+// node ran k = 2 or the plan there, 9% below k = 1.
+inline constexpr double kTrialRunTokens = 16.0;
 // --spec_catch_up_delay_steps=auto with a draft model (an n-gram drafter has nothing to catch up:
 // 0).
 inline constexpr int kDraftModelCatchUpDelaySteps = 8;

@@ -131,8 +131,8 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 0);  // auto with n-gram drafts
   // auto: runs of text with n-gram drafts.
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kNgramTrialRunTokens);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 4);
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kTrialRunTokens);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 0);  // auto with n-gram drafts
   EXPECT_FALSE(o->speculative.catch_up_gate);
@@ -146,7 +146,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
   absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
   absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
-  absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 8);
+  absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 16);
   absl::SetFlag(&FLAGS_spec_trial_run_tokens, "8.5");
   absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "2");
   absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
@@ -154,6 +154,8 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_catch_up_gate, true);
   absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
+  EXPECT_EQ(o->speculative.select_options.confirm_gap_epochs, 1);
+  absl::SetFlag(&FLAGS_spec_confirm_gap_epochs, 3);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.01);
   absl::SetFlag(&FLAGS_spec_min_gap_epochs, 16);
@@ -165,6 +167,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_max_length, 2);
   EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 16);
+  EXPECT_EQ(o->speculative.select_options.confirm_gap_epochs, 3);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.03);
   EXPECT_TRUE(o->speculative.ngram_history);
@@ -177,7 +180,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
   EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 16);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 2);
   EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
@@ -203,7 +206,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "auto");
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 0.0);  // runs of steps
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kTrialRunTokens);
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, kDraftModelCatchUpDelaySteps);
   absl::SetFlag(&FLAGS_draft_kv_blocks, 512);
@@ -212,10 +215,13 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_num_blocks, 512);
   // auto: the window under the adaptive selector (on here), and for fixed drafts of up to 2.
   EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
+  EXPECT_EQ(o->speculative.draft_catch_up_window_min_sequences, 2);
   absl::SetFlag(&FLAGS_draft_catch_up_window, "48");
+  absl::SetFlag(&FLAGS_draft_catch_up_window_min_sequences, 5);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_catch_up_window, 48);
+  EXPECT_EQ(o->speculative.draft_catch_up_window_min_sequences, 5);
   absl::SetFlag(&FLAGS_draft_catch_up_window, "auto");
   absl::SetFlag(&FLAGS_spec_select, false);
   const int k = absl::GetFlag(FLAGS_num_speculative_tokens);
@@ -262,6 +268,11 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_spec_freeze_epochs, 0); }, "--spec_freeze_epochs:"},
       {[] { absl::SetFlag(&FLAGS_spec_min_gap_epochs, 0); }, "--spec_min_gap_epochs:"},
       {[] { absl::SetFlag(&FLAGS_spec_min_gap_epochs, 129); }, "--spec_min_gap_epochs:"},
+      {[] { absl::SetFlag(&FLAGS_spec_confirm_gap_epochs, 0); },
+       "--spec_confirm_gap_epochs: expected 1..4 (--spec_min_gap_epochs), got 0"},
+      {[] { absl::SetFlag(&FLAGS_spec_confirm_gap_epochs, 5); }, "--spec_confirm_gap_epochs:"},
+      {[] { absl::SetFlag(&FLAGS_draft_catch_up_window_min_sequences, 0); },
+       "--draft_catch_up_window_min_sequences: expected >= 1, got 0"},
       {[] { absl::SetFlag(&FLAGS_spec_cost_decay, 1.0); }, "--spec_cost_decay:"},
       {[] { absl::SetFlag(&FLAGS_spec_cost_decay, -0.1); }, "--spec_cost_decay:"},
       {[] { absl::SetFlag(&FLAGS_spec_switch_margin, -0.01); }, "--spec_switch_margin:"},

@@ -32,6 +32,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
       !(options.content_decay < 1.0) || !(options.switch_margin >= 0.0) ||
       !(options.explore_cost > 0.0) || options.min_gap_epochs < 1 ||
       options.max_gap_epochs < options.min_gap_epochs || options.min_comparisons < 1 ||
+      options.confirm_gap_epochs < 1 || options.confirm_gap_epochs > options.min_gap_epochs ||
       !(options.switch_z >= 0.0) || !(options.explore_z >= 0.0) || !(options.prior_log_sd >= 0.0) ||
       !(options.prune_below >= 0.0) || !(options.prune_below <= 1.0) ||
       !(options.freeze_below >= 0.0) || !(options.freeze_below <= 1.0) ||
@@ -48,6 +49,7 @@ absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> mod
         "warmup_steps <= max_warmup_steps, 0 <= cost_decay, content_decay < 1, switch_margin "
         ">= 0, "
         "explore_cost > 0, 1 <= min_gap_epochs <= max_gap_epochs, min_comparisons >= 1, "
+        "1 <= confirm_gap_epochs <= min_gap_epochs, "
         "switch_z, explore_z, prior_log_sd >= 0, 0 <= prune_below, freeze_below <= 1, "
         "freeze_epochs >= 1, 0 <= trial_stop_below <= 1, trial_stop_sequence_steps >= 0, "
         "trial_run_steps >= 1, trial_run_unmeasured >= 0, finite trial_run_tokens >= 0, "
@@ -461,6 +463,11 @@ bool DraftModeSelector::Frozen(const BucketStats& bucket) const {
   return true;
 }
 
+namespace {
+// Added to an overdue challenger's overdue epochs: it goes before every overdue loser.
+constexpr double kChallengerPriority = 1e9;
+}  // namespace
+
 int DraftModeSelector::Decide(int b) {
   BucketStats& bucket = BucketAt(b);
   const int64_t epoch = bucket.epochs++;
@@ -515,12 +522,18 @@ int DraftModeSelector::Decide(int b) {
         if (options_.explore_by_time && s.epoch_seconds > 0.0 && inc_seconds > 0.0) {
           duration = std::clamp(s.epoch_seconds / inc_seconds, 0.25, 4.0);
         }
-        const double gap = s.comparisons < options_.min_comparisons
+        // A challenger (rated above the incumbent by more than the switch margin, short of the
+        // comparisons to take over) is confirmed first and soon: see "Challengers" in the header.
+        const bool challenger = s.comparisons < options_.min_comparisons && s.weight > 0.0 &&
+                                Score(bucket, m) > options_.switch_margin;
+        const double gap = challenger ? options_.confirm_gap_epochs
+                           : s.comparisons < options_.min_comparisons
                                ? options_.min_gap_epochs * std::max(duration, 1.0)
                                : std::clamp(deficit * duration / options_.explore_cost,
                                             static_cast<double>(options_.min_gap_epochs),
                                             static_cast<double>(options_.max_gap_epochs));
-        const double overdue = static_cast<double>(epoch - s.last_epoch) - gap;
+        double overdue = static_cast<double>(epoch - s.last_epoch) - gap;
+        if (challenger && overdue >= 0.0) overdue += kChallengerPriority;
         if (overdue >= 0.0 && overdue > most_overdue) {
           pick = m;
           most_overdue = overdue;

@@ -67,6 +67,16 @@ namespace deepinfer::engine::spec {
 // concurrency 32): without it a quarter of the time went to revisits (k = 4 and 8 epochs of
 // 1.1-1.6 s against k = 1's 0.47 s), where the gaps meant about 1%.
 //
+// Challengers. A mode rated above the incumbent (by more than switch_margin) but compared fewer
+// than min_comparisons times cannot take over yet. It is revisited `confirm_gap_epochs` epochs of
+// the bucket after its last trial, before any loser that is due, instead of waiting its turn
+// among the other modes short of comparisons: that turn costs a dozen epochs or more at the old
+// incumbent's rate (an epoch lasts at least epoch_seconds: seconds of a busy bucket, minutes of one
+// that the load visits now and then). Measured (issue 12, session 41, a draft-model node at 8
+// concurrent requests, before this rule): the 5-8 bucket rated k = 1 at 111% and then 115% of the
+// plan after its first two trials, then ran the plan through trials of k = 2, 8 and 4 before
+// k = 1's third, a round later.
+//
 // An epoch also ends early (too short to compare, then) when a step's decoding count falls in
 // another bucket whose incumbent is not the epoch's mode (`follow_bucket`, default on): without
 // it, epochs begun at 1-4 decoding sequences ran the plan on at 5-8, where k = 1 was the incumbent,
@@ -163,24 +173,24 @@ namespace deepinfer::engine::spec {
 // the other against its worse ones. With `trial_run_steps` N > 1 the sides alternate runs of N
 // steps, and each run's first step is not measured (N = 3: a third of the trial's steps).
 // Default 3 (1 until issue 12, session 24), at up to 4 decoding sequences (below).
-// Runs only where steps are cheap (`trial_run_max_decoding`, default 4; 0 = every bucket). At one
-// sequence a draft model's trials of single steps are biased by the steps' carry-over far beyond
-// their noise: a draft of 4 after one of 2 accepted 0.94 tokens where it accepted 1.38 after one
-// of 4 that had accepted as many (the same 1 draft and a correction), and trials rated k = 4 at
-// 90% of k = 2 where the two fixed-length nodes ran k = 4 7% faster (issue 12, session 24). Runs
-// of 3 gained 2-3% at 1 and 8 concurrent requests (session 19) but lost 6% at 32, where a
-// run's unmeasured first steps made trials a quarter of the node's time; with this option the
-// runs apply only to the small buckets, whose steps take a few milliseconds. Measured beside
-// single steps in the same rounds of two sweeps (session 24, decode tokens/s over no
-// speculation): a draft model +4% and +4% at 1 request (its node then ran k = 4 at one sequence,
-// at the k = 4 node's rate, where single-step trials had handed k = 2 the bucket), -1% and +2% at
-// 8, +4% and +4% at 32; n-gram +4% and -4% at 1 (its plan runs 99% of the time either way), +2%
-// and -1% at 8, -4% and +1% at 32. Tried again in session 26 at every count (0), beside 4 in the
-// same rounds of one sweep: a draft model -5% at 8 and -4% at 32 concurrent requests (its node
-// then held k = 4 at 17-32 sequences, 72% of its time), +1% at 1; n-gram level at 8 and 32. Step
-// traces had suggested it (the plan's steps at 17-32 after one of its own emitted 2.79 tokens/ms,
-// after a k = 2 step 2.49), but those after its own came from its epochs as the incumbent, at
-// other times: the machine's drift more than carry-over.
+// Runs only where steps are cheap (`trial_run_max_decoding`, default 4, the worker flag's 8; 0 =
+// every bucket). At one sequence a draft model's trials of single steps are biased by the steps'
+// carry-over far beyond their noise: a draft of 4 after one of 2 accepted 0.94 tokens where it
+// accepted 1.38 after one of 4 that had accepted as many (the same 1 draft and a correction), and
+// trials rated k = 4 at 90% of k = 2 where the two fixed-length nodes ran k = 4 7% faster (issue
+// 12, session 24). Runs of 3 gained 2-3% at 1 and 8 concurrent requests (session 19) but lost 6% at
+// 32, where a run's unmeasured first steps made trials a quarter of the node's time; with this
+// option the runs apply only to the small buckets, whose steps take a few milliseconds. Measured
+// beside single steps in the same rounds of two sweeps (session 24, decode tokens/s over no
+// speculation): a draft model +4% and +4% at 1 request (its node then ran k = 4 at one sequence, at
+// the k = 4 node's rate, where single-step trials had handed k = 2 the bucket), -1% and +2% at 8,
+// +4% and +4% at 32; n-gram +4% and -4% at 1 (its plan runs 99% of the time either way), +2% and
+// -1% at 8, -4% and +1% at 32. Tried again in session 26 at every count (0), beside 4 in the same
+// rounds of one sweep: a draft model -5% at 8 and -4% at 32 concurrent requests (its node then held
+// k = 4 at 17-32 sequences, 72% of its time), +1% at 1; n-gram level at 8 and 32. Step traces had
+// suggested it (the plan's steps at 17-32 after one of its own emitted 2.79 tokens/ms, after a k =
+// 2 step 2.49), but those after its own came from its epochs as the incumbent, at other times: the
+// machine's drift more than carry-over.
 //
 // Runs of steps and the step before. A forward pass also costs more right after one of another
 // shape: measured on a 2-core AVX2 VM (issue 12, session 27; demo model, one sequence, context 32)
@@ -209,8 +219,9 @@ namespace deepinfer::engine::spec {
 // 2-31%; it then held k = 1 at one sequence, level with a k = 1 node, where 0 kept the plan) and
 // 4 of 5 at 8; with 8, 4 and 3. A draft-model node with 8 won 3 of 5 at each; with 16, 2 of 5 at
 // 1 and 1 of 5 at 8 (median 0.83 of 0 there, on a machine then 40% slower than in the other
-// runs). So the option's default stays 0; the worker flag `--spec_trial_run_tokens` defaults to
-// auto, 16 with n-gram drafts and 0 with a draft model (node/worker_flags.h).
+// runs). So the option's default stays 0; the worker flag `--spec_trial_run_tokens` defaulted to
+// 16 with n-gram drafts and 0 with a draft model, and since session 41 to 16 for both, with runs
+// up to 8 decoding sequences (`--spec_trial_run_max_decoding`; node/worker_flags.h says why).
 // A run of text ends after the step that brings its tokens to R, which is more often a long step,
 // a draft accepted whole inside a copied stretch: the other side's run then begins in the copy,
 // and with trial_run_unmeasured 1 its first step, a long draft's best, is not measured. In an
@@ -408,6 +419,9 @@ class DraftModeSelector {
     // deficit, and a challenger takes over only once compared this many times: one pair of
     // epochs is too noisy to set a long gap on, or to hand the bucket to.
     int min_comparisons = 3;  // >= 1
+    // A challenger short of min_comparisons is revisited after this many epochs of the bucket,
+    // before any loser that is due (see "Challengers" above).
+    int confirm_gap_epochs = 1;  // in [1, min_gap_epochs]
     // Catch-up charge (above), and the step time (seconds, > 0) over which its figures decay
     // (weight exp(-t / horizon) on what is t seconds of the bucket's steps old, counted while a
     // drafting mode holds it).

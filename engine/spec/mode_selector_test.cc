@@ -74,6 +74,13 @@ TEST(DraftModeSelectorTest, RefusesBadModesAndOptions) {
   bad = Options();
   bad.catch_up_delay_steps = -1;
   EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
+  bad = Options();
+  bad.confirm_gap_epochs = 0;
+  EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
+  bad.confirm_gap_epochs = bad.min_gap_epochs + 1;
+  EXPECT_FALSE(DraftModeSelector::Create({0, 1}, bad).ok());
+  bad.confirm_gap_epochs = bad.min_gap_epochs;
+  EXPECT_TRUE(DraftModeSelector::Create({0, 1}, bad).ok());
   EXPECT_TRUE(DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2}, Options()).ok());
 }
 
@@ -933,7 +940,7 @@ TEST(DraftModeSelectorTest, RunsOfTextSeeThroughALongDraftsEasyStretches) {
     }
     if (run_tokens == 0) {
       EXPECT_EQ(s->Incumbent(1), 1) << s->DebugString();
-      EXPECT_GT(s->Relative(1, 0), 0.75) << s->DebugString();
+      EXPECT_GT(s->Relative(1, 0), 0.7) << s->DebugString();
     } else {
       EXPECT_EQ(s->Incumbent(1), 0) << s->DebugString();
       EXPECT_GT(s->Relative(1, 1), 0.6) << s->DebugString();
@@ -1604,6 +1611,49 @@ TEST(DraftModeSelectorTest, DefaultsPruneLengthsPastAClearLoser) {
   double tokens = 0.0;
   for (size_t m = 0; m < rate.size(); ++m) tokens += rate[m] * ran[m];
   EXPECT_GT(tokens / (rate[0] * 16 * 3000), 0.99);
+}
+
+// A challenger (rated above the incumbent, short of min_comparisons) is confirmed right after
+// the incumbent's next epoch, before the modes still short of comparisons that are due: the plan
+// holds the bucket, the first tour (epochs 2-6 of the bucket, each mode once) rates k = 1 at 115%,
+// and k = 1 takes over after two more trials, each after one epoch of the plan (epochs 8 and 10),
+// with no other mode run in between. Before this rule, no drafting (the most overdue) went first.
+TEST(DraftModeSelectorTest, AChallengerIsConfirmedBeforeTheLosersDue) {
+  Options o = Stepped(16, 0);
+  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
+  ASSERT_TRUE(s.ok());
+  const std::vector<double> rate = {100.0, 80.0, 115.0, 95.0, 85.0, 60.0};
+  std::vector<int> ran_after_tour(rate.size(), 0);
+  int64_t epochs_at_switch = -1;
+  for (int i = 0; i < 16 * 100; ++i) {
+    const DraftModeSelector::Choice c = s->Choose(8);
+    // The switch comes as the last trial ends, in the Choose that begins the next epoch.
+    if (s->Incumbent(8) == 2) {
+      epochs_at_switch = s->epochs() - 1;
+      break;
+    }
+    if (s->epochs() > 6) ++ran_after_tour[c.mode];
+    s->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+  }
+  ASSERT_GT(epochs_at_switch, 0) << s->DebugString();
+  EXPECT_EQ(epochs_at_switch, 10) << s->DebugString();
+  EXPECT_GT(ran_after_tour[2], 0);
+  for (int m : {1, 3, 4, 5}) EXPECT_EQ(ran_after_tour[m], 0) << "mode " << m;
+  EXPECT_NEAR(s->Relative(8, 0), 100.0 / 115.0, 1e-9);
+  // Spaced as losers short of comparisons (and still first), k = 1 waits 4 epochs a revisit.
+  o.confirm_gap_epochs = o.min_gap_epochs;
+  auto slow = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
+  ASSERT_TRUE(slow.ok());
+  int64_t slow_switch = -1;
+  for (int i = 0; i < 16 * 100; ++i) {
+    const DraftModeSelector::Choice c = slow->Choose(8);
+    if (slow->Incumbent(8) == 2) {
+      slow_switch = slow->epochs() - 1;
+      break;
+    }
+    slow->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+  }
+  EXPECT_GT(slow_switch, epochs_at_switch);
 }
 
 // Pruning spares no drafting and lengths whose own figures are high (issue 12, session 24: a

@@ -52,6 +52,11 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Create(
         "speculative.draft_model: drafter num_blocks and block_size must be >= 1, got ",
         options.num_blocks, " and ", options.block_size));
   }
+  if (options.catch_up_window_min_sequences < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculative.draft_catch_up_window_min_sequences: expected >= 1, got ",
+        options.catch_up_window_min_sequences));
+  }
   if (absl::Status s = CheckVocab(model->config().vocab_size, target_vocab_size); !s.ok()) {
     return s;
   }
@@ -111,7 +116,7 @@ int64_t ModelDrafter::Lag(int64_t seq_id, int64_t context_length) const {
     covered = seq.gap_at >= 0 && n > seq.gap_at ? n + seq.gap_len : n;
   }
   int64_t lag = std::max<int64_t>(context_length - covered, 0);
-  if (options_.catch_up_window > 0) lag = std::min<int64_t>(lag, options_.catch_up_window);
+  if (WindowApplies()) lag = std::min<int64_t>(lag, options_.catch_up_window);
   return lag;
 }
 
@@ -342,7 +347,7 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
     if (seq.gap_at < 0) covered = slots;
     const int64_t end = feed_only ? len - 1 : len;
     if (covered >= end) continue;  // feeding only: already up to date
-    if (options_.catch_up_window > 0 && end - covered > options_.catch_up_window) {
+    if (WindowApplies() && end - covered > options_.catch_up_window) {
       // Skip to the last catch_up_window tokens; one gap at most, so what came after an earlier
       // one goes first.
       if (seq.gap_at >= 0) {

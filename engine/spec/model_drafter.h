@@ -32,6 +32,15 @@
 // acceptance can suffer, and the recent text is what a draft continues. A second skip while a
 // gap exists first drops everything after the gap (one gap at most). Released sequences keep
 // their gap: a retired entry matches a new context through it.
+// The window applies only while at least `catch_up_window_min_sequences` sequences decode (the
+// engine says how many with set_decoding before each call); with fewer, every token is fed: a
+// lone request's prompt then costs the draft model a short prefill, and its drafts see the whole
+// conversation. Measured (issue 12, session 41; demo pair, one request at a time, a CPU with AMX):
+// an adaptive node drafting 4 tokens with the window emitted 2.43 tokens a step where a fixed-4
+// node feeding everything emitted 2.81 (1.135 against 1.219 tokens/ms). At many sequences the
+// window pays: each catch-up is a prefill for a few steps of drafting, and every later round
+// attends to the whole conversation (at 17-32 sequences 4.28 ms a k = 1 round without it, 1.46
+// with it; session 35).
 //
 // Drafts. With temperature 0 a draft token is the arg-max of the draft logits (lowest id on
 // ties) and `probs` stays empty: the verifier treats it as a point mass, which keeps rejection
@@ -87,6 +96,8 @@ struct ModelDrafterOptions {
   // cached KV stays and only the context's last `catch_up_window` tokens are fed, at the cache
   // slots right after it (see "Catch-up window" above). 0: every context token is fed.
   int catch_up_window = 0;
+  // >= 1: the window applies only while at least this many sequences decode (set_decoding).
+  int catch_up_window_min_sequences = 1;
 };
 
 class ModelDrafter : public Drafter {
@@ -118,6 +129,10 @@ class ModelDrafter : public Drafter {
   // then feeds only what came since, not everything since the last draft. Requests are validated
   // as by ProposeBatch (the first failure is returned; the others are still fed).
   absl::Status Feed(absl::Span<const DraftRequest> requests);
+  // How many sequences the engine decodes in the step the next calls serve (> 0), for the catch-up
+  // window's catch_up_window_min_sequences (Lag too); until set, or with 0, the window applies
+  // whenever it is set.
+  void set_decoding(int64_t n) { decoding_ = n; }
 
   // The draft model's cost per drafting round, for the adaptive draft length (budget.h
   // PlanDraftLength): one forward pass of n sequences x 1 token (after a context of 32 tokens,
@@ -135,8 +150,9 @@ class ModelDrafter : public Drafter {
   int64_t cached_length(int64_t seq_id) const;
   // Tokens a call would feed to bring `seq_id`'s cache up to a context of `context_length`
   // tokens that extends what it covers (skipped ones included): the uncovered rest, at most
-  // catch_up_window when that is set; the whole context for an unknown sequence (before any
-  // adoption of a retired entry). Feed stops one token short: ask with context_length - 1.
+  // catch_up_window when that applies (set_decoding); the whole context for an unknown sequence
+  // (before any adoption of a retired entry). Feed stops one token short: ask with
+  // context_length - 1.
   int64_t Lag(int64_t seq_id, int64_t context_length) const;
   int64_t skipped_tokens() const { return skipped_tokens_; }  // never fed (catch_up_window)
   int64_t evictions() const { return evictions_; }  // live sequences evicted for room
@@ -197,7 +213,13 @@ class ModelDrafter : public Drafter {
   Model* const model_;
   std::unique_ptr<Model> owned_;
   std::unique_ptr<KvCache> cache_;
+  // Whether the catch-up window applies now (catch_up_window_min_sequences, set_decoding).
+  bool WindowApplies() const {
+    return options_.catch_up_window > 0 &&
+           (decoding_ <= 0 || decoding_ >= options_.catch_up_window_min_sequences);
+  }
   const ModelDrafterOptions options_;
+  int64_t decoding_ = 0;  // set_decoding; 0: not said
   const int vocab_;
   std::vector<int32_t> free_;
   absl::node_hash_map<int64_t, SeqCache> seqs_;  // node map: pointers stay valid

@@ -278,6 +278,49 @@ std::vector<int32_t> Spliced(const std::vector<int32_t>& head, const std::vector
   return out;
 }
 
+// catch_up_window_min_sequences: while fewer sequences decode (set_decoding), a lagging sequence
+// is fed whole; from that many on, it skips to the window.
+TEST(ModelDrafterTest, CatchUpWindowAppliesFromItsSequenceCount) {
+  ModelDrafterOptions o;
+  o.num_blocks = 64;
+  o.block_size = 4;
+  o.catch_up_window = 4;
+  o.catch_up_window_min_sequences = 2;
+  const std::unique_ptr<ModelDrafter> made = MakeWith(o);
+  ASSERT_NE(made, nullptr);
+  ModelDrafter& d = *made;
+  d.set_decoding(1);
+  std::vector<int32_t> ctx = Context(3, 21);
+  DraftProposal p;
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_EQ(d.computed_tokens(), 3 + 2);
+  // One sequence decoding: 10 more tokens are all fed (the cache holds the prompt and d_1, d_2,
+  // which Lag counts as covered).
+  const std::vector<int32_t> more = Context(10, 22);
+  ctx.insert(ctx.end(), more.begin(), more.end());
+  EXPECT_EQ(d.Lag(1, static_cast<int64_t>(ctx.size())), 13 - 5);
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(ctx, 3));
+  EXPECT_EQ(d.skipped_tokens(), 0);
+  EXPECT_EQ(d.computed_tokens(), 5 + 10 + 2);
+  // Two decoding: the next 10 skip to the last 4.
+  d.set_decoding(2);
+  const std::vector<int32_t> head = ctx;
+  const std::vector<int32_t> later = Context(10, 23);
+  ctx.insert(ctx.end(), later.begin(), later.end());
+  EXPECT_EQ(d.Lag(1, static_cast<int64_t>(ctx.size())), 4);
+  ASSERT_TRUE(d.Propose(1, ctx, 3, &p).ok());
+  EXPECT_EQ(p.tokens, Reference(Spliced(head, ctx, ctx.size() - 4, ctx.size()), 3));
+  EXPECT_EQ(d.skipped_tokens(), 10 - 4);
+  EXPECT_EQ(d.computed_tokens(), 17 + 4 + 2);
+  // The option's range.
+  o.catch_up_window_min_sequences = 0;
+  auto bad = ModelDrafter::Create(SharedModel(), SharedModel()->config().vocab_size, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("catch_up_window_min_sequences"), std::string::npos);
+}
+
 TEST(ModelDrafterTest, CatchUpWindowSkipsToTheRecentText) {
   ModelDrafterOptions o;
   o.num_blocks = 64;
