@@ -1619,41 +1619,35 @@ TEST(DraftModeSelectorTest, DefaultsPruneLengthsPastAClearLoser) {
 // and k = 1 takes over after two more trials, each after one epoch of the plan (epochs 8 and 10),
 // with no other mode run in between. Before this rule, no drafting (the most overdue) went first.
 TEST(DraftModeSelectorTest, AChallengerIsConfirmedBeforeTheLosersDue) {
-  Options o = Stepped(16, 0);
-  auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
-  ASSERT_TRUE(s.ok());
   const std::vector<double> rate = {100.0, 80.0, 115.0, 95.0, 85.0, 60.0};
-  std::vector<int> ran_after_tour(rate.size(), 0);
-  int64_t epochs_at_switch = -1;
-  for (int i = 0; i < 16 * 100; ++i) {
-    const DraftModeSelector::Choice c = s->Choose(8);
-    // The switch comes as the last trial ends, in the Choose that begins the next epoch.
-    if (s->Incumbent(8) == 2) {
-      epochs_at_switch = s->epochs() - 1;
-      break;
+  // Runs 8 decoding sequences until k = 1 (mode 2) holds the bucket; returns the epoch whose end
+  // handed it over (the switch comes in the Choose that begins the next epoch), counting the
+  // steps each mode ran after the first tour in `after_tour`.
+  auto epoch_of_switch = [&rate](const Options& o, std::vector<int>* after_tour) -> int64_t {
+    auto s = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
+    EXPECT_TRUE(s.ok());
+    if (!s.ok()) return -1;
+    after_tour->assign(rate.size(), 0);
+    for (int i = 0; i < 16 * 100; ++i) {
+      const DraftModeSelector::Choice c = (*s)->Choose(8);
+      if ((*s)->Incumbent(8) == 2) {
+        EXPECT_NEAR((*s)->Relative(8, 0), 100.0 / 115.0, 1e-9);
+        return (*s)->epochs() - 1;
+      }
+      if ((*s)->epochs() > 6) ++(*after_tour)[c.mode];
+      (*s)->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
     }
-    if (s->epochs() > 6) ++ran_after_tour[c.mode];
-    s->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
-  }
-  ASSERT_GT(epochs_at_switch, 0) << s->DebugString();
-  EXPECT_EQ(epochs_at_switch, 10) << s->DebugString();
+    return -1;
+  };
+  Options o = Stepped(16, 0);
+  std::vector<int> ran_after_tour;
+  const int64_t epochs_at_switch = epoch_of_switch(o, &ran_after_tour);
+  EXPECT_EQ(epochs_at_switch, 10);
   EXPECT_GT(ran_after_tour[2], 0);
   for (int m : {1, 3, 4, 5}) EXPECT_EQ(ran_after_tour[m], 0) << "mode " << m;
-  EXPECT_NEAR(s->Relative(8, 0), 100.0 / 115.0, 1e-9);
   // Spaced as losers short of comparisons (and still first), k = 1 waits 4 epochs a revisit.
   o.confirm_gap_epochs = o.min_gap_epochs;
-  auto slow = DraftModeSelector::Create({DraftModeSelector::kPlan, 0, 1, 2, 4, 8}, o);
-  ASSERT_TRUE(slow.ok());
-  int64_t slow_switch = -1;
-  for (int i = 0; i < 16 * 100; ++i) {
-    const DraftModeSelector::Choice c = slow->Choose(8);
-    if (slow->Incumbent(8) == 2) {
-      slow_switch = slow->epochs() - 1;
-      break;
-    }
-    slow->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
-  }
-  EXPECT_GT(slow_switch, epochs_at_switch);
+  EXPECT_GT(epoch_of_switch(o, &ran_after_tour), epochs_at_switch);
 }
 
 // Pruning spares no drafting and lengths whose own figures are high (issue 12, session 24: a

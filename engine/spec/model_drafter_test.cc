@@ -278,13 +278,19 @@ std::vector<int32_t> Spliced(const std::vector<int32_t>& head, const std::vector
   return out;
 }
 
-// catch_up_window_min_sequences: while fewer sequences decode (set_decoding), a lagging sequence
-// is fed whole; from that many on, it skips to the window.
-TEST(ModelDrafterTest, CatchUpWindowAppliesFromItsSequenceCount) {
+// 64 blocks of 4 tokens and a catch-up window of `window` tokens.
+ModelDrafterOptions WindowOptions(int window) {
   ModelDrafterOptions o;
   o.num_blocks = 64;
   o.block_size = 4;
-  o.catch_up_window = 4;
+  o.catch_up_window = window;
+  return o;
+}
+
+// catch_up_window_min_sequences: while fewer sequences decode (set_decoding), a lagging sequence
+// is fed whole; from that many on, it skips to the window.
+TEST(ModelDrafterTest, CatchUpWindowAppliesFromItsSequenceCount) {
+  ModelDrafterOptions o = WindowOptions(4);
   o.catch_up_window_min_sequences = 2;
   const std::unique_ptr<ModelDrafter> made = MakeWith(o);
   ASSERT_NE(made, nullptr);
@@ -322,11 +328,7 @@ TEST(ModelDrafterTest, CatchUpWindowAppliesFromItsSequenceCount) {
 }
 
 TEST(ModelDrafterTest, CatchUpWindowSkipsToTheRecentText) {
-  ModelDrafterOptions o;
-  o.num_blocks = 64;
-  o.block_size = 4;
-  o.catch_up_window = 4;
-  const std::unique_ptr<ModelDrafter> made = MakeWith(o);
+  const std::unique_ptr<ModelDrafter> made = MakeWith(WindowOptions(4));
   ASSERT_NE(made, nullptr);
   ModelDrafter& d = *made;
   // A short prompt is fed whole.
