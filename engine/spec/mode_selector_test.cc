@@ -1629,13 +1629,13 @@ TEST(DraftModeSelectorTest, AChallengerIsConfirmedBeforeTheLosersDue) {
     if (!s.ok()) return -1;
     after_tour->assign(rate.size(), 0);
     for (int i = 0; i < 16 * 100; ++i) {
-      const DraftModeSelector::Choice c = (*s)->Choose(8);
-      if ((*s)->Incumbent(8) == 2) {
-        EXPECT_NEAR((*s)->Relative(8, 0), 100.0 / 115.0, 1e-9);
-        return (*s)->epochs() - 1;
+      const DraftModeSelector::Choice c = s->Choose(8);
+      if (s->Incumbent(8) == 2) {
+        EXPECT_NEAR(s->Relative(8, 0), 100.0 / 115.0, 1e-9);
+        return s->epochs() - 1;
       }
-      if ((*s)->epochs() > 6) ++(*after_tour)[c.mode];
-      (*s)->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
+      if (s->epochs() > 6) ++(*after_tour)[c.mode];
+      s->Observe(8, c.mode, c.measured, rate[c.mode] * 0.01, 0.01);
     }
     return -1;
   };
