@@ -215,6 +215,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
     }
+    if (so.adaptive && so.profile_edge_requests < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculative.profile_edge_requests: expected >= 0, got ", so.profile_edge_requests));
+    }
     if (so.adaptive && so.profile_context < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("speculative.profile_context: expected >= 1, got ", so.profile_context));
@@ -395,10 +399,13 @@ absl::Status LlmEngine::ProfileCost() {
   // also measures the edges where one token more starts a pass (spec::CostProfileShapes: at more
   // requests the edges' noise drove the plan). A GPU backend's passes are not the CPU's: none.
   constexpr int kEdgeShapes = 24;
-  constexpr int kEdgeRequests = 1;
   const int rows_per_pass = RowsPerPass();
+  const int edge_requests =
+      options_.speculative.profile_edge_requests > 0 ? options_.speculative.profile_edge_requests
+      : rows_per_pass >= SpecOptions::kAutoEdgeRowsPerPass ? 8
+                                                            : 1;
   const std::vector<std::pair<int, int>> shapes = spec::CostProfileShapes(
-      k, options_.max_running, rows_per_pass, kEdgeShapes, kEdgeRequests,
+      k, options_.max_running, rows_per_pass, kEdgeShapes, edge_requests,
       [&](int tokens, int requests) {
         const int per_request = (tokens + requests - 1) / requests;
         const int64_t blocks_needed = requests * ((context + per_request + bs - 1) / bs);

@@ -293,6 +293,19 @@ struct SpecOptions {
   // at 8 requests at 0.10 ms where steps in service at ~600 cached tokens paid 0.15, and the plan
   // verified 1.9 drafts a sequence at 5-8 decoding requests, 7% slower than drafting one.
   int profile_context = 512;
+  // Adaptive, on a CPU backend whose projections multiply several tokens per pass: the start-up
+  // profile also measures the edges where one token more starts a pass (spec::CostProfileShapes)
+  // in its rows of at most this many requests, >= 0; 0 (auto): 8 where a pass takes
+  // kAutoEdgeRowsPerPass tokens or more (AMX), else 1. With 1 (as until issue 12, session 42)
+  // only the one-request row holds them, so at 2-8 decoding sequences the table spreads a pass's
+  // cost evenly between its powers of two: with AMX (16 rows a pass, one token past a pass 0.8
+  // ms at 8 requests, where the 15 tokens before it cost 0.9) an n-gram node's plan at 3-4
+  // sequences verified 5.7 drafts a sequence, as many as a fixed length of 8, for 2.7 tokens/ms
+  // where a node drafting 4 ran 3.2; with 8 it ran 3.0, and 4% faster at 8 concurrent requests
+  // (session 42). On 4-row passes (AVX-512 BF16) a pass's jump is close to the profile's noise,
+  // and edges at 8 and 32 requests drove the plan with it (session 39).
+  int profile_edge_requests = 0;
+  static constexpr int kAutoEdgeRowsPerPass = 16;
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive, draft model: a probe's sequence drafts one position past its confidence stop
   // (spec::ConfidenceStop). False (as until issue 12, session 37): it drafts the plan's length + 1

@@ -345,6 +345,14 @@ TEST(SpecEngineLlamaTest, CostProfileRunsAtTheConfiguredContextWhereTheCacheHold
   EXPECT_NE(bad.status().message().find("speculative.profile_context: expected >= 1, got 0"),
             std::string::npos)
       << bad.status();
+  o.speculative.profile_context = 512;
+  o.speculative.profile_edge_requests = -1;
+  bad = LlmEngine::Create(model.get(), o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      bad.status().message().find("speculative.profile_edge_requests: expected >= 0, got -1"),
+      std::string::npos)
+      << bad.status();
 }
 
 TEST(SpecEngineLlamaTest, StopTokensAndStopStringsTruncateTheAcceptedRun) {

@@ -94,6 +94,11 @@ ABSL_FLAG(int32_t, spec_profile_context, 512,
           "With --spec_adaptive: the tokens each sequence has cached in the start-up cost "
           "profile's steps (>= 1; less where --kv_blocks or the model's positions do not hold "
           "it): a verified draft attends over its context, so set it near the contexts served.");
+ABSL_FLAG(int32_t, spec_profile_edge_requests, 0,
+          "With --spec_adaptive on a CPU backend: the start-up cost profile also measures where "
+          "one token more starts a pass of the projections in its rows of at most this many "
+          "requests (its rows are 1, 8 and 32 requests). 0 (auto): 8 where a pass multiplies 16 "
+          "tokens or more (AMX), else 1.");
 ABSL_FLAG(bool, spec_select, true,
           "With --spec_adaptive: measure that per-step plan against fixed draft lengths (1, 2, "
           "4, ... --num_speculative_tokens, or --spec_select_max_length) and no drafting, and run "
@@ -343,6 +348,12 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   if (o.speculative.profile_context < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--spec_profile_context: expected >= 1, got ",
                                                    o.speculative.profile_context));
+  }
+  o.speculative.profile_edge_requests = absl::GetFlag(FLAGS_spec_profile_edge_requests);
+  if (o.speculative.profile_edge_requests < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_profile_edge_requests: expected >= 0, got ",
+                     o.speculative.profile_edge_requests));
   }
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_max_length = absl::GetFlag(FLAGS_spec_select_max_length);

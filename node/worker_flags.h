@@ -42,6 +42,7 @@ ABSL_DECLARE_FLAG(int, ngram_min);
 ABSL_DECLARE_FLAG(int, ngram_max);
 ABSL_DECLARE_FLAG(bool, spec_adaptive);
 ABSL_DECLARE_FLAG(int32_t, spec_profile_context);
+ABSL_DECLARE_FLAG(int32_t, spec_profile_edge_requests);
 ABSL_DECLARE_FLAG(bool, spec_select);
 ABSL_DECLARE_FLAG(bool, spec_draft_stop_measured_rate);
 ABSL_DECLARE_FLAG(bool, spec_draft_length_check);

@@ -66,10 +66,13 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.max_n, 3);
   EXPECT_TRUE(o->speculative.adaptive);
   EXPECT_EQ(o->speculative.profile_context, 512);
+  EXPECT_EQ(o->speculative.profile_edge_requests, 0);  // auto
   absl::SetFlag(&FLAGS_spec_profile_context, 96);
+  absl::SetFlag(&FLAGS_spec_profile_edge_requests, 8);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.profile_context, 96);
+  EXPECT_EQ(o->speculative.profile_edge_requests, 8);
   const internal::v1::SpeculativeConfig c = ToSpeculativeConfig(o->speculative);
   EXPECT_EQ(c.method(), "ngram");
   EXPECT_EQ(c.num_speculative_tokens(), 6u);
@@ -264,6 +267,8 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
       {[] { absl::SetFlag(&FLAGS_spec_profile_context, 0); },
        "--spec_profile_context: expected >= 1, got 0"},
+      {[] { absl::SetFlag(&FLAGS_spec_profile_edge_requests, -1); },
+       "--spec_profile_edge_requests: expected >= 0, got -1"},
       {[] { absl::SetFlag(&FLAGS_spec_freeze_below, 1.5); }, "--spec_freeze_below:"},
       {[] { absl::SetFlag(&FLAGS_spec_freeze_epochs, 0); }, "--spec_freeze_epochs:"},
       {[] { absl::SetFlag(&FLAGS_spec_min_gap_epochs, 0); }, "--spec_min_gap_epochs:"},
