@@ -238,6 +238,13 @@ ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 8,
 namespace deepinfer::node {
 namespace {
 
+// A flag's value must be at least `min`: "--flag: expected >= min, got value".
+absl::Status AtLeast(absl::string_view flag, int value, int min) {
+  if (value >= min) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, ": expected >= ", min, ", got ", value));
+}
+
 absl::Status Positive(absl::string_view flag, int value) {
   if (value > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected > 0, got ", value));
@@ -350,11 +357,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
                                                    o.speculative.profile_context));
   }
   o.speculative.profile_edge_requests = absl::GetFlag(FLAGS_spec_profile_edge_requests);
-  if (o.speculative.profile_edge_requests < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--spec_profile_edge_requests: expected >= 0, got ",
-                     o.speculative.profile_edge_requests));
-  }
+  DI_RETURN_IF_ERROR(
+      AtLeast("spec_profile_edge_requests", o.speculative.profile_edge_requests, 0));
   o.speculative.select_mode = absl::GetFlag(FLAGS_spec_select);
   o.speculative.select_max_length = absl::GetFlag(FLAGS_spec_select_max_length);
   o.speculative.select_options.interleave = absl::GetFlag(FLAGS_spec_interleave);
@@ -496,11 +500,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
   }
   o.speculative.draft_catch_up_window_min_sequences =
       absl::GetFlag(FLAGS_draft_catch_up_window_min_sequences);
-  if (o.speculative.draft_catch_up_window_min_sequences < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--draft_catch_up_window_min_sequences: expected >= 1, got ",
-                     o.speculative.draft_catch_up_window_min_sequences));
-  }
+  DI_RETURN_IF_ERROR(AtLeast("draft_catch_up_window_min_sequences",
+                             o.speculative.draft_catch_up_window_min_sequences, 1));
   DI_RETURN_IF_ERROR(ValidateSpeculativeOptions(o.speculative));
   DI_RETURN_IF_ERROR(ParseLogLevel(absl::GetFlag(FLAGS_log_level), "log_level").status());
   return o;
