@@ -16,9 +16,23 @@ two modes, the mode on trial first): its steps, decoding counts, measured steps 
 period) and the ratio of the two sides' tokens per second over them (mode on trial / the other),
 for trials with at least --min_steps (default 3) such steps a side. The selector itself counts only
 the steps in the bucket where the trial began, so its figure can differ where the count moved.
+
+  tools/bench/step_trace_summary.py --runs [--gap SECONDS] [--peak LO-HI] [--last N] LOG [LOG ...]
+
+--runs: instead, each run of the log (spec_sweep.sh runs one benchmark at a time on a node: steps
+more than --gap seconds apart, default 4, begin a new run), the runs whose peak decoding count is
+in [LO, HI] (--peak 1-1: a sweep's concurrency-1 runs), the last N of them: tokens per
+millisecond of step period, and the share of the time and the tokens/ms of each kind of step:
+steady, catch-up (a draft model caught up on a new prompt or on skipped steps: catch_up_us > 0),
+prefill (the step carried prompt tokens: more tokens than its decoding sequences and verified
+drafts) and warm-up (an adaptive node's unmeasured steps after a change of mode). Then the same
+pooled over the runs kept. A node without the selector logs measured=0 for every step: its steps
+are never warm-up. Comparing two nodes run by run tells machine drift (both slower in the same
+run) from what each node does.
 """
 import argparse
 import collections
+import datetime
 import statistics
 import sys
 
@@ -35,6 +49,73 @@ def parse(line):
 def read_steps(path):
     with open(path) as f:
         return [parse(line) for line in f if MARK in line]
+
+
+def read_timed_steps(path):
+    """(seconds since the epoch, step) per step-trace line, from the line's leading timestamp."""
+    steps = []
+    with open(path) as f:
+        for line in f:
+            if MARK not in line:
+                continue
+            stamp = line.split(None, 1)[0].replace("Z", "+00:00")
+            steps.append((datetime.datetime.fromisoformat(stamp).timestamp(), parse(line)))
+    return steps
+
+
+KINDS = ("steady", "catch-up", "prefill", "warm-up")
+
+
+def kind(s):
+    adaptive = s["mode"] != -2
+    n = s["decoding"] if adaptive else s["samples"]
+    if s["tokens"] > n + s["verified"]:
+        return "prefill"
+    if s.get("catch_up_us", 0.0) > 0:
+        return "catch-up"
+    if adaptive and not s["measured"]:
+        return "warm-up"
+    return "steady"
+
+
+def kinds_text(steps):
+    """Total seconds and tokens of steps with a period, and per kind: share of time, tokens/ms."""
+    by = collections.defaultdict(lambda: [0.0, 0.0])
+    for s in steps:
+        if s["period_us"] > 0:
+            t = by[kind(s)]
+            t[0] += s["period_us"] / 1e6
+            t[1] += s["samples"] + s["accepted"]
+    seconds = sum(t[0] for t in by.values())
+    tokens = sum(t[1] for t in by.values())
+    parts = ["%s %.1f%% %.3f" % (k, 100.0 * by[k][0] / seconds, by[k][1] / by[k][0] / 1e3)
+             for k in KINDS if by[k][0] > 0]
+    count = sum(1 for s in steps if s["period_us"] > 0)
+    rate = tokens / seconds / 1e3 if seconds > 0 else 0.0
+    return "%d steps, %.3f s, %.3f tokens/ms%s" % (count, seconds, rate,
+                                                   "".join(" | " + p for p in parts))
+
+
+def runs(path, gap, peak, last, out):
+    timed = read_timed_steps(path)
+    found = []  # (first step, last step) indexes, 1-based
+    for i, (t, _) in enumerate(timed):
+        if not found or t - timed[i - 1][0] > gap:
+            found.append([i, i])
+        found[-1][1] = i
+    kept = []
+    for number, (first, end) in enumerate(found, 1):
+        steps = [s for _, s in timed[first:end + 1]]
+        top = max(int(s["decoding"] if s["mode"] != -2 else s["samples"]) for s in steps)
+        if peak[0] <= top <= peak[1]:
+            kept.append((number, first, end, top, steps))
+    if last > 0:
+        kept = kept[-last:]
+    for number, first, end, top, steps in kept:
+        out.write("%s run %d (steps %d-%d, peak %d): %s\n" %
+                  (path, number, first + 1, end + 1, top, kinds_text(steps)))
+    pooled = [s for *_, steps in kept for s in steps]
+    out.write("%s: %d runs, %s\n" % (path, len(kept), kinds_text(pooled)))
 
 
 def summarise(path, skip, max_decoding, out):
@@ -107,14 +188,30 @@ def main():
     p.add_argument("--max_decoding", type=int, default=64)
     p.add_argument("--trials", action="store_true")
     p.add_argument("--min_steps", type=int, default=3)
+    p.add_argument("--runs", action="store_true")
+    p.add_argument("--gap", type=float, default=4.0)
+    p.add_argument("--peak", default="1-1000000")
+    p.add_argument("--last", type=int, default=0)
     p.add_argument("logs", nargs="+")
     a = p.parse_args()
+    if not a.gap > 0:
+        sys.exit("--gap: expected seconds > 0, got %s" % a.gap)
+    try:
+        peak = tuple(int(x) for x in a.peak.split("-"))
+    except ValueError:
+        peak = ()
+    if len(peak) != 2 or not 0 <= peak[0] <= peak[1]:
+        sys.exit("--peak: expected LO-HI with 0 <= LO <= HI, got %s" % a.peak)
+    if a.last < 0:
+        sys.exit("--last: expected >= 0 (0: every run), got %s" % a.last)
     if not 0.0 <= a.skip < 1.0:
         sys.exit("--skip: expected a fraction in [0, 1), got %s" % a.skip)
     if a.min_steps < 1:
         sys.exit("--min_steps: expected >= 1, got %s" % a.min_steps)
     for path in a.logs:
-        if a.trials:
+        if a.runs:
+            runs(path, a.gap, peak, a.last, sys.stdout)
+        elif a.trials:
             trials(path, a.min_steps, sys.stdout)
         else:
             summarise(path, a.skip, a.max_decoding, sys.stdout)

@@ -37,4 +37,31 @@ if python3 "$OLDPWD/$tool" --trials --min_steps 0 step_trace_trials.log 2>/dev/n
   echo "FAIL: --min_steps 0 accepted"
   exit 1
 fi
+# --runs on hand-made lines (testdata/step_trace_runs.log). Run 1 (steps 1-6, one decoding
+# sequence): the first step has no period and is left out; then a catch-up step (1 token, 4 ms),
+# two steady ones (3 + 5 tokens, 2 + 2 ms), an unmeasured one of mode 2 (warm-up, 2 tokens, 2 ms)
+# and one that carried 20 tokens for 1 sequence and 2 drafts (prefill, 3 tokens, 6 ms): 14 tokens
+# in 16 ms. Run 2 (10 s later, a node without the selector at 3 and 2 sequences, measured=0 on
+# both: steady): 6 + 2 tokens in 3 + 1 ms.
+runs_all='step_trace_runs.log run 1 (steps 1-6, peak 1): 5 steps, 0.016 s, 0.875 tokens/ms | steady 25.0% 2.000 | catch-up 25.0% 0.250 | prefill 37.5% 0.500 | warm-up 12.5% 1.000
+step_trace_runs.log run 2 (steps 7-8, peak 3): 2 steps, 0.004 s, 2.000 tokens/ms | steady 100.0% 2.000
+step_trace_runs.log: 2 runs, 7 steps, 0.020 s, 1.100 tokens/ms | steady 40.0% 2.000 | catch-up 20.0% 0.250 | prefill 30.0% 0.500 | warm-up 10.0% 1.000'
+got=$(python3 "$OLDPWD/$tool" --runs step_trace_runs.log)
+[ "$got" = "$runs_all" ] || { diff <(echo "$runs_all") <(echo "$got") || true; echo "FAIL: --runs"; exit 1; }
+got=$(python3 "$OLDPWD/$tool" --runs --peak 1-1 step_trace_runs.log | sed -n 2p)
+[ "$got" = 'step_trace_runs.log: 1 runs, 5 steps, 0.016 s, 0.875 tokens/ms | steady 25.0% 2.000 | catch-up 25.0% 0.250 | prefill 37.5% 0.500 | warm-up 12.5% 1.000' ] ||
+  { echo "FAIL: --runs --peak 1-1: $got"; exit 1; }
+got=$(python3 "$OLDPWD/$tool" --runs --last 1 step_trace_runs.log | sed -n 1p)
+[ "$got" = 'step_trace_runs.log run 2 (steps 7-8, peak 3): 2 steps, 0.004 s, 2.000 tokens/ms | steady 100.0% 2.000' ] ||
+  { echo "FAIL: --runs --last 1: $got"; exit 1; }
+# A gap wider than the 10 s between the runs makes them one run.
+got=$(python3 "$OLDPWD/$tool" --runs --gap 20 step_trace_runs.log | sed -n 1p)
+[ "${got%%:*}" = 'step_trace_runs.log run 1 (steps 1-8, peak 3)' ] || { echo "FAIL: --gap 20: $got"; exit 1; }
+for bad in "--peak 3-1" "--peak x" "--gap 0" "--last -1"; do
+  # shellcheck disable=SC2086
+  if python3 "$OLDPWD/$tool" --runs $bad step_trace_runs.log 2>/dev/null; then
+    echo "FAIL: $bad accepted"
+    exit 1
+  fi
+done
 echo PASS
