@@ -26,8 +26,9 @@ millisecond of step period, and the share of the time and the tokens/ms of each 
 steady, catch-up (a draft model caught up on a new prompt or on skipped steps: catch_up_us > 0),
 prefill (the step carried prompt tokens: more tokens than its decoding sequences and verified
 drafts) and warm-up (an adaptive node's unmeasured steps after a change of mode). Then the same
-pooled over the runs kept. A node without the selector logs measured=0 for every step: its steps
-are never warm-up. Comparing two nodes run by run tells machine drift (both slower in the same
+pooled over the runs kept. Steps without a period (the first after an idle engine, often a new
+turn's prefill) are left out, as in the summary. A node without the selector logs measured=0 for
+every step: its steps are never warm-up. Comparing two nodes run by run tells machine drift (both slower in the same
 run) from what each node does.
 """
 import argparse
