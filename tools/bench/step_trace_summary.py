@@ -28,8 +28,8 @@ prefill (the step carried prompt tokens: more tokens than its decoding sequences
 drafts) and warm-up (an adaptive node's unmeasured steps after a change of mode). Then the same
 pooled over the runs kept. Steps without a period (the first after an idle engine, often a new
 turn's prefill) are left out, as in the summary. A node without the selector logs measured=0 for
-every step: its steps are never warm-up. Comparing two nodes run by run tells machine drift (both slower in the same
-run) from what each node does.
+every step: its steps are never warm-up. Comparing two nodes run by run tells machine drift (both
+slower in the same run) from what each node does.
 """
 import argparse
 import collections
@@ -52,6 +52,11 @@ def read_steps(path):
         return [parse(line) for line in f if MARK in line]
 
 
+def decoding(s):
+    """A step's decoding sequences: a node without the selector (mode -2) logs them as samples."""
+    return s["decoding"] if s["mode"] != -2 else s["samples"]
+
+
 def read_timed_steps(path):
     """(seconds since the epoch, step) per step-trace line, from the line's leading timestamp."""
     steps = []
@@ -68,13 +73,11 @@ KINDS = ("steady", "catch-up", "prefill", "warm-up")
 
 
 def kind(s):
-    adaptive = s["mode"] != -2
-    n = s["decoding"] if adaptive else s["samples"]
-    if s["tokens"] > n + s["verified"]:
+    if s["tokens"] > decoding(s) + s["verified"]:
         return "prefill"
     if s.get("catch_up_us", 0.0) > 0:
         return "catch-up"
-    if adaptive and not s["measured"]:
+    if s["mode"] != -2 and not s["measured"]:
         return "warm-up"
     return "steady"
 
@@ -82,16 +85,17 @@ def kind(s):
 def kinds_text(steps):
     """Total seconds and tokens of steps with a period, and per kind: share of time, tokens/ms."""
     by = collections.defaultdict(lambda: [0.0, 0.0])
+    count = 0
     for s in steps:
         if s["period_us"] > 0:
             t = by[kind(s)]
             t[0] += s["period_us"] / 1e6
             t[1] += s["samples"] + s["accepted"]
+            count += 1
     seconds = sum(t[0] for t in by.values())
     tokens = sum(t[1] for t in by.values())
     parts = ["%s %.1f%% %.3f" % (k, 100.0 * by[k][0] / seconds, by[k][1] / by[k][0] / 1e3)
              for k in KINDS if by[k][0] > 0]
-    count = sum(1 for s in steps if s["period_us"] > 0)
     rate = tokens / seconds / 1e3 if seconds > 0 else 0.0
     return "%d steps, %.3f s, %.3f tokens/ms%s" % (count, seconds, rate,
                                                    "".join(" | " + p for p in parts))
@@ -99,7 +103,7 @@ def kinds_text(steps):
 
 def runs(path, gap, peak, last, out):
     timed = read_timed_steps(path)
-    found = []  # (first step, last step) indexes, 1-based
+    found = []  # [first step, last step] of each run, 0-based indexes into timed
     for i, (t, _) in enumerate(timed):
         if not found or t - timed[i - 1][0] > gap:
             found.append([i, i])
@@ -107,7 +111,7 @@ def runs(path, gap, peak, last, out):
     kept = []
     for number, (first, end) in enumerate(found, 1):
         steps = [s for _, s in timed[first:end + 1]]
-        top = max(int(s["decoding"] if s["mode"] != -2 else s["samples"]) for s in steps)
+        top = max(int(decoding(s)) for s in steps)
         if peak[0] <= top <= peak[1]:
             kept.append((number, first, end, top, steps))
     if last > 0:
@@ -126,11 +130,10 @@ def summarise(path, skip, max_decoding, out):
     for s in steps:
         if s["period_us"] <= 0:  # the first step after an idle engine has no period
             continue
-        adaptive = s["mode"] != -2
-        n = int(s["decoding"] if adaptive else s["samples"])
+        n = int(decoding(s))
         if n < 1:
             continue
-        groups[(int(s["mode"]) if adaptive else None, min(n, max_decoding))].append(s)
+        groups[(int(s["mode"]) if s["mode"] != -2 else None, min(n, max_decoding))].append(s)
     total = sum(s["period_us"] for g in groups.values() for s in g)
     emitted = sum(s["samples"] + s["accepted"] for g in groups.values() for s in g)
     out.write("%s: %d steps, %.3f s, %d tokens, %.1f tokens/s\n" %
