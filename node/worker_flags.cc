@@ -230,10 +230,10 @@ ABSL_FLAG(std::string, spec_catch_up_delay_steps, "auto",
           "after this many steps there in a row (a dip of a few steps would otherwise pay the "
           "draft model's catch-up on every request); 0: at once; auto: 8 with a draft model, 0 "
           "with --speculative=ngram.");
-ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 8,
+ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 0,
           "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
-          "many requests decode (single steps above: runs of long steps made trials costly; single "
-          "alternating steps rate a short draft on harder text than its own); 0: at any count.");
+          "many requests decode, single alternating steps above (which rate a short draft on harder "
+          "text than its own); 0 (default): at any count.");
 
 namespace deepinfer::node {
 namespace {

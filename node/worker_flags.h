@@ -91,6 +91,14 @@ namespace deepinfer::node {
 // below k = 2 at 5-8 sequences (its steps in the trials emitted 1.61 tokens a sequence where a
 // k = 1 node's emitted 1.72, and k = 2's 2.27 against 2.10: an inspection paradox), and the
 // node ran k = 2 or the plan there, 9% below k = 1.
+// Runs of --spec_trial_run_tokens apply at any decoding count since session 44
+// (--spec_trial_run_max_decoding 0, was 8). Measured beside 8 in the same rounds at 32 concurrent
+// requests (8 rounds each): an n-gram node 1.430 against 1.394 decode tokens/s over no speculation
+// (k = 4 1.400), a draft-model node 1.059 against 1.050 (k = 1 1.067); together 10 of 16 rounds
+// won, 2 tied. Modest evidence: both settings ran the plan at 17-32 sequences (about 70% of the
+// node's time) and rated k = 4 (n-gram) and k = 1 (draft model) at 84-92% of it in trials, so the
+// gain is no change of mode there; the plan's own steps at 17-32 ran 2-4% faster in the nodes with
+// runs, which may be the processes' speed as much as the trials' cost.
 inline constexpr double kTrialRunTokens = 16.0;
 // --spec_catch_up_delay_steps=auto with a draft model (an n-gram drafter has nothing to catch up:
 // 0).

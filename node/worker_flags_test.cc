@@ -135,7 +135,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 0);  // auto with n-gram drafts
   // auto: runs of text with n-gram drafts.
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kTrialRunTokens);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 8);
+  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 0);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 0);  // auto with n-gram drafts
   EXPECT_FALSE(o->speculative.catch_up_gate);

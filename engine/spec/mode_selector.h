@@ -173,7 +173,7 @@ namespace deepinfer::engine::spec {
 // the other against its worse ones. With `trial_run_steps` N > 1 the sides alternate runs of N
 // steps, and each run's first step is not measured (N = 3: a third of the trial's steps).
 // Default 3 (1 until issue 12, session 24), at up to 4 decoding sequences (below).
-// Runs only where steps are cheap (`trial_run_max_decoding`, default 4, the worker flag's 8; 0 =
+// Runs only where steps are cheap (`trial_run_max_decoding`, default 4, the worker flag's 0; 0 =
 // every bucket). At one sequence a draft model's trials of single steps are biased by the steps'
 // carry-over far beyond their noise: a draft of 4 after one of 2 accepted 0.94 tokens where it
 // accepted 1.38 after one of 4 that had accepted as many (the same 1 draft and a correction), and
@@ -221,7 +221,8 @@ namespace deepinfer::engine::spec {
 // 1 and 1 of 5 at 8 (median 0.83 of 0 there, on a machine then 40% slower than in the other
 // runs). So the option's default stays 0; the worker flag `--spec_trial_run_tokens` defaulted to
 // 16 with n-gram drafts and 0 with a draft model, and since session 41 to 16 for both, with runs
-// up to 8 decoding sequences (`--spec_trial_run_max_decoding`; node/worker_flags.h says why).
+// up to 8 decoding sequences, and since session 44 at any count (`--spec_trial_run_max_decoding`;
+// node/worker_flags.h says why).
 // A run of text ends after the step that brings its tokens to R, which is more often a long step,
 // a draft accepted whole inside a copied stretch: the other side's run then begins in the copy,
 // and with trial_run_unmeasured 1 its first step, a long draft's best, is not measured. In an
