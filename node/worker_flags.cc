@@ -225,15 +225,15 @@ ABSL_FLAG(bool, spec_catch_up_gate, false,
           "costs; else it decodes without drafts. false (default): always caught up (measured: "
           "with the gate, drafting modes' steps looked like no drafting's and no bucket froze).");
 ABSL_FLAG(std::string, spec_catch_up_delay_steps, "auto",
-          "With --spec_select: while a bucket frozen on no drafting runs without updating the draft "
-          "model, a decoding count that moves to a bucket held by a drafting mode hands over only "
-          "after this many steps there in a row (a dip of a few steps would otherwise pay the "
-          "draft model's catch-up on every request); 0: at once; auto: 8 with a draft model, 0 "
-          "with --speculative=ngram.");
+          "With --spec_select: while a bucket frozen on no drafting runs without updating the "
+          "draft model, a decoding count that moves to a bucket held by a drafting mode hands over "
+          "only after this many steps there in a row (a dip of a few steps would otherwise pay "
+          "the draft model's catch-up on every request); 0: at once; auto: 8 with a draft model, "
+          "0 with --speculative=ngram.");
 ABSL_FLAG(int32_t, spec_trial_run_max_decoding, 0,
           "With --spec_select and --spec_trial_run_steps above 1: runs only while at most this "
-          "many requests decode, single alternating steps above (which rate a short draft on harder "
-          "text than its own); 0 (default): at any count.");
+          "many requests decode, single alternating steps above (which rate a short draft on "
+          "harder text than its own); 0 (default): at any count.");
 
 namespace deepinfer::node {
 namespace {
