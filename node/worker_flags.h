@@ -98,7 +98,9 @@ namespace deepinfer::node {
 // won, 2 tied. Modest evidence: both settings ran the plan at 17-32 sequences (about 70% of the
 // node's time) and rated k = 4 (n-gram) and k = 1 (draft model) at 84-92% of it in trials, so the
 // gain is no change of mode there; the plan's own steps at 17-32 ran 2-4% faster in the nodes with
-// runs, which may be the processes' speed as much as the trials' cost.
+// runs, which may be the processes' speed as much as the trials' cost. The full sweep with it
+// (both drafters, 1 / 8 / 32 requests, 8 rounds) put the adaptive node above the best fixed length
+// in all six cells, pooled +1.1% to +3.5%.
 inline constexpr double kTrialRunTokens = 16.0;
 // --spec_catch_up_delay_steps=auto with a draft model (an n-gram drafter has nothing to catch up:
 // 0).
