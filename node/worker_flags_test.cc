@@ -1,5 +1,7 @@
 #include "node/worker_flags.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -51,145 +53,52 @@ TEST_F(WorkerFlagsTest, DefaultsBecomeOptions) {
   }
 }
 
+// Writes `text` to a file under the test's temporary directory and returns its path.
+std::string WriteConfig(const std::string& name, const std::string& text) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
 TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   absl::SetFlag(&FLAGS_speculative, "ngram");
   absl::SetFlag(&FLAGS_num_speculative_tokens, 6);
-  absl::SetFlag(&FLAGS_ngram_min, 2);
-  absl::SetFlag(&FLAGS_ngram_max, 3);
   absl::SetFlag(&FLAGS_spec_adaptive, true);
   auto o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->speculative.enabled);
   EXPECT_EQ(o->speculative.drafter, "ngram");
   EXPECT_EQ(o->speculative.num_speculative_tokens, 6);
-  EXPECT_EQ(o->speculative.min_n, 2);
-  EXPECT_EQ(o->speculative.max_n, 3);
   EXPECT_TRUE(o->speculative.adaptive);
+  // Without --spec_config: the knobs' defaults (node/spec_config.h).
+  EXPECT_EQ(o->speculative.min_n, 1);
+  EXPECT_EQ(o->speculative.max_n, 4);
   EXPECT_EQ(o->speculative.profile_context, 512);
-  EXPECT_EQ(o->speculative.profile_edge_requests, 0);  // auto
-  absl::SetFlag(&FLAGS_spec_profile_context, 96);
-  absl::SetFlag(&FLAGS_spec_profile_edge_requests, 8);
+  EXPECT_TRUE(o->speculative.select_mode);
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 0);  // auto with n-gram drafts
+  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 16.0);
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 16);  // auto under the selector
+  EXPECT_EQ(o->speculative.draft_catch_up_window_min_sequences, 2);
+  // With it: the file's keys; "auto" resolves from the flags.
+  absl::SetFlag(&FLAGS_spec_config,
+                WriteConfig("spec.json", R"({"ngram_min": 2, "ngram_max": 3,
+                                              "profile_context": 96, "select": false,
+                                              "trial_run_unmeasured": "auto"})"));
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->speculative.min_n, 2);
+  EXPECT_EQ(o->speculative.max_n, 3);
   EXPECT_EQ(o->speculative.profile_context, 96);
-  EXPECT_EQ(o->speculative.profile_edge_requests, 8);
+  EXPECT_FALSE(o->speculative.select_mode);
+  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // auto: a fixed plan of 6 tokens
   const internal::v1::SpeculativeConfig c = ToSpeculativeConfig(o->speculative);
   EXPECT_EQ(c.method(), "ngram");
   EXPECT_EQ(c.num_speculative_tokens(), 6u);
   EXPECT_EQ(c.min_n(), 2u);
   EXPECT_EQ(c.max_n(), 3u);
   EXPECT_TRUE(c.adaptive());
-  EXPECT_TRUE(o->speculative.select_options.interleave);  // trials alternate by default
-  absl::SetFlag(&FLAGS_spec_interleave, false);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_FALSE(o->speculative.select_options.interleave);
-  EXPECT_TRUE(o->speculative.select_options.trial_any_epoch);
-  absl::SetFlag(&FLAGS_spec_trial_any_epoch, false);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_FALSE(o->speculative.select_options.trial_any_epoch);
-  EXPECT_TRUE(o->speculative.select_options.catch_up_charge);
-  absl::SetFlag(&FLAGS_spec_catch_up_charge, false);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_FALSE(o->speculative.select_options.catch_up_charge);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.inherit_weight, 1.0);
-  absl::SetFlag(&FLAGS_spec_inherit_weight, 0.25);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.inherit_weight, 0.25);
-  absl::SetFlag(&FLAGS_spec_inherit_weight, 0.0);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  EXPECT_FALSE(o.ok());
-  EXPECT_NE(o.status().message().find("--spec_inherit_weight"), std::string::npos);
-  absl::SetFlag(&FLAGS_spec_inherit_weight, 1.0);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_TRUE(o->speculative.select_options.weigh_cut_trials);
-  absl::SetFlag(&FLAGS_spec_weigh_cut_trials, false);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_FALSE(o->speculative.select_options.weigh_cut_trials);
-  EXPECT_FALSE(o->speculative.select_options.carry_over_correction);
-  absl::SetFlag(&FLAGS_spec_carry_over_correction, true);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_TRUE(o->speculative.select_options.carry_over_correction);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
-  EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
-  absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
-  EXPECT_FALSE(o->speculative.ngram_history);
-  EXPECT_FALSE(o->speculative.draft_model_history);
-  EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
-  EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.25);
-  EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 3);
-  EXPECT_FALSE(o->speculative.draft_length_check);
-  EXPECT_TRUE(o->speculative.probe_past_stop);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
-  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 3);
-  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 0);  // auto with n-gram drafts
-  // auto: runs of text with n-gram drafts.
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kTrialRunTokens);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 0);
-  EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
-  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 0);  // auto with n-gram drafts
-  EXPECT_FALSE(o->speculative.catch_up_gate);
-  absl::SetFlag(&FLAGS_spec_ngram_history, true);
-  absl::SetFlag(&FLAGS_spec_draft_model_history, true);
-  absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
-  absl::SetFlag(&FLAGS_spec_draft_stop_extend, 0.5);
-  absl::SetFlag(&FLAGS_spec_draft_stop_extend_min_decoding, 1);
-  absl::SetFlag(&FLAGS_spec_draft_length_check, true);
-  absl::SetFlag(&FLAGS_spec_probe_past_stop, false);
-  absl::SetFlag(&FLAGS_spec_trial_stop_below, 0.0);
-  absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, 64.0);
-  absl::SetFlag(&FLAGS_spec_trial_run_steps, 2);
-  absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, 16);
-  absl::SetFlag(&FLAGS_spec_trial_run_tokens, "8.5");
-  absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "2");
-  absl::SetFlag(&FLAGS_spec_off_epoch_catch_up, false);
-  absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "3");
-  absl::SetFlag(&FLAGS_spec_catch_up_gate, true);
-  absl::SetFlag(&FLAGS_spec_freeze_epochs, 64);
-  EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 4);
-  EXPECT_EQ(o->speculative.select_options.confirm_gap_epochs, 1);
-  absl::SetFlag(&FLAGS_spec_confirm_gap_epochs, 3);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.9);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.01);
-  absl::SetFlag(&FLAGS_spec_min_gap_epochs, 16);
-  EXPECT_EQ(o->speculative.select_max_length, 0);  // the fixed lengths go up to k
-  absl::SetFlag(&FLAGS_spec_cost_decay, 0.7);
-  absl::SetFlag(&FLAGS_spec_switch_margin, 0.03);
-  absl::SetFlag(&FLAGS_spec_select_max_length, 2);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.select_max_length, 2);
-  EXPECT_EQ(o->speculative.select_options.min_gap_epochs, 16);
-  EXPECT_EQ(o->speculative.select_options.confirm_gap_epochs, 3);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.03);
-  EXPECT_TRUE(o->speculative.ngram_history);
-  EXPECT_TRUE(o->speculative.draft_model_history);
-  EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
-  EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.5);
-  EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 1);
-  EXPECT_TRUE(o->speculative.draft_length_check);
-  EXPECT_FALSE(o->speculative.probe_past_stop);
-  EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
-  EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
-  EXPECT_EQ(o->speculative.select_options.trial_run_steps, 2);
-  EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 16);
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);
-  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 2);
-  EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
-  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);
-  EXPECT_TRUE(o->speculative.catch_up_gate);
-  EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
+  absl::SetFlag(&FLAGS_spec_config, "");
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");
   absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft/");
@@ -201,48 +110,12 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_model_path, "/models/tiny-draft/");
   EXPECT_EQ(o->speculative.draft_threads, 3);
   EXPECT_EQ(o->speculative.draft_num_blocks, 0);  // as many as the target's cache
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, 8.5);  // as given
-  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);       // as given
-  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 2);     // as given
-  absl::SetFlag(&FLAGS_spec_trial_run_tokens, "auto");
-  absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "auto");
-  absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "auto");
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_run_tokens, kTrialRunTokens);
-  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);
-  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, kDraftModelCatchUpDelaySteps);
+  EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 1);  // auto with a draft model
+  EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 8);  // auto with a draft model
   absl::SetFlag(&FLAGS_draft_kv_blocks, 512);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.draft_num_blocks, 512);
-  // auto: the window under the adaptive selector (on here), and for fixed drafts of up to 2.
-  EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
-  EXPECT_EQ(o->speculative.draft_catch_up_window_min_sequences, 2);
-  absl::SetFlag(&FLAGS_draft_catch_up_window, "48");
-  absl::SetFlag(&FLAGS_draft_catch_up_window_min_sequences, 5);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.draft_catch_up_window, 48);
-  EXPECT_EQ(o->speculative.draft_catch_up_window_min_sequences, 5);
-  absl::SetFlag(&FLAGS_draft_catch_up_window, "auto");
-  absl::SetFlag(&FLAGS_spec_select, false);
-  const int k = absl::GetFlag(FLAGS_num_speculative_tokens);
-  absl::SetFlag(&FLAGS_num_speculative_tokens, kDraftCatchUpWindowMaxFixedLength + 1);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // a long fixed draft: none
-  absl::SetFlag(&FLAGS_num_speculative_tokens, kDraftCatchUpWindowMaxFixedLength);
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.draft_catch_up_window, kDraftCatchUpWindow);
-  absl::SetFlag(&FLAGS_num_speculative_tokens, k);
-  absl::SetFlag(&FLAGS_draft_catch_up_window, "0");
-  o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->speculative.draft_catch_up_window, 0);  // every token fed
-  absl::SetFlag(&FLAGS_draft_catch_up_window, "auto");
-  absl::SetFlag(&FLAGS_spec_select, true);
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).method(), "draft_model");
   EXPECT_EQ(ToSpeculativeConfig(o->speculative).draft_model_id(), "tiny-draft");
   // Off: the other speculative flags are not checked, and the config says only "off".
@@ -265,42 +138,6 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
       {[] { absl::SetFlag(&FLAGS_block_size, -1); }, "--block_size:"},
       {[] { absl::SetFlag(&FLAGS_max_batch_tokens, 0); }, "--max_batch_tokens:"},
       {[] { absl::SetFlag(&FLAGS_max_running, 0); }, "--max_running:"},
-      {[] { absl::SetFlag(&FLAGS_spec_profile_context, 0); },
-       "--spec_profile_context: expected >= 1, got 0"},
-      {[] { absl::SetFlag(&FLAGS_spec_profile_edge_requests, -1); },
-       "--spec_profile_edge_requests: expected >= 0, got -1"},
-      {[] { absl::SetFlag(&FLAGS_spec_freeze_below, 1.5); }, "--spec_freeze_below:"},
-      {[] { absl::SetFlag(&FLAGS_spec_freeze_epochs, 0); }, "--spec_freeze_epochs:"},
-      {[] { absl::SetFlag(&FLAGS_spec_min_gap_epochs, 0); }, "--spec_min_gap_epochs:"},
-      {[] { absl::SetFlag(&FLAGS_spec_min_gap_epochs, 129); }, "--spec_min_gap_epochs:"},
-      {[] { absl::SetFlag(&FLAGS_spec_confirm_gap_epochs, 0); },
-       "--spec_confirm_gap_epochs: expected 1..4 (--spec_min_gap_epochs), got 0"},
-      {[] { absl::SetFlag(&FLAGS_spec_confirm_gap_epochs, 5); }, "--spec_confirm_gap_epochs:"},
-      {[] { absl::SetFlag(&FLAGS_draft_catch_up_window_min_sequences, 0); },
-       "--draft_catch_up_window_min_sequences: expected >= 1, got 0"},
-      {[] { absl::SetFlag(&FLAGS_spec_cost_decay, 1.0); }, "--spec_cost_decay:"},
-      {[] { absl::SetFlag(&FLAGS_spec_cost_decay, -0.1); }, "--spec_cost_decay:"},
-      {[] { absl::SetFlag(&FLAGS_spec_switch_margin, -0.01); }, "--spec_switch_margin:"},
-      {[] { absl::SetFlag(&FLAGS_spec_switch_margin, 1.0); }, "--spec_switch_margin:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_stop_below, -0.1); }, "--spec_trial_stop_below:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_stop_sequence_steps, -1.0); },
-       "--spec_trial_stop_sequence_steps:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_steps, 0); }, "--spec_trial_run_steps:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "-1"); },
-       "--spec_trial_run_unmeasured: expected auto or an integer >= 0, got \"-1\""},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_unmeasured, "one"); },
-       "--spec_trial_run_unmeasured:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "-1"); },
-       "--spec_trial_run_tokens: expected auto or a finite number >= 0, got \"-1\""},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "inf"); }, "--spec_trial_run_tokens:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "nan"); }, "--spec_trial_run_tokens:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_tokens, "sixteen"); }, "--spec_trial_run_tokens:"},
-      {[] { absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "-1"); },
-       "--spec_catch_up_delay_steps: expected auto or an integer >= 0, got \"-1\""},
-      {[] { absl::SetFlag(&FLAGS_spec_catch_up_delay_steps, "soon"); },
-       "--spec_catch_up_delay_steps:"},
-      {[] { absl::SetFlag(&FLAGS_spec_trial_run_max_decoding, -1); },
-       "--spec_trial_run_max_decoding:"},
       {[] { absl::SetFlag(&FLAGS_max_waiting, 0); }, "--max_waiting:"},
       {[] { absl::SetFlag(&FLAGS_threads, -2); }, "--threads:"},
       {[] { absl::SetFlag(&FLAGS_device, "gpu"); },
@@ -335,33 +172,20 @@ TEST_F(WorkerFlagsTest, BadValuesNameTheFlag) {
        },
        "--draft_kv_blocks: expected >= 0 (0: as many as --kv_blocks), got -1"},
       {[] {
-         absl::SetFlag(&FLAGS_speculative, "draft_model");
-         absl::SetFlag(&FLAGS_draft_model, "/models/tiny-draft");
-         absl::SetFlag(&FLAGS_draft_catch_up_window, "-2");
+         absl::SetFlag(&FLAGS_speculative, "ngram");
+         absl::SetFlag(&FLAGS_spec_config, WriteConfig("bad.json", R"({"ngram_min": 0})"));
        },
-       "--draft_catch_up_window: expected auto or an integer >= 0 (0: feed every token), got "
-       "\"-2\""},
+       "spec_config: ngram_min: expected an integer in [1, 64], got 0"},
       {[] {
          absl::SetFlag(&FLAGS_speculative, "ngram");
-         absl::SetFlag(&FLAGS_ngram_min, 0);
+         absl::SetFlag(&FLAGS_spec_config, WriteConfig("typo.json", R"({"selct": false})"));
        },
-       "--ngram_min: expected >= 1, got 0"},
+       "spec_config: unknown key \"selct\""},
       {[] {
          absl::SetFlag(&FLAGS_speculative, "ngram");
-         absl::SetFlag(&FLAGS_ngram_min, 3);
-         absl::SetFlag(&FLAGS_ngram_max, 2);
+         absl::SetFlag(&FLAGS_spec_config, WriteConfig("notjson.json", "select = false"));
        },
-       "--ngram_max: expected [--ngram_min = 3, 64], got 2"},
-      {[] {
-         absl::SetFlag(&FLAGS_speculative, "ngram");
-         absl::SetFlag(&FLAGS_num_speculative_tokens, 8);
-         absl::SetFlag(&FLAGS_spec_select_max_length, 16);
-       },
-       "--spec_select_max_length: expected [0, --num_speculative_tokens = 8], got 16"},
-      {[] { absl::SetFlag(&FLAGS_spec_draft_stop_extend, 1.0); },
-       "--spec_draft_stop_extend: expected a fraction in [0, 1), got 1"},
-      {[] { absl::SetFlag(&FLAGS_spec_draft_stop_extend_min_decoding, 0); },
-       "--spec_draft_stop_extend_min_decoding: expected >= 1, got 0"},
+       "spec_config: "},
   };
   for (const Case& c : cases) {
     absl::FlagSaver restore;

@@ -226,15 +226,15 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
   }
   if (spec.select_max_length < 0 || spec.select_max_length > spec.num_speculative_tokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--spec_select_max_length: expected [0, --num_speculative_tokens = ",
+        absl::StrCat("spec_config: select_max_length: expected [0, --num_speculative_tokens = ",
                      spec.num_speculative_tokens, "], got ", spec.select_max_length));
   }
   if (spec.min_n < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--ngram_min: expected >= 1, got ", spec.min_n));
+    return absl::InvalidArgumentError(absl::StrCat("spec_config: ngram_min: expected >= 1, got ", spec.min_n));
   }
   if (spec.max_n < spec.min_n || spec.max_n > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--ngram_max: expected [--ngram_min = ", spec.min_n, ", 64], got ", spec.max_n));
+        "spec_config: ngram_max: expected [ngram_min = ", spec.min_n, ", 64], got ", spec.max_n));
   }
   return absl::OkStatus();
 }

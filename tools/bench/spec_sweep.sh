@@ -57,7 +57,10 @@
 #   instead of re-prefilling the whole history on the prefill node.
 #   SWEEP_ADAPTIVE_K_NGRAM=16, SWEEP_ADAPTIVE_K_DRAFT_MODEL=8: the adaptive nodes' longest draft.
 #   SWEEP_ADAPTIVE_FLAGS_NGRAM, SWEEP_ADAPTIVE_FLAGS_DRAFT_MODEL: more flags for those nodes
-#   (comma-separated; default "--spec_select_max_length=8" and none).
+#   (comma-separated; default none).
+#   SWEEP_ADAPTIVE_CONFIG_NGRAM, SWEEP_ADAPTIVE_CONFIG_DRAFT_MODEL: the --spec_config JSON of
+#   those nodes (docs/spec-config.md; default '{"select_max_length": 8}' and '{}'). An A/B of a
+#   knob in SWEEP_EXTRA names a file: SWEEP_EXTRA="rm0=...,--spec_config=/tmp/rm0.json".
 #   SWEEP_EXTRA="NAME=FLAGS ...": more configurations beside the methods', NAME running every
 #   worker with FLAGS (comma-separated), e.g. SWEEP_EXTRA="off-overlap=--overlap=on".
 #   SWEEP_OFF_EVERY=4: in each round (and concurrency) no speculation runs first, again after
@@ -90,13 +93,15 @@ OFF_EVERY=${SWEEP_OFF_EVERY:-4}
 # selector's fixed lengths 1, 2, 4, ... up to it). n-gram drafts cost nothing to make, and on the
 # coding workload a draft of 8 accepted whole was followed by another accepted whole 94% of the
 # time at one decoding sequence (issue 12, session 22), so the adaptive n-gram node's plan may
-# verify up to 16 while its fixed lengths stop at 8 (--spec_select_max_length: a fixed 16, measured
+# verify up to 16 while its fixed lengths stop at 8 (select_max_length: a fixed 16, measured
 # beside the plan, took the 5-8 bucket at 8 concurrent requests at 76% of the plan's rate); a
 # draft model pays a forward pass per token, and its k = 8 is already well behind k = 4.
 ADAPTIVE_K_NGRAM=${SWEEP_ADAPTIVE_K_NGRAM:-16}
 ADAPTIVE_K_DRAFT_MODEL=${SWEEP_ADAPTIVE_K_DRAFT_MODEL:-8}
-ADAPTIVE_FLAGS_NGRAM=${SWEEP_ADAPTIVE_FLAGS_NGRAM-"--spec_select_max_length=8"}
+ADAPTIVE_FLAGS_NGRAM=${SWEEP_ADAPTIVE_FLAGS_NGRAM-}
 ADAPTIVE_FLAGS_DRAFT_MODEL=${SWEEP_ADAPTIVE_FLAGS_DRAFT_MODEL-}
+ADAPTIVE_CONFIG_NGRAM=${SWEEP_ADAPTIVE_CONFIG_NGRAM-'{"select_max_length": 8}'}
+ADAPTIVE_CONFIG_DRAFT_MODEL=${SWEEP_ADAPTIVE_CONFIG_DRAFT_MODEL-'{}'}
 CPUS=$(nproc)
 PIN=${SWEEP_PIN:-1}
 [ "$CPUS" -ge 2 ] || PIN=0
@@ -155,12 +160,15 @@ for m in $METHODS; do
     if [ "$k" = adaptive ]; then
       cap=$ADAPTIVE_K_DRAFT_MODEL
       flags=$ADAPTIVE_FLAGS_DRAFT_MODEL
+      config=$ADAPTIVE_CONFIG_DRAFT_MODEL
       if [ "$m" = ngram ]; then
         cap=$ADAPTIVE_K_NGRAM
         flags=$ADAPTIVE_FLAGS_NGRAM
+        config=$ADAPTIVE_CONFIG_NGRAM
       fi
+      echo "$config" >"$WORK/$m-adaptive.spec.json"
       start_config "$m-adaptive" \
-        "--speculative=$m,--num_speculative_tokens=$cap,--spec_adaptive$extra${flags:+,$flags}"
+        "--speculative=$m,--num_speculative_tokens=$cap,--spec_adaptive,--spec_config=$WORK/$m-adaptive.spec.json$extra${flags:+,$flags}"
     else
       start_config "$m-k$k" "--speculative=$m,--num_speculative_tokens=$k$extra"
     fi
