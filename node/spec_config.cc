@@ -56,8 +56,8 @@ class Reader {
   absl::Status Double(const char* key, double lo, double hi, bool lo_open, bool hi_open,
                       double* out) {
     const nlohmann::json& v = Value(key);
-    const std::string range = absl::StrCat("a number in ", lo_open ? "(" : "[", lo, ", ", hi,
-                                           hi_open ? ")" : "]");
+    const std::string range =
+        absl::StrCat("a number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]");
     if (!v.is_number()) return Error(key, range, v);
     const double d = v.get<double>();
     if (!std::isfinite(d) || (lo_open ? d <= lo : d < lo) || (hi_open ? d >= hi : d > hi)) {
@@ -88,9 +88,8 @@ class Reader {
       if (seen_.count(key) == 0) {
         std::vector<std::string> known;
         for (const SpecConfigKey& k : SpecConfigKeys()) known.push_back(k.name);
-        return absl::InvalidArgumentError(absl::StrCat("spec_config: unknown key \"", key,
-                                                       "\" (known: ", absl::StrJoin(known, ", "),
-                                                       ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec_config: unknown key \"", key, "\" (known: ", absl::StrJoin(known, ", "), ")"));
       }
     }
     return absl::OkStatus();
@@ -221,8 +220,8 @@ absl::Status ApplySpecConfig(const nlohmann::json& config, engine::SpecOptions* 
     return s;
   }
   if (absl::Status s = r.Bool("select", &spec->select_mode); !s.ok()) return s;
-  if (absl::Status s = r.Int("select_max_length", 0, spec->num_speculative_tokens,
-                             &spec->select_max_length);
+  if (absl::Status s =
+          r.Int("select_max_length", 0, spec->num_speculative_tokens, &spec->select_max_length);
       !s.ok()) {
     return s;
   }
@@ -235,8 +234,7 @@ absl::Status ApplySpecConfig(const nlohmann::json& config, engine::SpecOptions* 
       !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          r.Int("confirm_gap_epochs", 1, sel.min_gap_epochs, &sel.confirm_gap_epochs);
+  if (absl::Status s = r.Int("confirm_gap_epochs", 1, sel.min_gap_epochs, &sel.confirm_gap_epochs);
       !s.ok()) {
     return s;
   }
@@ -260,14 +258,13 @@ absl::Status ApplySpecConfig(const nlohmann::json& config, engine::SpecOptions* 
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = r.Int("draft_stop_extend_min_decoding", 1, kNoMax,
-                             &spec->draft_stop_extend_min_decoding);
+  if (absl::Status s =
+          r.Int("draft_stop_extend_min_decoding", 1, kNoMax, &spec->draft_stop_extend_min_decoding);
       !s.ok()) {
     return s;
   }
   if (absl::Status s = r.Bool("probe_past_stop", &spec->probe_past_stop); !s.ok()) return s;
-  if (absl::Status s =
-          r.Double("trial_stop_below", 0.0, 1.0, false, false, &sel.trial_stop_below);
+  if (absl::Status s = r.Double("trial_stop_below", 0.0, 1.0, false, false, &sel.trial_stop_below);
       !s.ok()) {
     return s;
   }
@@ -299,17 +296,17 @@ absl::Status ApplySpecConfig(const nlohmann::json& config, engine::SpecOptions* 
     return s;
   }
   if (absl::Status s = r.Bool("off_epoch_catch_up", &sel.off_epoch_catch_up); !s.ok()) return s;
-  if (absl::Status s = r.AutoCount("catch_up_delay_steps",
-                                   ngram ? 0 : kAutoDraftModelCatchUpDelaySteps,
-                                   &sel.catch_up_delay_steps);
+  if (absl::Status s =
+          r.AutoCount("catch_up_delay_steps", ngram ? 0 : kAutoDraftModelCatchUpDelaySteps,
+                      &sel.catch_up_delay_steps);
       !s.ok()) {
     return s;
   }
   const bool window_auto = (spec->adaptive && spec->select_mode) ||
                            spec->num_speculative_tokens <= kAutoDraftCatchUpWindowMaxFixedLength;
-  if (absl::Status s = r.AutoCount("draft_catch_up_window",
-                                   window_auto ? kAutoDraftCatchUpWindow : 0,
-                                   &spec->draft_catch_up_window);
+  if (absl::Status s =
+          r.AutoCount("draft_catch_up_window", window_auto ? kAutoDraftCatchUpWindow : 0,
+                      &spec->draft_catch_up_window);
       !s.ok()) {
     return s;
   }

@@ -56,7 +56,7 @@ TEST(SpecConfigTest, DefaultsAreTheWorkersDefaults) {
   EXPECT_DOUBLE_EQ(sel.trial_run_tokens, 16.0);
   EXPECT_EQ(sel.trial_run_max_decoding, 0);
   EXPECT_TRUE(sel.off_epoch_catch_up);
-  EXPECT_EQ(sel.catch_up_delay_steps, 0);    // auto, n-gram drafts
+  EXPECT_EQ(sel.catch_up_delay_steps, 0);     // auto, n-gram drafts
   EXPECT_EQ(spec.draft_catch_up_window, 16);  // auto, adaptive with the selector
   EXPECT_EQ(spec.draft_catch_up_window_min_sequences, 2);
 }
@@ -101,15 +101,13 @@ TEST(SpecConfigTest, EveryKeySetsItsField) {
       {"confirm_gap_epochs", 2,
        [](const auto& s) { return s.select_options.confirm_gap_epochs == 2; }},
       {"cost_decay", 0.7, [](const auto& s) { return s.select_options.cost_decay == 0.7; }},
-      {"switch_margin", 0.03,
-       [](const auto& s) { return s.select_options.switch_margin == 0.03; }},
+      {"switch_margin", 0.03, [](const auto& s) { return s.select_options.switch_margin == 0.03; }},
       {"interleave", false, [](const auto& s) { return !s.select_options.interleave; }},
       {"trial_any_epoch", false, [](const auto& s) { return !s.select_options.trial_any_epoch; }},
       {"catch_up_charge", false, [](const auto& s) { return !s.select_options.catch_up_charge; }},
       {"inherit_weight", 0.25,
        [](const auto& s) { return s.select_options.inherit_weight == 0.25; }},
-      {"weigh_cut_trials", false,
-       [](const auto& s) { return !s.select_options.weigh_cut_trials; }},
+      {"weigh_cut_trials", false, [](const auto& s) { return !s.select_options.weigh_cut_trials; }},
       {"draft_stop_extend", 0.5, [](const auto& s) { return s.draft_stop_extend == 0.5; }},
       {"draft_stop_extend_min_decoding", 1,
        [](const auto& s) { return s.draft_stop_extend_min_decoding == 1; }},

@@ -81,8 +81,7 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.draft_catch_up_window, 16);  // auto under the selector
   EXPECT_EQ(o->speculative.draft_catch_up_window_min_sequences, 2);
   // With it: the file's keys; "auto" resolves from the flags.
-  absl::SetFlag(&FLAGS_spec_config,
-                WriteConfig("spec.json", R"({"ngram_min": 2, "ngram_max": 3,
+  absl::SetFlag(&FLAGS_spec_config, WriteConfig("spec.json", R"({"ngram_min": 2, "ngram_max": 3,
                                               "profile_context": 96, "select": false,
                                               "trial_run_unmeasured": "auto"})"));
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);

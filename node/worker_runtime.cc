@@ -127,7 +127,7 @@ class WorkerRuntime::Metrics {
         auto* modes,
         r.AddCounterFamily("deepinfer_spec_mode_steps_total",
                            "Adaptive decode steps by the drafting mode the measured selector ran "
-                           "(--spec_select): the per-step plan, a fixed draft length, none.",
+                           "(spec_config select): the per-step plan, a fixed draft length, none.",
                            {"mode"}));
     DI_ASSIGN_OR_RETURN(m->spec_mode_plan_, modes->WithLabels({"plan"}));
     DI_ASSIGN_OR_RETURN(m->spec_mode_fixed_, modes->WithLabels({"fixed"}));
@@ -230,7 +230,8 @@ absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec) {
                      spec.num_speculative_tokens, "], got ", spec.select_max_length));
   }
   if (spec.min_n < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("spec_config: ngram_min: expected >= 1, got ", spec.min_n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec_config: ngram_min: expected >= 1, got ", spec.min_n));
   }
   if (spec.max_n < spec.min_n || spec.max_n > 64) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -100,10 +100,11 @@ struct WorkerOptions {
   kv_transfer::Backend kv_backend = kv_transfer::Backend::kUcx;
   // Decode nodes that may also prefill locally (colocated mode).
   bool can_prefill = false;
-  // Speculative decoding (--speculative, --num_speculative_tokens, --ngram_min, --ngram_max,
-  // --draft_model, --draft_kv_blocks, --spec_adaptive). Registered with the router on every role (the router refuses a worker
-  // whose config differs from its model's other workers), but only a decode node's engine
-  // speculates: a prefill node computes prompts and one token. `cost_table` must stay null
+  // Speculative decoding (--speculative, --num_speculative_tokens, --draft_model,
+  // --draft_kv_blocks, --spec_adaptive, and the --spec_config file: node/spec_config.h).
+  // Registered with the router on every role (the router refuses a worker whose config differs
+  // from its model's other workers), but only a decode node's engine speculates: a prefill node
+  // computes prompts and one token. `cost_table` must stay null
   // (adaptive: the decode engine profiles the model in Create).
   engine::SpecOptions speculative;
   // Write the bound port here once serving ("" = don't).
@@ -118,7 +119,8 @@ struct WorkerOptions {
 
 // kInvalidArgument naming the flag for SpecOptions a worker cannot run: drafter other than
 // "ngram" or "draft_model", "draft_model" without --draft_model, --num_speculative_tokens outside
-// [1, 64], --draft_kv_blocks < 0, --ngram_min < 1, --ngram_max outside [--ngram_min, 64]. OK
+// [1, 64], --draft_kv_blocks < 0, select_max_length outside [0, --num_speculative_tokens],
+// ngram_min < 1, ngram_max outside [ngram_min, 64] (spec_config keys). OK
 // when speculation is off (the other fields are then ignored).
 absl::Status ValidateSpeculativeOptions(const engine::SpecOptions& spec);
 
