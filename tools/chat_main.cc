@@ -4,10 +4,16 @@
 //   chat --router 127.0.0.1:50051 --system "Be brief" --message "Hi" --max_tokens 32
 //   chat --messages_json '[{"role":"user","content":"Hi"}]' --temperature 0.7 --seed 1
 //   chat --message "Hi" --json          # every chunk as a JSON line, then a summary object
+//   chat --message "Hi" --follow_up "And then?"   # a second turn after the first answer
 //
 // Prints the text as it streams (or all at once with --stream=false), then one summary line:
 // prompt/cached/completion tokens, finish reason, and client-side TTFT (send -> first chunk with
 // tokens), ITL (between chunks with tokens) mean/p50/p90/max, end-to-end time and tokens/s.
+// Further lines, when the response carries them: how many prompt tokens the prefix cache served,
+// speculative decoding's verified and accepted draft tokens, and where the time went as the
+// cluster measured it (usage.timing: queue, prefill including the KV transfer, decode).
+// --follow_up sends a second request whose history is the first turn and its answer, and prints
+// its answer and summary the same way: its cached prompt tokens show the prefix cache at work.
 // A failed call prints "error: CODE: message" on stderr and exits 1; bad flags exit 2.
 #include <algorithm>
 #include <cmath>
@@ -55,6 +61,9 @@ ABSL_FLAG(bool, stream, true, "Print text as it arrives (else all at once at the
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of the whole call.");
 ABSL_FLAG(bool, json, false, "Print every chunk as a JSON line, then a JSON summary.");
 ABSL_FLAG(std::string, request_id, "", "Request id (empty: the router picks one).");
+ABSL_FLAG(std::string, follow_up, "",
+          "A second user message, sent after the first answer with the conversation so far "
+          "(empty: one turn).");
 
 namespace deepinfer::tools {
 namespace {
@@ -143,25 +152,46 @@ std::string ChunkJson(const ChatChunk& chunk) {
   return out;
 }
 
-int Run() {
-  absl::StatusOr<ChatRequest> request = BuildRequest();
-  if (!request.ok()) {
-    fprintf(stderr, "chat: %s\n", std::string(request.status().message()).c_str());
-    return 2;
+// What one turn's call returned.
+struct TurnResult {
+  int exit_code = 0;  // 0, or 1 when the call failed.
+  std::string text;   // The whole answer.
+};
+
+// The lines after the summary: prefix-cache reuse, speculative drafts, and the cluster's own
+// timing of the request (usage.timing, microseconds since the router received it).
+void PrintUsageDetails(const v1::Usage& usage) {
+  if (usage.cached_prompt_tokens() > 0) {
+    printf("-- prefix cache: %u of %u prompt tokens reused (their KV was not computed again)\n",
+           usage.cached_prompt_tokens(), usage.prompt_tokens());
   }
+  if (usage.draft_tokens() > 0) {
+    printf("-- speculative decoding: %u draft tokens verified, %u accepted (%.0f%%)\n",
+           usage.draft_tokens(), usage.accepted_draft_tokens(),
+           100.0 * usage.accepted_draft_tokens() / usage.draft_tokens());
+  }
+  if (usage.has_timing() && usage.timing().total_us() > 0) {
+    const v1::Timing& t = usage.timing();
+    const uint64_t first = std::max(t.first_token_us(), t.queued_us() + t.prefill_us());
+    printf("-- where the time went (cluster): queue %.1f ms, prefill + KV transfer %.1f ms, "
+           "routing and first token %.1f ms, decode %.1f ms, total %.1f ms\n",
+           t.queued_us() / 1e3, t.prefill_us() / 1e3,
+           (first - t.queued_us() - t.prefill_us()) / 1e3,
+           (t.total_us() > first ? t.total_us() - first : 0) / 1e3, t.total_us() / 1e3);
+  }
+}
+
+TurnResult RunTurn(v1::Inference::Stub& stub, const ChatRequest& request) {
   const bool json = absl::GetFlag(FLAGS_json);
   const bool stream = absl::GetFlag(FLAGS_stream);
+  TurnResult result;
 
-  auto channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials());
-  auto stub = v1::Inference::NewStub(channel);
   grpc::ClientContext context;
   const absl::Time start = absl::Now();
   context.set_deadline(absl::ToChronoTime(start + absl::GetFlag(FLAGS_timeout)));
-  std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub->Chat(&context, *request);
+  std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub.Chat(&context, request);
 
   ChatChunk chunk, last;
-  std::string text;
   std::optional<absl::Time> first_token, previous_token;
   std::vector<double> itl_ms;
   uint64_t streamed_tokens = 0;
@@ -182,9 +212,8 @@ int Run() {
     } else if (stream) {
       fwrite(chunk.text_delta().data(), 1, chunk.text_delta().size(), stdout);
       fflush(stdout);
-    } else {
-      text += chunk.text_delta();
     }
+    result.text += chunk.text_delta();
     last = chunk;
   }
   const absl::Time end = absl::Now();
@@ -195,9 +224,10 @@ int Run() {
     fflush(stdout);
     fprintf(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
             std::string(status.message()).c_str());
-    return 1;
+    result.exit_code = 1;
+    return result;
   }
-  if (!json && !stream) printf("%s\n", text.c_str());
+  if (!json && !stream) printf("%s\n", result.text.c_str());
 
   const v1::Usage& usage = last.usage();
   const std::string finish(absl::StripPrefix(v1::FinishReason_Name(last.finish_reason()),
@@ -218,6 +248,7 @@ int Run() {
   const double tokens_per_s = e2e_ms > 0 ? completion / (e2e_ms / 1000.0) : 0.0;
 
   if (json) {
+    const v1::Timing& t = usage.timing();
     nlohmann::ordered_json summary = {
         {"request_id", last.request_id()},
         {"prompt_tokens", usage.prompt_tokens()},
@@ -225,11 +256,18 @@ int Run() {
         {"images", usage.images()},
         {"cached_images", usage.cached_images()},
         {"completion_tokens", completion},
+        {"draft_tokens", usage.draft_tokens()},
+        {"accepted_draft_tokens", usage.accepted_draft_tokens()},
         {"finish_reason", finish},
         {"ttft_ms", ttft_ms},
         {"itl_ms", {{"mean", itl_mean}, {"p50", itl_p50}, {"p90", itl_p90}, {"max", itl_max}}},
         {"e2e_ms", e2e_ms},
         {"tokens_per_s", tokens_per_s},
+        {"cluster_timing_ms",
+         {{"queued", t.queued_us() / 1e3},
+          {"prefill", t.prefill_us() / 1e3},
+          {"first_token", t.first_token_us() / 1e3},
+          {"total", t.total_us() / 1e3}}},
     };
     printf("%s\n", summary.dump().c_str());
   } else {
@@ -246,8 +284,39 @@ int Run() {
                         completion, finish,
                         ttft_ms, itl_mean, itl_p50, itl_p90, itl_max, e2e_ms, tokens_per_s)
             .c_str());
+    PrintUsageDetails(usage);
   }
-  return 0;
+  fflush(stdout);
+  return result;
+}
+
+int Run() {
+  absl::StatusOr<ChatRequest> request = BuildRequest();
+  if (!request.ok()) {
+    fprintf(stderr, "chat: %s\n", std::string(request.status().message()).c_str());
+    return 2;
+  }
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_router), grpc::InsecureChannelCredentials());
+  auto stub = v1::Inference::NewStub(channel);
+  TurnResult first = RunTurn(*stub, *request);
+  const std::string follow_up = absl::GetFlag(FLAGS_follow_up);
+  if (first.exit_code != 0 || follow_up.empty()) return first.exit_code;
+
+  // The second turn: the first one's messages, its answer, then the follow-up.
+  ChatRequest second = *request;
+  if (!second.request_id().empty()) second.set_request_id(second.request_id() + "-2");
+  v1::ChatMessage* answer = second.add_messages();
+  answer->set_role("assistant");
+  answer->add_content()->set_text(first.text);
+  v1::ChatMessage* user = second.add_messages();
+  user->set_role("user");
+  user->add_content()->set_text(follow_up);
+  if (!absl::GetFlag(FLAGS_json)) {
+    printf("\nuser> %s\nassistant> ", follow_up.c_str());
+    fflush(stdout);
+  }
+  return RunTurn(*stub, second).exit_code;
 }
 
 }  // namespace

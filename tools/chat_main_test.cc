@@ -1,6 +1,7 @@
 // //tools:chat as a process against an in-process Inference service that streams fixed chunks:
-// request building from flags, streamed and buffered output, the summary line, JSON output, and
-// the error path.
+// request building from flags, streamed and buffered output, the summary line and the usage
+// details after it (prefix cache, drafts, the cluster's timing), JSON output, a follow-up turn,
+// and the error path.
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -21,8 +22,10 @@ namespace deepinfer {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
-// Streams "Hel" (1 token), "lo" (2 tokens) and a final chunk with usage, 20 ms apart; a user
+// Streams "Hel" (1 token), "lo" (2 tokens) and a final chunk with usage (5 drafts, 3 accepted;
+// timing: 1 ms queued, 2 ms prefill, first token at 4 ms, 10 ms in all), 20 ms apart; a user
 // message "fail" gets INVALID_ARGUMENT instead.
 class ScriptedInference final : public v1::Inference::Service {
  public:
@@ -31,6 +34,7 @@ class ScriptedInference final : public v1::Inference::Service {
     {
       absl::MutexLock lock(&mu_);
       last_request_ = *request;
+      ++requests_;
     }
     if (request->messages_size() > 0 && request->messages(0).content_size() > 0 &&
         request->messages(request->messages_size() - 1).content(0).text() == "fail") {
@@ -66,6 +70,13 @@ class ScriptedInference final : public v1::Inference::Service {
     last.mutable_usage()->set_prompt_tokens(7);
     last.mutable_usage()->set_cached_prompt_tokens(4);
     last.mutable_usage()->set_completion_tokens(3);
+    last.mutable_usage()->set_draft_tokens(5);
+    last.mutable_usage()->set_accepted_draft_tokens(3);
+    v1::Timing* timing = last.mutable_usage()->mutable_timing();
+    timing->set_queued_us(1000);
+    timing->set_prefill_us(2000);
+    timing->set_first_token_us(4000);
+    timing->set_total_us(10000);
     writer->Write(last);
     return grpc::Status::OK;
   }
@@ -73,6 +84,11 @@ class ScriptedInference final : public v1::Inference::Service {
   v1::ChatRequest last_request() {
     absl::MutexLock lock(&mu_);
     return last_request_;
+  }
+
+  int requests() {
+    absl::MutexLock lock(&mu_);
+    return requests_;
   }
 
   // From now on the second chunk is written 20 ms after the client printed the first to `path`
@@ -92,6 +108,7 @@ class ScriptedInference final : public v1::Inference::Service {
 
   absl::Mutex mu_;
   v1::ChatRequest last_request_ ABSL_GUARDED_BY(mu_);
+  int requests_ ABSL_GUARDED_BY(mu_) = 0;
   std::string pace_path_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -146,6 +163,13 @@ TEST_F(ChatMainTest, StreamsTextAndPrintsTheSummary) {
   EXPECT_THAT(out, HasSubstr("| TTFT "));
   EXPECT_THAT(out, HasSubstr("| ITL mean "));
   EXPECT_THAT(out, HasSubstr("tokens/s"));
+  EXPECT_THAT(out, HasSubstr("-- prefix cache: 4 of 7 prompt tokens reused"));
+  EXPECT_THAT(out, HasSubstr("-- speculative decoding: 5 draft tokens verified, 3 accepted (60%)"));
+  // Routing and first token: 4 - 1 - 2 ms; decode: 10 - 4 ms.
+  EXPECT_THAT(out, HasSubstr("-- where the time went (cluster): queue 1.0 ms, prefill + KV "
+                             "transfer 2.0 ms, routing and first token 1.0 ms, decode 6.0 ms, "
+                             "total 10.0 ms"));
+  EXPECT_EQ(service_.requests(), 1);
 
   v1::ChatRequest request = service_.last_request();
   EXPECT_EQ(request.model(), "m");
@@ -183,6 +207,12 @@ TEST_F(ChatMainTest, JsonPrintsChunksAndASummaryWithTimings) {
   EXPECT_EQ(summary["completion_tokens"], 3);
   EXPECT_EQ(summary["cached_prompt_tokens"], 4);
   EXPECT_EQ(summary["finish_reason"], "LENGTH");
+  EXPECT_EQ(summary["draft_tokens"], 5);
+  EXPECT_EQ(summary["accepted_draft_tokens"], 3);
+  EXPECT_DOUBLE_EQ(summary["cluster_timing_ms"]["queued"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(summary["cluster_timing_ms"]["prefill"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(summary["cluster_timing_ms"]["first_token"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(summary["cluster_timing_ms"]["total"].get<double>(), 10.0);
   // Two gaps of >= 20 ms by construction: one ITL sample (between the two token chunks), >= 20 ms
   // as the client measures it (PaceByClientOutput).
   EXPECT_GE(summary["itl_ms"]["max"].get<double>(), 15.0);
@@ -202,6 +232,36 @@ TEST_F(ChatMainTest, BufferedOutputWithoutStream) {
   std::string out;
   ASSERT_EQ(RunChat({"--message=Hi", "--stream=false"}, &out), 0) << out;
   EXPECT_EQ(out.rfind("Hello\n", 0), 0u) << out;
+}
+
+TEST_F(ChatMainTest, FollowUpSendsTheFirstAnswerAsHistory) {
+  std::string out;
+  ASSERT_EQ(RunChat({"--system=S", "--message=Hi", "--follow_up=And then?", "--request_id=r"},
+                    &out),
+            0)
+      << out;
+  EXPECT_EQ(service_.requests(), 2);
+  v1::ChatRequest request = service_.last_request();
+  ASSERT_EQ(request.messages_size(), 4);
+  EXPECT_EQ(request.messages(0).content(0).text(), "S");
+  EXPECT_EQ(request.messages(1).content(0).text(), "Hi");
+  EXPECT_EQ(request.messages(2).role(), "assistant");
+  EXPECT_EQ(request.messages(2).content(0).text(), "Hello");
+  EXPECT_EQ(request.messages(3).role(), "user");
+  EXPECT_EQ(request.messages(3).content(0).text(), "And then?");
+  EXPECT_EQ(request.request_id(), "r-2");
+  // Both turns print their answer and summary; the second after its own prompt line.
+  const size_t second = out.find("\nuser> And then?\nassistant> Hello\n");
+  ASSERT_NE(second, std::string::npos) << out;
+  EXPECT_NE(out.rfind("-- prompt 7 tokens (4 cached)", second), std::string::npos) << out;
+  EXPECT_NE(out.find("-- prompt 7 tokens (4 cached)", second), std::string::npos) << out;
+}
+
+TEST_F(ChatMainTest, FollowUpIsNotSentAfterAFailedTurn) {
+  std::string out;
+  EXPECT_EQ(RunChat({"--message=fail", "--follow_up=again"}, &out), 1);
+  EXPECT_EQ(service_.requests(), 1);
+  EXPECT_THAT(out, Not(HasSubstr("user> again")));
 }
 
 TEST_F(ChatMainTest, ServerErrorsPrintTheCodeAndExitOne) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The launcher end to end: start a 1 prefill + 1 decode cluster on the test model, wait for the
-# ready file, send one chat through //tools:chat, check the Ctrl-C path stops everything cleanly
+# ready file, send one chat and a two-turn chat through //tools:chat (the second turn reuses the
+# first's prefix), check the Ctrl-C path stops everything cleanly
 # (exit 0, no process left), and that a crashed worker is reported with exit status 1.
 set -euo pipefail
 
@@ -37,6 +38,17 @@ grep -Eq '^decode +decode-0 ' "$WORK/out.clean" || fail "no decode line"
   fail "chat failed: $(cat "$WORK/chat.out")"
 grep -q "completion 8 tokens" "$WORK/chat.out" || grep -q "finish STOP" "$WORK/chat.out" ||
   fail "unexpected chat summary: $(cat "$WORK/chat.out")"
+# The demo's two turns (scripts/demo.sh): the second resends the first's history, whose whole
+# KV blocks (a 16-token block size) come from the prefix cache.
+"$CHAT" --router "$router" --system "$(printf 'word %.0s' $(seq 1 40))" --message "Hello" \
+  --follow_up "Again" --max_tokens 4 >"$WORK/chat2.out" 2>&1 ||
+  fail "two-turn chat failed: $(cat "$WORK/chat2.out")"
+[ "$(grep -c '^-- prompt ' "$WORK/chat2.out")" -eq 2 ] ||
+  fail "want two summaries: $(cat "$WORK/chat2.out")"
+sed -n '/^user> Again/,$p' "$WORK/chat2.out" | grep -Eq '^-- prefix cache: [1-9][0-9]* of ' ||
+  fail "the second turn reused no prefix: $(cat "$WORK/chat2.out")"
+grep -q '^-- where the time went (cluster): queue ' "$WORK/chat2.out" ||
+  fail "no timing line: $(cat "$WORK/chat2.out")"
 pids=$(grep -Eo 'pid [0-9]+' "$WORK/out.clean" | awk '{print $2}')
 kill -INT "$pid"
 rc=0; wait "$pid" || rc=$?
