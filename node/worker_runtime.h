@@ -247,7 +247,7 @@ class WorkerRuntime {
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   bool wedged_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watch_thread_;
-  // Set in Start when a router is; stopped (deregistering) in Drain before the watch ends.
+  // Set in Start when router_address is; stopped (deregistering) in Drain, before the watch.
   std::unique_ptr<RouterLink> link_;
 };
 

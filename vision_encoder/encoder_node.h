@@ -97,7 +97,7 @@ class EncoderNode {
   std::unique_ptr<node::WorkerAdminService> admin_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;
-  // Set in Start when a router is; stopped (deregistering) in Drain.
+  // Set in Start when router_address is; stopped (deregistering) in Drain.
   std::unique_ptr<node::RouterLink> link_;
 
   mutable absl::Mutex mu_;
