@@ -11,13 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
-#include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
 #include "common/status_macros.h"
 #include "engine/cuda/cuda_backend.h"
 #include "kv_transfer/agent_factory.h"
+#include "node/router_link.h"
 #include "node/worker_identity.h"
 #include "node/worker_link.h"
 #include "proto/worker_role.h"
@@ -28,11 +28,8 @@ namespace {
 
 using internal::v1::WorkerRole;
 
-// How often the link thread wakes to check for wedging and due heartbeats.
+// How often the wedge watch wakes.
 constexpr absl::Duration kTick = absl::Milliseconds(50);
-// Unacknowledged KV-event batches kept for resending; beyond it the worker starts over with
-// KIND_ALL_CLEARED.
-constexpr size_t kMaxUnackedKvBatches = 256;
 
 // CPUs this process may run on (its affinity mask); 0 when unknown.
 int AllowedCpus() {
@@ -49,7 +46,8 @@ absl::Status Positive(absl::string_view flag, int64_t value) {
 
 // Engine events -> proto events: runs of STORED events that chain (each one's parent is the
 // previous one's hash) become one event with several hashes; runs of REMOVED events likewise.
-void AppendKvEvents(const std::vector<engine::KvEvent>& events, internal::v1::KvEventBatch* batch) {
+void AppendKvEvents(const std::vector<engine::KvEvent>& events,
+                    google::protobuf::RepeatedPtrField<internal::v1::KvEvent>* out) {
   using internal::v1::KvEvent;
   KvEvent* current = nullptr;
   uint64_t last_hash = 0;
@@ -59,7 +57,7 @@ void AppendKvEvents(const std::vector<engine::KvEvent>& events, internal::v1::Kv
     const bool extends = current != nullptr && current->kind() == kind &&
                          (kind == KvEvent::KIND_REMOVED || e.parent_hash == last_hash);
     if (!extends) {
-      current = batch->add_events();
+      current = out->Add();
       current->set_kind(kind);
       current->set_tier(0);
       if (kind == KvEvent::KIND_STORED) current->set_parent_hash(e.parent_hash);
@@ -442,11 +440,15 @@ absl::Status WorkerRuntime::Start(std::vector<grpc::Service*> services,
   if (!options_.port_file.empty()) {
     DI_RETURN_IF_ERROR(WritePortFile(options_.port_file, server_->port()));
   }
+  if (!options_.router_address.empty()) {
+    DI_ASSIGN_OR_RETURN(link_, NewRouterLink());
+  }
   spdlog::info("worker {} serving on {}{}", options_.worker_id, server_->address(),
                options_.router_address.empty()
                    ? " (standalone)"
                    : absl::StrCat(", registering with router ", options_.router_address));
-  router_thread_ = std::thread([this] { RouterLoop(); });
+  watch_thread_ = std::thread([this] { WatchLoop(); });
+  if (link_ != nullptr) DI_RETURN_IF_ERROR(link_->Start());
   return absl::OkStatus();
 }
 
@@ -471,12 +473,10 @@ void WorkerRuntime::UpdateHealth() {
   server_->SetServing(!draining_.load() && registered_ && !wedged_);
 }
 
-absl::Status WorkerRuntime::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
-                                         internal::v1::RegisterResponse* response) {
-  internal::v1::RegisterRequest request;
-  internal::v1::WorkerInfo* w = request.mutable_worker();
-  w->set_worker_id(options_.worker_id);
-  w->set_role(options_.role);
+internal::v1::WorkerInfo WorkerRuntime::RegistrationInfo() const {
+  internal::v1::WorkerInfo w;
+  w.set_worker_id(options_.worker_id);
+  w.set_role(options_.role);
   std::string address = server_->address();
   if (!options_.advertise_host.empty()) {
     HostPort hp;
@@ -484,53 +484,79 @@ absl::Status WorkerRuntime::RegisterOnce(internal::v1::WorkerRegistry::Stub* stu
     hp.port = static_cast<uint16_t>(server_->port());
     address = hp.ToString();
   }
-  w->set_address(address);
-  w->set_model(options_.model_id);
-  w->set_incarnation(incarnation_);
-  w->set_block_size(static_cast<uint32_t>(options_.block_size));
-  w->set_kv_capacity_blocks(static_cast<uint64_t>(options_.kv_blocks));
-  w->set_max_context_tokens(
+  w.set_address(address);
+  w.set_model(options_.model_id);
+  w.set_incarnation(incarnation_);
+  w.set_block_size(static_cast<uint32_t>(options_.block_size));
+  w.set_kv_capacity_blocks(static_cast<uint64_t>(options_.kv_blocks));
+  w.set_max_context_tokens(
       static_cast<uint32_t>(std::max<int64_t>(0, model_->config().max_position_embeddings)));
-  w->set_can_prefill(options_.role == internal::v1::WORKER_ROLE_DECODE && options_.can_prefill);
-  *w->mutable_kv_metadata() = kv_metadata_;
-  w->set_block_hash_seed(options_.hash_seed);
-  *w->mutable_speculative() = ToSpeculativeConfig(options_.speculative);
-  grpc::ClientContext context;
-  SetWorkerRpcDeadline(&context);
-  return FromGrpcStatus(stub->Register(&context, request, response));
+  w.set_can_prefill(options_.role == internal::v1::WORKER_ROLE_DECODE && options_.can_prefill);
+  *w.mutable_kv_metadata() = kv_metadata_;
+  w.set_block_hash_seed(options_.hash_seed);
+  *w.mutable_speculative() = ToSpeculativeConfig(options_.speculative);
+  return w;
 }
 
-void WorkerRuntime::RouterLoop() {
-  const bool linked = !options_.router_address.empty();
-  std::unique_ptr<internal::v1::WorkerRegistry::Stub> stub;
-  if (linked) {
-    stub = NewRegistryStub(options_.router_address);
-  }
-  bool registered = false;
-  bool ever_registered = false;
-  absl::Duration backoff = kRegisterBackoffMin;
-  absl::Time next_register = absl::InfinitePast();
-  absl::Duration heartbeat = absl::Seconds(1);
-  absl::Time next_heartbeat = absl::InfinitePast();
-  uint64_t load_sequence = 0;
+absl::StatusOr<std::unique_ptr<RouterLink>> WorkerRuntime::NewRouterLink() {
+  RouterLink::Options lo;
+  lo.router_address = options_.router_address;
+  lo.worker = RegistrationInfo();
+  lo.log_name = "worker";
+  lo.log_registration_details = true;
+  lo.log_deregistration = true;
   // Throughput from engine counters between two reports.
-  int64_t last_step_tokens = engine_->GetStats().step_tokens;
-  absl::Time last_report = absl::Now();
-  // KV events: batches sent but not yet acknowledged (resent in order, same sequence numbers).
-  uint64_t kv_sequence = 0;
-  std::vector<internal::v1::KvEventBatch> unacked;
-  bool send_all_cleared = false;
-  int64_t kv_events_dropped = 0;
-  // Wedge detection.
+  lo.load = [this, last_step_tokens = engine_->GetStats().step_tokens](
+                absl::Duration since_last, internal::v1::LoadReport* report) mutable {
+    const engine::EngineStats es = engine_->GetStats();
+    report->set_queue_depth(static_cast<uint32_t>(es.waiting));
+    report->set_queued_input_tokens(
+        static_cast<uint64_t>(std::max<int64_t>(0, es.pending_prefill_tokens)));
+    report->set_running_sequences(static_cast<uint32_t>(es.running));
+    report->set_free_kv_blocks(
+        static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
+    report->set_total_kv_blocks(static_cast<uint64_t>(es.blocks.num_blocks));
+    const double seconds = absl::ToDoubleSeconds(since_last);
+    const double tps =
+        seconds > 0 ? static_cast<double>(es.step_tokens - last_step_tokens) / seconds : 0.0;
+    // The engine counts all computed tokens together; attribute them to the node's role.
+    if (options_.role == internal::v1::WORKER_ROLE_PREFILL) {
+      report->set_prefill_tokens_per_second(tps);
+    } else {
+      report->set_decode_tokens_per_second(tps);
+    }
+    last_step_tokens = es.step_tokens;
+  };
+  // The engine has no snapshot API: after a resync request (or dropped events) the link sends
+  // KIND_ALL_CLEARED followed only by new events, so the router's view of this node's cache is a
+  // subset of the truth until blocks are stored again (costs hit rate, never correctness).
+  lo.kv_events = [this, kv_events_dropped = int64_t{0}](
+                     google::protobuf::RepeatedPtrField<internal::v1::KvEvent>* events) mutable {
+    const int64_t dropped = engine_->GetStats().kv_events_dropped;
+    AppendKvEvents(engine_->DrainKvEvents(), events);
+    if (dropped == kv_events_dropped) return false;
+    kv_events_dropped = dropped;
+    return true;
+  };
+  lo.on_registered = [this] {
+    {
+      absl::MutexLock lock(&mu_);
+      registered_ = true;
+    }
+    UpdateHealth();
+  };
+  return RouterLink::Create(std::move(lo));
+}
+
+void WorkerRuntime::WatchLoop() {
   int64_t last_steps = -1;
   absl::Time steps_changed = absl::Now();
-
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_router_loop_; };
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_watch_; };
       mu_.AwaitWithTimeout(absl::Condition(&stop), kTick);
-      if (stop_router_loop_) break;
+      if (stop_watch_) break;
     }
     const absl::Time now = absl::Now();
     const engine::EngineStats es = engine_->GetStats();
@@ -559,143 +585,6 @@ void WorkerRuntime::RouterLoop() {
       }
     }
     if (health_changed) UpdateHealth();
-    if (!linked) continue;
-
-    if (!registered) {
-      if (now < next_register) continue;
-      internal::v1::RegisterResponse response;
-      absl::Status s = RegisterOnce(stub.get(), &response);
-      if (!s.ok()) {
-        spdlog::warn("worker {}: Register with router {} failed: {}; retrying in {}",
-                     options_.worker_id, options_.router_address, s.ToString(),
-                     absl::FormatDuration(backoff));
-        next_register = now + backoff;
-        backoff = std::min(backoff * 2, kRegisterBackoffMax);
-        continue;
-      }
-      registered = true;
-      backoff = kRegisterBackoffMin;
-      heartbeat = response.heartbeat_interval_ms() > 0
-                      ? absl::Milliseconds(response.heartbeat_interval_ms())
-                      : absl::Seconds(1);
-      next_heartbeat = now + heartbeat;
-      spdlog::info("worker {}: registered with router {} (heartbeat every {}, {} peers){}",
-                   options_.worker_id, options_.router_address, absl::FormatDuration(heartbeat),
-                   response.peers_size(), ever_registered ? " again" : "");
-      if (ever_registered) {
-        // The router's entry starts empty: tell it so explicitly with a new snapshot.
-        send_all_cleared = true;
-      }
-      ever_registered = true;
-      {
-        absl::MutexLock lock(&mu_);
-        registered_ = true;
-      }
-      UpdateHealth();
-    }
-    if (now < next_heartbeat) continue;
-    next_heartbeat = now + heartbeat;
-
-    // Load report.
-    internal::v1::LoadReport report;
-    report.set_worker_id(options_.worker_id);
-    report.set_incarnation(incarnation_);
-    report.set_sequence(++load_sequence);
-    report.set_queue_depth(static_cast<uint32_t>(es.waiting));
-    report.set_queued_input_tokens(
-        static_cast<uint64_t>(std::max<int64_t>(0, es.pending_prefill_tokens)));
-    report.set_running_sequences(static_cast<uint32_t>(es.running));
-    report.set_free_kv_blocks(
-        static_cast<uint64_t>(es.blocks.free_blocks + es.blocks.cached_blocks));
-    report.set_total_kv_blocks(static_cast<uint64_t>(es.blocks.num_blocks));
-    const double seconds = absl::ToDoubleSeconds(now - last_report);
-    const double tps =
-        seconds > 0 ? static_cast<double>(es.step_tokens - last_step_tokens) / seconds : 0.0;
-    // The engine counts all computed tokens together; attribute them to the node's role.
-    if (options_.role == internal::v1::WORKER_ROLE_PREFILL) {
-      report.set_prefill_tokens_per_second(tps);
-    } else {
-      report.set_decode_tokens_per_second(tps);
-    }
-    last_step_tokens = es.step_tokens;
-    last_report = now;
-    {
-      internal::v1::LoadReportResponse response;
-      grpc::ClientContext context;
-      SetWorkerRpcDeadline(&context);
-      absl::Status s = FromGrpcStatus(stub->ReportLoad(&context, report, &response));
-      if (!s.ok()) {
-        spdlog::warn("worker {}: ReportLoad failed: {}", options_.worker_id, s.ToString());
-      } else if (!response.known()) {
-        spdlog::warn("worker {}: router does not know this incarnation; registering again",
-                     options_.worker_id);
-        registered = false;
-        next_register = absl::InfinitePast();
-        continue;
-      }
-    }
-
-    // KV events. The engine has no snapshot API: after a resync request (or dropped events)
-    // the worker sends KIND_ALL_CLEARED followed only by new events, so the router's view of
-    // this node's cache is a subset of the truth until blocks are stored again (costs hit rate,
-    // never correctness).
-    std::vector<engine::KvEvent> events = engine_->DrainKvEvents();
-    if (es.kv_events_dropped != kv_events_dropped) {
-      kv_events_dropped = es.kv_events_dropped;
-      send_all_cleared = true;
-    }
-    if (!events.empty() || send_all_cleared) {
-      internal::v1::KvEventBatch batch;
-      batch.set_worker_id(options_.worker_id);
-      batch.set_incarnation(incarnation_);
-      batch.set_sequence(++kv_sequence);
-      if (send_all_cleared) {
-        batch.add_events()->set_kind(internal::v1::KvEvent::KIND_ALL_CLEARED);
-        send_all_cleared = false;
-      }
-      AppendKvEvents(events, &batch);
-      unacked.push_back(std::move(batch));
-      if (unacked.size() > kMaxUnackedKvBatches) {
-        // The router will see a gap and ask for a resync; start the snapshot now.
-        unacked.clear();
-        send_all_cleared = true;
-      }
-    }
-    size_t sent = 0;
-    for (; sent < unacked.size(); ++sent) {
-      internal::v1::KvEventAck ack;
-      grpc::ClientContext context;
-      SetWorkerRpcDeadline(&context);
-      absl::Status s = FromGrpcStatus(stub->PublishKvEvents(&context, unacked[sent], &ack));
-      if (s.code() == absl::StatusCode::kNotFound) {
-        registered = false;
-        next_register = absl::InfinitePast();
-        break;
-      }
-      if (!s.ok()) {
-        spdlog::warn("worker {}: PublishKvEvents #{} failed: {}", options_.worker_id,
-                     unacked[sent].sequence(), s.ToString());
-        break;
-      }
-      if (ack.resync()) send_all_cleared = true;
-    }
-    unacked.erase(unacked.begin(), unacked.begin() + static_cast<ptrdiff_t>(sent));
-  }
-
-  if (linked && ever_registered) {
-    internal::v1::DeregisterRequest request;
-    request.set_worker_id(options_.worker_id);
-    request.set_incarnation(incarnation_);
-    internal::v1::DeregisterResponse response;
-    grpc::ClientContext context;
-    SetWorkerRpcDeadline(&context);
-    absl::Status s = FromGrpcStatus(stub->Deregister(&context, request, &response));
-    if (!s.ok()) {
-      spdlog::warn("worker {}: Deregister failed: {}", options_.worker_id, s.ToString());
-    } else {
-      spdlog::info("worker {}: deregistered from router {}", options_.worker_id,
-                   options_.router_address);
-    }
   }
 }
 
@@ -724,16 +613,17 @@ void WorkerRuntime::Drain(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     if (drained_) return;
     draining_.store(true);
-    stop_router_loop_ = true;
+    stop_watch_ = true;
   }
   UpdateHealth();
-  const bool started = router_thread_.joinable();
+  const bool started = watch_thread_.joinable();
   if (started) {
     spdlog::info("worker {}: draining (up to {} for in-flight requests)", options_.worker_id,
                  absl::FormatDuration(timeout));
   }
-  // The link thread deregisters from the router on its way out.
-  if (router_thread_.joinable()) router_thread_.join();
+  // The router link deregisters on its way out; then the wedge watch ends.
+  if (link_ != nullptr) link_->Stop();
+  if (watch_thread_.joinable()) watch_thread_.join();
   {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return active_requests_ == 0; };

@@ -6,10 +6,12 @@
 //    write straight into them), the pool layout and agent metadata peers need;
 //  * the gRPC server: the role's services + WorkerAdmin (GetStats) + grpc.health.v1, NOT_SERVING
 //    until the engine runs and the node registered, and again while draining;
-//  * the router link: Register (retried with backoff until it succeeds), ReportLoad every
-//    heartbeat interval the router asked for (re-Register when the router answers known=false),
-//    PublishKvEvents with the engine's KV events (a full snapshot after resync), Deregister on
-//    drain;
+//  * the router link (node/router_link.h): Register (retried with backoff until it succeeds),
+//    ReportLoad every heartbeat interval the router asked for with the engine's queue, KV blocks
+//    and tokens per second (re-Register when the router answers known=false), PublishKvEvents
+//    with the engine's KV events (a full snapshot after resync), Deregister on drain;
+//  * the wedge watch: a thread that turns health NOT_SERVING while the engine has work but
+//    finishes no step (WorkerOptions::wedged_after);
 //  * request accounting for the drain: the role's service wraps each RPC in a RequestScope;
 //    Drain() refuses new ones (UNAVAILABLE "draining"), waits for the running ones, then stops;
 //  * Prometheus metrics (when WorkerOptions::metrics_listen is set): /metrics and /healthz over
@@ -56,6 +58,7 @@
 #include "engine/model.h"
 #include "engine/model_assets.h"
 #include "kv_transfer/transfer_agent.h"
+#include "node/router_link.h"
 #include "node/worker_link.h"
 #include "proto/deepinfer/internal/v1/kv_transfer.pb.h"
 #include "proto/deepinfer/internal/v1/worker.grpc.pb.h"
@@ -208,13 +211,15 @@ class WorkerRuntime {
   class Metrics;
   explicit WorkerRuntime(WorkerOptions options);
 
-  // The background link: registration, heartbeats and KV events when a router is set, and the
-  // wedge check that drives health in every mode.
-  void RouterLoop();
+  // The wedge watch's thread: every tick, whether the engine is wedged (drives health in every
+  // mode).
+  void WatchLoop();
   // Health = serving unless draining, not yet registered, or wedged.
   void UpdateHealth();
-  absl::Status RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
-                            internal::v1::RegisterResponse* response);
+  // The router link for options_.router_address (set), reporting this node's load and KV events.
+  absl::StatusOr<std::unique_ptr<RouterLink>> NewRouterLink();
+  // What this node registers with the router (valid once the server is bound).
+  internal::v1::WorkerInfo RegistrationInfo() const;
 
   WorkerOptions options_;
   uint64_t incarnation_ = 0;
@@ -240,10 +245,12 @@ class WorkerRuntime {
   mutable absl::Mutex mu_;
   int active_requests_ ABSL_GUARDED_BY(mu_) = 0;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_router_loop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_watch_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   bool wedged_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread router_thread_;
+  std::thread watch_thread_;
+  // Set in Start when router_address is; stopped (deregistering) in Drain, before the watch.
+  std::unique_ptr<RouterLink> link_;
 };
 
 }  // namespace deepinfer::node

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
-#include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
@@ -18,11 +17,6 @@ namespace deepinfer::vision_encoder {
 namespace {
 
 using internal::v1::WORKER_ROLE_ENCODER;
-
-using node::kRegisterBackoffMax;
-using node::kRegisterBackoffMin;
-
-constexpr absl::Duration kTick = absl::Milliseconds(50);
 
 }  // namespace
 
@@ -167,7 +161,10 @@ absl::Status EncoderNode::Start() {
   if (!options_.port_file.empty()) {
     DI_RETURN_IF_ERROR(WritePortFile(options_.port_file, port()));
   }
-  router_thread_ = std::thread([this] { RouterLoop(); });
+  if (!options_.router_address.empty()) {
+    DI_ASSIGN_OR_RETURN(link_, NewRouterLink());
+    DI_RETURN_IF_ERROR(link_->Start());
+  }
   spdlog::info("encoder {}: serving on {}", options_.worker_id, address());
   return absl::OkStatus();
 }
@@ -187,12 +184,10 @@ int EncoderNode::metrics_port() const {
   return metrics_ == nullptr ? 0 : metrics_->port();
 }
 
-absl::Status EncoderNode::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
-                                       internal::v1::RegisterResponse* response) {
-  internal::v1::RegisterRequest request;
-  internal::v1::WorkerInfo* w = request.mutable_worker();
-  w->set_worker_id(options_.worker_id);
-  w->set_role(WORKER_ROLE_ENCODER);
+internal::v1::WorkerInfo EncoderNode::RegistrationInfo() const {
+  internal::v1::WorkerInfo w;
+  w.set_worker_id(options_.worker_id);
+  w.set_role(WORKER_ROLE_ENCODER);
   std::string address = this->address();
   if (!options_.advertise_host.empty()) {
     HostPort hp;
@@ -200,95 +195,34 @@ absl::Status EncoderNode::RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
     hp.port = static_cast<uint16_t>(port());
     address = hp.ToString();
   }
-  w->set_address(address);
-  w->set_model(options_.model_id);
-  w->set_incarnation(incarnation_);
-  grpc::ClientContext context;
-  node::SetWorkerRpcDeadline(&context);
-  return FromGrpcStatus(stub->Register(&context, request, response));
+  w.set_address(address);
+  w.set_model(options_.model_id);
+  w.set_incarnation(incarnation_);
+  return w;
 }
 
-void EncoderNode::RouterLoop() {
-  if (options_.router_address.empty()) return;
-  auto stub = node::NewRegistryStub(options_.router_address);
-  bool registered = false;
-  bool ever_registered = false;
-  absl::Duration backoff = kRegisterBackoffMin;
-  absl::Time next_register = absl::InfinitePast();
-  absl::Duration heartbeat = absl::Seconds(1);
-  absl::Time next_heartbeat = absl::InfinitePast();
-  uint64_t sequence = 0;
-  int64_t last_served = service_->counters().images_served;
-  absl::Time last_report = absl::Now();
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), kTick);
-      if (stop_) break;
-    }
-    const absl::Time now = absl::Now();
-    if (!registered) {
-      if (now < next_register) continue;
-      internal::v1::RegisterResponse response;
-      absl::Status s = RegisterOnce(stub.get(), &response);
-      if (!s.ok()) {
-        spdlog::warn("encoder {}: Register with router {} failed: {}; retrying in {}",
-                     options_.worker_id, options_.router_address, s.ToString(),
-                     absl::FormatDuration(backoff));
-        next_register = now + backoff;
-        backoff = std::min(backoff * 2, kRegisterBackoffMax);
-        continue;
-      }
-      registered = true;
-      ever_registered = true;
-      backoff = kRegisterBackoffMin;
-      heartbeat = response.heartbeat_interval_ms() > 0
-                      ? absl::Milliseconds(response.heartbeat_interval_ms())
-                      : absl::Seconds(1);
-      next_heartbeat = now + heartbeat;
-      spdlog::info("encoder {}: registered with router {}", options_.worker_id,
-                   options_.router_address);
-      absl::MutexLock lock(&mu_);
-      registered_ = true;
-      if (server_ != nullptr && !draining_) server_->SetServing(true);
-      continue;
-    }
-    if (now < next_heartbeat) continue;
-    next_heartbeat = now + heartbeat;
+absl::StatusOr<std::unique_ptr<node::RouterLink>> EncoderNode::NewRouterLink() {
+  node::RouterLink::Options lo;
+  lo.router_address = options_.router_address;
+  lo.worker = RegistrationInfo();
+  lo.log_name = "encoder";
+  lo.log_registration_details = false;
+  lo.log_deregistration = false;
+  lo.load = [this, last_served = service_->counters().images_served](
+                absl::Duration since_last, internal::v1::LoadReport* report) mutable {
     const EncoderService::Counters c = service_->counters();
-    internal::v1::LoadReport report;
-    report.set_worker_id(options_.worker_id);
-    report.set_incarnation(incarnation_);
-    report.set_sequence(++sequence);
-    report.set_queue_depth(static_cast<uint32_t>(std::max<int64_t>(0, c.active_requests)));
-    const double seconds = absl::ToDoubleSeconds(now - last_report);
-    report.set_images_per_second(
+    report->set_queue_depth(static_cast<uint32_t>(std::max<int64_t>(0, c.active_requests)));
+    const double seconds = absl::ToDoubleSeconds(since_last);
+    report->set_images_per_second(
         seconds > 0 ? static_cast<double>(c.images_served - last_served) / seconds : 0.0);
     last_served = c.images_served;
-    last_report = now;
-    internal::v1::LoadReportResponse response;
-    grpc::ClientContext context;
-    node::SetWorkerRpcDeadline(&context);
-    absl::Status s = FromGrpcStatus(stub->ReportLoad(&context, report, &response));
-    if (!s.ok()) {
-      spdlog::warn("encoder {}: ReportLoad failed: {}", options_.worker_id, s.ToString());
-    } else if (!response.known()) {
-      spdlog::warn("encoder {}: router does not know this incarnation; registering again",
-                   options_.worker_id);
-      registered = false;
-      next_register = absl::InfinitePast();
-    }
-  }
-  if (ever_registered) {
-    internal::v1::DeregisterRequest request;
-    request.set_worker_id(options_.worker_id);
-    request.set_incarnation(incarnation_);
-    internal::v1::DeregisterResponse response;
-    grpc::ClientContext context;
-    node::SetWorkerRpcDeadline(&context);
-    absl::Status s = FromGrpcStatus(stub->Deregister(&context, request, &response));
-    if (!s.ok()) spdlog::warn("encoder {}: Deregister failed: {}", options_.worker_id, s.ToString());
-  }
+  };
+  lo.on_registered = [this] {
+    absl::MutexLock lock(&mu_);
+    registered_ = true;
+    if (server_ != nullptr && !draining_) server_->SetServing(true);
+  };
+  return node::RouterLink::Create(std::move(lo));
 }
 
 internal::v1::WorkerStats EncoderNode::Stats() const {
@@ -321,12 +255,11 @@ void EncoderNode::Drain(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     if (drained_) return;
     draining_ = true;
-    stop_ = true;
     server = server_.get();
   }
   if (server != nullptr) server->SetServing(false);
-  // The link thread deregisters on its way out.
-  if (router_thread_.joinable()) router_thread_.join();
+  // The router link deregisters on its way out.
+  if (link_ != nullptr) link_->Stop();
   if (server != nullptr) {
     spdlog::info("encoder {}: draining (up to {})", options_.worker_id,
                  absl::FormatDuration(timeout));

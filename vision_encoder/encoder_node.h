@@ -1,8 +1,8 @@
 // A vision encoder node: the Encoder service (vision_encoder/encoder_service.h) over one loaded
 // vision tower, its embedding cache, WorkerAdmin.GetStats and grpc.health.v1, and the router link
-// (Register as WORKER_ROLE_ENCODER with backoff, ReportLoad every heartbeat the router asked for
-// with queue depth = Encode calls in progress and images served per second, re-Register when the
-// router answers known=false, Deregister on drain).
+// (node/router_link.h: Register as WORKER_ROLE_ENCODER with backoff, ReportLoad every heartbeat
+// the router asked for with queue depth = Encode calls in progress and images served per second,
+// re-Register when the router answers known=false, Deregister on drain).
 //
 // With `metrics_listen` set, Prometheus /metrics and /healthz are served over HTTP, refreshed from
 // Stats() at every scrape: deepinfer_queue_depth (Encode calls in progress),
@@ -21,13 +21,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/grpc_server.h"
 #include "engine/vision/vision_encoder.h"
+#include "node/router_link.h"
 #include "node/worker_link.h"
 #include "proto/deepinfer/internal/v1/worker.grpc.pb.h"
 #include "vision_encoder/embedding_cache.h"
@@ -84,9 +84,10 @@ class EncoderNode {
  private:
   class Metrics;
   explicit EncoderNode(EncoderNodeOptions options);
-  void RouterLoop();
-  absl::Status RegisterOnce(internal::v1::WorkerRegistry::Stub* stub,
-                            internal::v1::RegisterResponse* response);
+  // The router link for options_.router_address (set), reporting this node's load.
+  absl::StatusOr<std::unique_ptr<node::RouterLink>> NewRouterLink();
+  // What this node registers with the router (valid once the server is bound).
+  internal::v1::WorkerInfo RegistrationInfo() const;
 
   EncoderNodeOptions options_;
   uint64_t incarnation_ = 0;
@@ -96,10 +97,10 @@ class EncoderNode {
   std::unique_ptr<node::WorkerAdminService> admin_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<Metrics> metrics_;
-  std::thread router_thread_;
+  // Set in Start when router_address is; stopped (deregistering) in Drain.
+  std::unique_ptr<node::RouterLink> link_;
 
   mutable absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
