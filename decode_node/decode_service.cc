@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "api/worker_request_check.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "node/image_inputs.h"
@@ -75,7 +76,7 @@ DecodeService::~DecodeService() { Stop(); }
 absl::Status DecodeService::Start() {
   if (started_) return absl::FailedPreconditionError("DecodeService: already started");
   DI_ASSIGN_OR_RETURN(defaults_,
-                      router::ParseGenerationDefaults(runtime_->assets().generation_config()));
+                      api::ParseGenerationDefaults(runtime_->assets().generation_config()));
   limits_.vocab_size = runtime_->assets().config().vocab_size;
   limits_.max_context_tokens = runtime_->assets().config().max_position_embeddings;
   started_ = true;
@@ -110,22 +111,10 @@ size_t DecodeService::pending_releases() const {
 
 absl::Status DecodeService::Validate(const DecodeRequest& request,
                                      engine::SamplingParams* sampling) const {
-  if (request.request_id().empty()) {
-    return absl::InvalidArgumentError(
-        "request_id: expected 1..128 printable ASCII bytes, got \"\"");
-  }
-  // The public GenerateRequest carries the same fields under the same names, so the router's
-  // validation gives the same messages here.
-  v1::GenerateRequest as_generate;
-  as_generate.set_request_id(request.request_id());
-  *as_generate.mutable_prompt_token_ids() = request.prompt_token_ids();
-  *as_generate.mutable_sampling() = request.sampling();
-  as_generate.set_cache_salt(request.cache_salt());
-  as_generate.set_priority(request.priority());
-  DI_RETURN_IF_ERROR(router::ValidateGenerateRequest(as_generate, limits_));
+  DI_RETURN_IF_ERROR(api::CheckWorkerRequest(request, limits_));
   DI_ASSIGN_OR_RETURN(*sampling,
-                      router::ToEngineSamplingParams(request.sampling(), defaults_, limits_,
-                                                     request.prompt_token_ids_size()));
+                      api::ToEngineSamplingParams(request.sampling(), defaults_, limits_,
+                                                  request.prompt_token_ids_size()));
   return absl::OkStatus();
 }
 

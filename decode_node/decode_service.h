@@ -1,9 +1,10 @@
 // The decode node's gRPC service (internal.v1.Decode), served through a node::WorkerRuntime.
 //
 // Generate(DecodeRequest) -> stream GenerateChunk:
-//  * Validation: request_id (1..128 printable bytes), prompt_token_ids (at least one, each below
-//    the vocabulary), sampling (with the model's generation_config.json defaults and the context
-//    check), cache_salt, priority; images are refused ("images: ...", no encoder yet). Every
+//  * Validation: the worker bounds of api::CheckWorkerRequest (request_id, sampling ranges,
+//    cache_salt, priority, prompt_token_ids, prompt + max_tokens within the context), then the
+//    sampling resolved with the model's generation_config.json defaults
+//    (api::ToEngineSamplingParams); bad image handles are refused naming images. Every
 //    violation is INVALID_ARGUMENT whose message starts with the field's path. The request's
 //    deadline is the earlier of deadline_unix_us (when non-zero) and the RPC's own deadline.
 //  * Colocated (prefill_address empty): only on a node started with can_prefill
@@ -51,13 +52,13 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/request_validation.h"
 #include "grpcpp/grpcpp.h"
 #include "kv_transfer/notification_tracker.h"
 #include "node/worker_runtime.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/prefill.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/worker.pb.h"
-#include "router/request_validation.h"
 
 namespace deepinfer::decode_node {
 
@@ -143,8 +144,8 @@ class DecodeService final : public internal::v1::Decode::Service {
 
   node::WorkerRuntime* const runtime_;
   const DecodeServiceOptions options_;
-  router::GenerationDefaults defaults_;
-  router::RequestLimits limits_;
+  api::GenerationDefaults defaults_;
+  api::RequestLimits limits_;
 
   // Serial of each Generate call: its notification tag and part of its engine and prefill ids.
   std::atomic<uint64_t> next_tag_{1};

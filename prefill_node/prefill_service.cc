@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "api/worker_request_check.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "engine/llm_engine.h"
@@ -38,8 +39,8 @@ struct PrefillService::Live {
 
 PrefillService::PrefillService(node::WorkerRuntime* runtime, PrefillServiceOptions options)
     : runtime_(runtime), options_(options) {
-  absl::StatusOr<router::GenerationDefaults> defaults =
-      router::ParseGenerationDefaults(runtime_->assets().generation_config());
+  absl::StatusOr<api::GenerationDefaults> defaults =
+      api::ParseGenerationDefaults(runtime_->assets().generation_config());
   if (defaults.ok()) {
     defaults_ = *defaults;
   } else {
@@ -67,23 +68,10 @@ node::StatsContributor PrefillService::stats_contributor() {
 
 absl::Status PrefillService::Validate(const internal::v1::PrefillRequest& request,
                                       engine::SamplingParams* sampling) const {
-  if (request.request_id().empty() || request.request_id().size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id: expected 1..", kMaxRequestIdBytes,
-                                                   " bytes, got ", request.request_id().size()));
-  }
+  DI_RETURN_IF_ERROR(api::CheckWorkerRequest(request, limits_));
   const int prompt_len = request.prompt_token_ids_size();
-  if (prompt_len == 0) {
-    return absl::InvalidArgumentError("prompt_token_ids: expected at least one token, got none");
-  }
-  for (int i = 0; i < prompt_len; ++i) {
-    if (request.prompt_token_ids(i) >= static_cast<uint32_t>(limits_.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "]: expected < ",
-                                                     limits_.vocab_size, ", got ",
-                                                     request.prompt_token_ids(i)));
-    }
-  }
-  DI_ASSIGN_OR_RETURN(*sampling, router::ToEngineSamplingParams(request.sampling(), defaults_,
-                                                                limits_, prompt_len));
+  DI_ASSIGN_OR_RETURN(*sampling, api::ToEngineSamplingParams(request.sampling(), defaults_,
+                                                             limits_, prompt_len));
   sampling->max_tokens = 1;
   if (!request.has_destination()) return absl::OkStatus();
 

@@ -4,9 +4,10 @@
 //
 // Prefill(PrefillRequest), in order:
 //  1. RequestScope: UNAVAILABLE while the node drains.
-//  2. Validation, each failure INVALID_ARGUMENT naming the field: request_id (1..128 bytes),
-//     prompt_token_ids (non-empty, each < vocab), images (this node has no vision encoder),
-//     sampling (router::ToEngineSamplingParams with the model's generation defaults; the engine
+//  2. Validation, each failure INVALID_ARGUMENT naming the field: the worker bounds of
+//     api::CheckWorkerRequest (request_id, sampling ranges, cache_salt, prompt_token_ids, prompt
+//     + max_tokens within the context), images (this node has no vision encoder), sampling
+//     resolved with the model's generation defaults (api::ToEngineSamplingParams; the engine
 //     samples exactly one token), destination when set: block_size equal to ours
 //     (FAILED_PRECONDITION), block_ids one per block_size prompt tokens, skip_blocks <= that,
 //     every block id < destination.pool.num_blocks, metadata naming agent_name/incarnation, pool
@@ -51,12 +52,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/request_validation.h"
 #include "grpcpp/grpcpp.h"
 #include "kv_transfer/transfer_agent.h"
 #include "node/worker_runtime.h"
 #include "proto/deepinfer/internal/v1/prefill.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/prefill.pb.h"
-#include "router/request_validation.h"
 
 namespace deepinfer::prefill_node {
 
@@ -117,8 +118,8 @@ class PrefillService final : public internal::v1::Prefill::Service {
 
   node::WorkerRuntime* const runtime_;
   const PrefillServiceOptions options_;
-  router::GenerationDefaults defaults_;
-  router::RequestLimits limits_;
+  api::GenerationDefaults defaults_;
+  api::RequestLimits limits_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);
