@@ -26,6 +26,14 @@
 //     cancelled, and the RPC still waits until each is terminal (no write can land afterwards).
 //  6. The held blocks are released (their KV stays in the prefix cache) and the handles freed.
 // Without a destination the node only prefills (a measurement) and releases the blocks.
+//
+// Time: every deadline decision, timestamp and duration (deadline_unix_us, the transfer
+// deadline, compute_us / transfer_us, Cancel's memory) reads PrefillServiceOptions::clock, so
+// tests drive them with a FakeClock (common/fake_clock.h). deadline_unix_us and the deadline
+// handed to the runtime's transfer agent are in that clock's time base: in production the wall
+// clock; a test that transfers under a fake clock gives the agent the same clock
+// (AgentConfig::clock). The blocking waits themselves (polling the engine, the agent's Wait,
+// Cancel waiting for the request to end) sleep in real time, kPollInterval at a time.
 // Errors: transfer failures keep their code (UNAVAILABLE peer gone, DEADLINE_EXCEEDED, ABORTED
 // stale incarnation); cancellation gives CANCELLED; the engine's own errors pass through
 // (RESOURCE_EXHAUSTED when the prompt cannot fit).
@@ -43,6 +51,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +75,9 @@ struct PrefillServiceOptions {
   absl::Duration default_transfer_timeout = absl::Seconds(30);
   // How long a Cancel for an unknown request id is remembered.
   absl::Duration cancel_memory = absl::Seconds(60);
+  // The time every deadline and duration is judged by (see the header comment); absl::Now when
+  // empty.
+  std::function<absl::Time()> clock;
 };
 
 class PrefillService final : public internal::v1::Prefill::Service {
@@ -115,6 +127,8 @@ class PrefillService final : public internal::v1::Prefill::Service {
                         Live* live, absl::Time request_deadline,
                         const std::vector<int32_t>& src_blocks, uint64_t* bytes);
   void ForgetExpiredCancels(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options_.clock, or absl::Now.
+  absl::Time Now() const;
 
   node::WorkerRuntime* const runtime_;
   const PrefillServiceOptions options_;
