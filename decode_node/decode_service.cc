@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "api/worker_request_check.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "node/image_inputs.h"
@@ -37,6 +38,7 @@ v1::FinishReason ToProto(engine::FinishReason reason) {
   return v1::FINISH_REASON_ERROR;
 }
 
+// The RPC's deadline (a wall-clock time), or InfiniteFuture when it has none.
 absl::Time ContextDeadline(const grpc::ServerContext& context) {
   const auto d = context.deadline();
   // No deadline reads as time_point::max(); anything that far out is "none".
@@ -75,7 +77,7 @@ DecodeService::~DecodeService() { Stop(); }
 absl::Status DecodeService::Start() {
   if (started_) return absl::FailedPreconditionError("DecodeService: already started");
   DI_ASSIGN_OR_RETURN(defaults_,
-                      router::ParseGenerationDefaults(runtime_->assets().generation_config()));
+                      api::ParseGenerationDefaults(runtime_->assets().generation_config()));
   limits_.vocab_size = runtime_->assets().config().vocab_size;
   limits_.max_context_tokens = runtime_->assets().config().max_position_embeddings;
   started_ = true;
@@ -110,22 +112,10 @@ size_t DecodeService::pending_releases() const {
 
 absl::Status DecodeService::Validate(const DecodeRequest& request,
                                      engine::SamplingParams* sampling) const {
-  if (request.request_id().empty()) {
-    return absl::InvalidArgumentError(
-        "request_id: expected 1..128 printable ASCII bytes, got \"\"");
-  }
-  // The public GenerateRequest carries the same fields under the same names, so the router's
-  // validation gives the same messages here.
-  v1::GenerateRequest as_generate;
-  as_generate.set_request_id(request.request_id());
-  *as_generate.mutable_prompt_token_ids() = request.prompt_token_ids();
-  *as_generate.mutable_sampling() = request.sampling();
-  as_generate.set_cache_salt(request.cache_salt());
-  as_generate.set_priority(request.priority());
-  DI_RETURN_IF_ERROR(router::ValidateGenerateRequest(as_generate, limits_));
+  DI_RETURN_IF_ERROR(api::CheckWorkerRequest(request, limits_));
   DI_ASSIGN_OR_RETURN(*sampling,
-                      router::ToEngineSamplingParams(request.sampling(), defaults_, limits_,
-                                                     request.prompt_token_ids_size()));
+                      api::ToEngineSamplingParams(request.sampling(), defaults_, limits_,
+                                                  request.prompt_token_ids_size()));
   return absl::OkStatus();
 }
 
@@ -138,11 +128,12 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context, const DecodeR
   const absl::Status status = [&]() -> absl::Status {
     engine::SamplingParams sampling;
     DI_RETURN_IF_ERROR(Validate(*request, &sampling));
-    absl::Time deadline = ContextDeadline(*context);
+    const absl::Time now = Now();
+    absl::Time deadline = ClockDeadline(ContextDeadline(*context));
     if (request->deadline_unix_us() != 0) {
       deadline = std::min(deadline, absl::FromUnixMicros(request->deadline_unix_us()));
     }
-    if (absl::Now() >= deadline) {
+    if (now >= deadline) {
       return absl::DeadlineExceededError("the request's deadline passed before it started");
     }
     const uint64_t serial = next_tag_.fetch_add(1);
@@ -218,7 +209,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
                                              absl::Time deadline,
                                              grpc::ServerWriter<v1::GenerateChunk>* writer) {
   engine::LlmEngine* const engine = runtime_->engine();
-  const absl::Time start = absl::Now();
+  const absl::Time start = Now();
   DI_ASSIGN_OR_RETURN(
       engine::KvReservation reservation,
       engine->ReserveForRemotePrefill(std::move(engine_request), QueueOutputs(call)));
@@ -246,7 +237,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
 
   internal::v1::Prefill::Stub* stub = PrefillStub(address);
   grpc::ClientContext rpc;
-  rpc.set_deadline(absl::ToChronoTime(transfer_deadline));
+  rpc.set_deadline(absl::ToChronoTime(RealDeadline(transfer_deadline)));
   internal::v1::PrefillResponse response;
   absl::Mutex mu;
   bool done = false;
@@ -266,7 +257,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
         why = Why::kClientCancel;
       } else if (call->aborted.load()) {
         why = Why::kAbort;
-      } else if (absl::Now() >= deadline) {
+      } else if (Now() >= deadline) {
         why = Why::kDeadline;
       }
       if (why != Why::kNone) rpc.TryCancel();
@@ -296,7 +287,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
     DI_RETURN_IF_ERROR(engine->CompleteRemotePrefill(call->engine_id, first));
     // A cancel, Abort or deadline that raced with the answer is handled by Stream.
     return Stream(context, *call, deadline, response.cached_prompt_tokens(),
-                  absl::ToInt64Microseconds(absl::Now() - start), writer);
+                  absl::ToInt64Microseconds(Now() - start), writer);
   }
 
   ReleaseTag(tag);
@@ -305,7 +296,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
     outcome = absl::CancelledError("the client cancelled the request during its prefill");
   } else if (why == Why::kAbort) {
     outcome = absl::CancelledError("aborted during the prefill");
-  } else if (why == Why::kDeadline || absl::Now() >= deadline) {
+  } else if (why == Why::kDeadline || Now() >= deadline) {
     outcome = absl::DeadlineExceededError("the request's deadline passed during its prefill");
   } else {
     outcome = absl::UnavailableError(
@@ -317,6 +308,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
   cancel.set_request_id(prefill.request_id());
   internal::v1::CancelPrefillResponse cancelled;
   grpc::ClientContext cancel_rpc;
+  // A timeout of a real call: real time.
   cancel_rpc.set_deadline(absl::ToChronoTime(absl::Now() + options_.cancel_timeout));
   const grpc::Status cancel_status = stub->Cancel(&cancel_rpc, cancel, &cancelled);
   if (cancel_status.ok() && cancelled.quiesced()) {
@@ -329,7 +321,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
     spdlog::info("[req={}] prefill node {} did not confirm the cancel ({}); blocks freed in {}",
                  req.request_id(), address,
                  cancel_status.ok() ? "not quiesced" : CodeAndMessage(cancel_status),
-                 absl::FormatDuration(due - absl::Now()));
+                 absl::FormatDuration(due - Now()));
     ScheduleRelease({due, call->engine_id, outcome});
   }
 
@@ -395,7 +387,7 @@ absl::Status DecodeService::Stream(grpc::ServerContext* context, Call& call, abs
     if (ended.ok()) {
       if (context->IsCancelled()) {
         ended = absl::CancelledError("the client cancelled the request");
-      } else if (absl::Now() >= deadline) {
+      } else if (Now() >= deadline) {
         ended = absl::DeadlineExceededError("the request's deadline passed while decoding");
       }
     }
@@ -455,6 +447,18 @@ grpc::Status DecodeService::Abort(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
+absl::Time DecodeService::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+
+absl::Time DecodeService::ClockDeadline(absl::Time real_deadline) const {
+  if (!options_.clock || real_deadline == absl::InfiniteFuture()) return real_deadline;
+  return options_.clock() + (real_deadline - absl::Now());
+}
+
+absl::Time DecodeService::RealDeadline(absl::Time deadline) const {
+  if (!options_.clock || deadline == absl::InfiniteFuture()) return deadline;
+  return absl::Now() + (deadline - options_.clock());
+}
+
 void DecodeService::AddLive(const std::shared_ptr<Call>& call) {
   absl::MutexLock l(&live_mu_);
   live_.emplace(call->request_id, call);
@@ -512,7 +516,7 @@ bool DecodeService::WaitTag(uint64_t tag, absl::Time deadline) {
                                           return it != a->self->tags_.end() && it->second;
                                         },
                                         &arg),
-                                    deadline);
+                                    RealDeadline(deadline));
 }
 
 void DecodeService::ReleaseTag(uint64_t tag) {
@@ -520,20 +524,21 @@ void DecodeService::ReleaseTag(uint64_t tag) {
   const auto it = tags_.find(tag);
   if (it == tags_.end()) return;
   // Parts of an incomplete tag may still arrive; they are kept as strays until they expire.
-  if (!it->second) stray_parts_.emplace(tag, absl::Now());
+  if (!it->second) stray_parts_.emplace(tag, Now());
   tags_.erase(it);
 }
 
 void DecodeService::DispatchLoop() {
   kv_transfer::TransferAgent* const agent = runtime_->agent();
   while (!stop_dispatch_.load()) {
+    // A real-time wait: Stop is looked at every kDispatchInterval.
     const absl::Time wait_until = absl::Now() + kDispatchInterval;
     if (!agent->WaitForNotifications(wait_until)) {
       // A stopped agent may answer at once; do not spin.
       absl::SleepFor(std::max(absl::ZeroDuration(), wait_until - absl::Now()));
     }
     std::vector<kv_transfer::Notification> notes = agent->DrainNotifications();
-    const absl::Time now = absl::Now();
+    const absl::Time now = Now();
     absl::MutexLock l(&tags_mu_);
     for (kv_transfer::Notification& n : notes) {
       const uint64_t tag = n.request_id;
@@ -585,7 +590,7 @@ void DecodeService::ReapLoop() {
   for (;;) {
     // After the runtime drained, the engine and the agent are stopped: nothing can land.
     const bool flush = stop_ && runtime_->draining();
-    const absl::Time now = absl::Now();
+    const absl::Time now = Now();
     std::vector<Release> due;
     absl::Time next = absl::InfiniteFuture();
     for (auto it = releases_.begin(); it != releases_.end();) {
@@ -607,7 +612,7 @@ void DecodeService::ReapLoop() {
       continue;
     }
     if (stop_ && releases_.empty()) return;
-    reap_cv_.WaitWithDeadline(&reap_mu_, next);
+    reap_cv_.WaitWithDeadline(&reap_mu_, RealDeadline(next));
   }
 }
 

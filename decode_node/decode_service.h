@@ -1,9 +1,10 @@
 // The decode node's gRPC service (internal.v1.Decode), served through a node::WorkerRuntime.
 //
 // Generate(DecodeRequest) -> stream GenerateChunk:
-//  * Validation: request_id (1..128 printable bytes), prompt_token_ids (at least one, each below
-//    the vocabulary), sampling (with the model's generation_config.json defaults and the context
-//    check), cache_salt, priority; images are refused ("images: ...", no encoder yet). Every
+//  * Validation: the worker bounds of api::CheckWorkerRequest (request_id, sampling ranges,
+//    cache_salt, priority, prompt_token_ids, prompt + max_tokens within the context), then the
+//    sampling resolved with the model's generation_config.json defaults
+//    (api::ToEngineSamplingParams); bad image handles are refused naming images. Every
 //    violation is INVALID_ARGUMENT whose message starts with the field's path. The request's
 //    deadline is the earlier of deadline_unix_us (when non-zero) and the RPC's own deadline.
 //  * Colocated (prefill_address empty): only on a node started with can_prefill
@@ -27,6 +28,16 @@
 // Abort(request_id) aborts the live request(s) with that id (a Generate in its prefill phase
 // cancels its Prefill call); the stream then ends with FINISH_REASON_ABORTED and status OK.
 //
+// Time: every deadline decision, timestamp and duration (the request deadline, the transfer
+// deadline D, deferred-release times, stray-tag expiry, Timing.prefill_us) reads
+// DecodeServiceOptions::clock, so tests drive them with a FakeClock (common/fake_clock.h).
+// deadline_unix_us is read in that clock's time base (the wall clock in production); the RPC's
+// own deadline, a wall-clock time, counts as the same time remaining from the clock's now.
+// Blocking waits run in real time: the polls every kPollInterval, the dispatcher's wait for
+// notifications and the Cancel call's cancel_timeout; a wait until a clock deadline (the Prefill
+// call's gRPC deadline, the wait for the notifications, the reaper) lasts the same remaining time
+// on the real clock.
+//
 // Threads: Start() launches a notification dispatcher (drains the runtime agent's notifications
 // into a kv_transfer::NotificationTracker) and a reaper (deferred FailRemotePrefill). Stop()
 // joins them; it is meant to run after the runtime has drained (WorkerRuntime::Drain stops the
@@ -41,6 +52,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,13 +63,13 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/request_validation.h"
 #include "grpcpp/grpcpp.h"
 #include "kv_transfer/notification_tracker.h"
 #include "node/worker_runtime.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/prefill.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/worker.pb.h"
-#include "router/request_validation.h"
 
 namespace deepinfer::decode_node {
 
@@ -76,6 +88,9 @@ struct DecodeServiceOptions {
   // Completions of notification tags no request is waiting for are kept this long (the prefill
   // response and the notifications may arrive in either order).
   absl::Duration stray_tag_ttl = absl::Seconds(60);
+  // The time every deadline and duration is judged by (see the header comment); absl::Now when
+  // empty.
+  std::function<absl::Time()> clock;
 };
 
 class DecodeService final : public internal::v1::Decode::Service {
@@ -138,13 +153,20 @@ class DecodeService final : public internal::v1::Decode::Service {
   void ScheduleRelease(Release release);
   void ReapLoop();
 
+  // options_.clock, or absl::Now.
+  absl::Time Now() const;
+  // The wall-clock time at which `deadline` (by Now()) is due, for real blocking waits, and the
+  // reverse, for a wall-clock deadline such as the RPC's. Identities when options_.clock is empty.
+  absl::Time RealDeadline(absl::Time deadline) const;
+  absl::Time ClockDeadline(absl::Time real_deadline) const;
+
   void AddLive(const std::shared_ptr<Call>& call);
   void RemoveLive(const Call& call);
 
   node::WorkerRuntime* const runtime_;
   const DecodeServiceOptions options_;
-  router::GenerationDefaults defaults_;
-  router::RequestLimits limits_;
+  api::GenerationDefaults defaults_;
+  api::RequestLimits limits_;
 
   // Serial of each Generate call: its notification tag and part of its engine and prefill ids.
   std::atomic<uint64_t> next_tag_{1};

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/fake_clock.h"
 #include "engine/generate.h"
 #include "engine/model.h"
 #include "grpcpp/grpcpp.h"
@@ -505,6 +506,41 @@ TEST_F(DecodeServiceTest, DeadlinePassedWhileDecoding) {
   EXPECT_FALSE(out.tokens.empty());
   EXPECT_LT(out.tokens.size(), 2000u);
   ExpectQuiet();
+}
+
+TEST_F(DecodeServiceTest, DeadlineIsJudgedByTheInjectedClock) {
+  FakeClock clock;
+  DecodeServiceOptions o;
+  o.clock = clock.AsFunction();
+  auto d = StartDecode("decode-fake-clock", /*can_prefill=*/true, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Already past by the wall clock (the fake one is years behind), a second ahead by the
+  // service's: the request starts, and ends when the fake clock passes the deadline.
+  DecodeRequest r = Greedy("fake-late", Prompts()[3], 2000, /*prefill_address=*/"");
+  r.set_deadline_unix_us(absl::ToUnixMicros(clock.Now() + absl::Seconds(1)));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto reader = (*d)->stub->Generate(&context, r);
+  v1::GenerateChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  size_t tokens = static_cast<size_t>(chunk.token_ids_size());
+  EXPECT_GT(tokens, 0u);
+  clock.Advance(absl::Seconds(1));
+  while (reader->Read(&chunk)) tokens += static_cast<size_t>(chunk.token_ids_size());
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_EQ(status.error_message(), "the request's deadline passed while decoding");
+  EXPECT_LT(tokens, 2000u);
+  EXPECT_TRUE(WaitUntil([&] { return Quiet(*(*d)->runtime); }, absl::Seconds(5)))
+      << (*d)->runtime->Stats().DebugString();
+
+  // At the deadline by the clock, a new request does not start.
+  r.set_request_id("fake-past");
+  r.set_deadline_unix_us(absl::ToUnixMicros(clock.Now()));
+  Outcome out = Generate((*d)->stub.get(), r);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << out.status.error_message();
+  EXPECT_TRUE(out.chunks.empty());
 }
 
 TEST_F(DecodeServiceTest, DeadPrefillNodeFailsFastAndFreesAfterTheTransferDeadline) {

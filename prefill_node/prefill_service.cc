@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "api/worker_request_check.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "engine/llm_engine.h"
@@ -38,8 +39,8 @@ struct PrefillService::Live {
 
 PrefillService::PrefillService(node::WorkerRuntime* runtime, PrefillServiceOptions options)
     : runtime_(runtime), options_(options) {
-  absl::StatusOr<router::GenerationDefaults> defaults =
-      router::ParseGenerationDefaults(runtime_->assets().generation_config());
+  absl::StatusOr<api::GenerationDefaults> defaults =
+      api::ParseGenerationDefaults(runtime_->assets().generation_config());
   if (defaults.ok()) {
     defaults_ = *defaults;
   } else {
@@ -67,23 +68,10 @@ node::StatsContributor PrefillService::stats_contributor() {
 
 absl::Status PrefillService::Validate(const internal::v1::PrefillRequest& request,
                                       engine::SamplingParams* sampling) const {
-  if (request.request_id().empty() || request.request_id().size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id: expected 1..", kMaxRequestIdBytes,
-                                                   " bytes, got ", request.request_id().size()));
-  }
+  DI_RETURN_IF_ERROR(api::CheckWorkerRequest(request, limits_));
   const int prompt_len = request.prompt_token_ids_size();
-  if (prompt_len == 0) {
-    return absl::InvalidArgumentError("prompt_token_ids: expected at least one token, got none");
-  }
-  for (int i = 0; i < prompt_len; ++i) {
-    if (request.prompt_token_ids(i) >= static_cast<uint32_t>(limits_.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "]: expected < ",
-                                                     limits_.vocab_size, ", got ",
-                                                     request.prompt_token_ids(i)));
-    }
-  }
-  DI_ASSIGN_OR_RETURN(*sampling, router::ToEngineSamplingParams(request.sampling(), defaults_,
-                                                                limits_, prompt_len));
+  DI_ASSIGN_OR_RETURN(*sampling, api::ToEngineSamplingParams(request.sampling(), defaults_,
+                                                             limits_, prompt_len));
   sampling->max_tokens = 1;
   if (!request.has_destination()) return absl::OkStatus();
 
@@ -208,7 +196,7 @@ absl::Status PrefillService::StopReason(grpc::ServerContext* context, Live* live
   if (context != nullptr && context->IsCancelled()) {
     return absl::CancelledError("the caller cancelled the RPC");
   }
-  if (absl::Now() >= deadline) {
+  if (Now() >= deadline) {
     return absl::DeadlineExceededError("deadline_unix_us passed");
   }
   return absl::OkStatus();
@@ -250,8 +238,7 @@ absl::Status PrefillService::Transfer(grpc::ServerContext* context,
     handles.push_back(*h);
   }
 
-  const absl::Time deadline =
-      std::min(request_deadline, absl::Now() + options_.default_transfer_timeout);
+  const absl::Time deadline = std::min(request_deadline, Now() + options_.default_transfer_timeout);
   absl::Span<const int32_t> src = absl::MakeConstSpan(src_blocks).subspan(skip);
   std::vector<uint32_t> dst(dest.block_ids().begin() + static_cast<ptrdiff_t>(skip),
                             dest.block_ids().end());
@@ -276,6 +263,7 @@ absl::Status PrefillService::Transfer(grpc::ServerContext* context,
   absl::Status transfer_error;
   for (size_t i = 0; i < posted; ++i) {
     for (;;) {
+      // A real-time poll: the agent's Wait sleeps on the wall clock.
       absl::StatusOr<kv_transfer::TransferStatus> st =
           agent->Wait(handles[i], absl::Now() + kPollInterval);
       if (!st.ok()) {
@@ -315,7 +303,7 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   const absl::Time deadline = request.deadline_unix_us() > 0
                                   ? absl::FromUnixMicros(request.deadline_unix_us())
                                   : absl::InfiniteFuture();
-  if (absl::Now() >= deadline) {
+  if (Now() >= deadline) {
     return absl::DeadlineExceededError("deadline_unix_us: already passed on arrival");
   }
   er.request_id = request.request_id();
@@ -328,7 +316,7 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
                                               /*with_data=*/true));
 
   engine::LlmEngine* engine = runtime_->engine();
-  const absl::Time compute_start = absl::Now();
+  const absl::Time compute_start = Now();
   std::shared_ptr<Live> keep = live_owner;
   DI_RETURN_IF_ERROR(engine->SubmitPrefill(std::move(er), [keep](
                                                               absl::StatusOr<engine::PrefillResult>
@@ -363,7 +351,7 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
       }
     }
   }
-  const absl::Duration compute = absl::Now() - compute_start;
+  const absl::Duration compute = Now() - compute_start;
   if (!result.ok()) return aborted ? stop : result.status();
   if (!aborted) stop = StopReason(context, live, deadline);
 
@@ -371,9 +359,9 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   uint64_t bytes = 0;
   absl::Duration transfer_time;
   if (status.ok() && request.has_destination()) {
-    const absl::Time transfer_start = absl::Now();
+    const absl::Time transfer_start = Now();
     status = Transfer(context, request, live, deadline, result->block_ids, &bytes);
-    transfer_time = absl::Now() - transfer_start;
+    transfer_time = Now() - transfer_start;
   }
   absl::Status released = engine->ReleasePrefilled(request.request_id());
   if (!released.ok()) {
@@ -397,6 +385,8 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   return absl::OkStatus();
 }
 
+absl::Time PrefillService::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+
 void PrefillService::ForgetExpiredCancels(absl::Time now) {
   for (auto it = early_cancels_.begin(); it != early_cancels_.end();) {
     if (it->second <= now) {
@@ -418,7 +408,7 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   bool registered = false;
   {
     absl::MutexLock lock(&mu_);
-    ForgetExpiredCancels(absl::Now());
+    ForgetExpiredCancels(Now());
     if (id.empty()) {
       // Validate names the field; nothing to register under.
     } else if (early_cancels_.contains(id)) {
@@ -475,7 +465,7 @@ grpc::Status PrefillService::Cancel(grpc::ServerContext* context,
   std::shared_ptr<Live> live;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = Now();
     ForgetExpiredCancels(now);
     auto it = live_.find(id);
     if (it == live_.end()) {

@@ -4,9 +4,10 @@
 //
 // Prefill(PrefillRequest), in order:
 //  1. RequestScope: UNAVAILABLE while the node drains.
-//  2. Validation, each failure INVALID_ARGUMENT naming the field: request_id (1..128 bytes),
-//     prompt_token_ids (non-empty, each < vocab), images (this node has no vision encoder),
-//     sampling (router::ToEngineSamplingParams with the model's generation defaults; the engine
+//  2. Validation, each failure INVALID_ARGUMENT naming the field: the worker bounds of
+//     api::CheckWorkerRequest (request_id, sampling ranges, cache_salt, prompt_token_ids, prompt
+//     + max_tokens within the context), images (this node has no vision encoder), sampling
+//     resolved with the model's generation defaults (api::ToEngineSamplingParams; the engine
 //     samples exactly one token), destination when set: block_size equal to ours
 //     (FAILED_PRECONDITION), block_ids one per block_size prompt tokens, skip_blocks <= that,
 //     every block id < destination.pool.num_blocks, metadata naming agent_name/incarnation, pool
@@ -25,6 +26,14 @@
 //     cancelled, and the RPC still waits until each is terminal (no write can land afterwards).
 //  6. The held blocks are released (their KV stays in the prefix cache) and the handles freed.
 // Without a destination the node only prefills (a measurement) and releases the blocks.
+//
+// Time: every deadline decision, timestamp and duration (deadline_unix_us, the transfer
+// deadline, compute_us / transfer_us, Cancel's memory) reads PrefillServiceOptions::clock, so
+// tests drive them with a FakeClock (common/fake_clock.h). deadline_unix_us and the deadline
+// handed to the runtime's transfer agent are in that clock's time base: in production the wall
+// clock; a test that transfers under a fake clock gives the agent the same clock
+// (AgentConfig::clock). The blocking waits themselves (polling the engine, the agent's Wait,
+// Cancel waiting for the request to end) sleep in real time, kPollInterval at a time.
 // Errors: transfer failures keep their code (UNAVAILABLE peer gone, DEADLINE_EXCEEDED, ABORTED
 // stale incarnation); cancellation gives CANCELLED; the engine's own errors pass through
 // (RESOURCE_EXHAUSTED when the prompt cannot fit).
@@ -42,6 +51,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,12 +61,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/request_validation.h"
 #include "grpcpp/grpcpp.h"
 #include "kv_transfer/transfer_agent.h"
 #include "node/worker_runtime.h"
 #include "proto/deepinfer/internal/v1/prefill.grpc.pb.h"
 #include "proto/deepinfer/internal/v1/prefill.pb.h"
-#include "router/request_validation.h"
 
 namespace deepinfer::prefill_node {
 
@@ -65,6 +75,9 @@ struct PrefillServiceOptions {
   absl::Duration default_transfer_timeout = absl::Seconds(30);
   // How long a Cancel for an unknown request id is remembered.
   absl::Duration cancel_memory = absl::Seconds(60);
+  // The time every deadline and duration is judged by (see the header comment); absl::Now when
+  // empty.
+  std::function<absl::Time()> clock;
 };
 
 class PrefillService final : public internal::v1::Prefill::Service {
@@ -114,11 +127,13 @@ class PrefillService final : public internal::v1::Prefill::Service {
                         Live* live, absl::Time request_deadline,
                         const std::vector<int32_t>& src_blocks, uint64_t* bytes);
   void ForgetExpiredCancels(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options_.clock, or absl::Now.
+  absl::Time Now() const;
 
   node::WorkerRuntime* const runtime_;
   const PrefillServiceOptions options_;
-  router::GenerationDefaults defaults_;
-  router::RequestLimits limits_;
+  api::GenerationDefaults defaults_;
+  api::RequestLimits limits_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);

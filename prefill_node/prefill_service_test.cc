@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/fake_clock.h"
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
 #include "grpcpp/create_channel.h"
@@ -36,6 +37,8 @@ constexpr char kModel[] = "engine/testdata/models/llama";
 
 class PrefillServiceTest : public ::testing::Test {
  protected:
+  virtual PrefillServiceOptions ServiceOptions() { return {}; }
+
   void SetUp() override {
     node::WorkerOptions o;
     o.role = internal::v1::WORKER_ROLE_PREFILL;
@@ -48,7 +51,7 @@ class PrefillServiceTest : public ::testing::Test {
     auto rt = node::WorkerRuntime::Create(o);
     ASSERT_TRUE(rt.ok()) << rt.status();
     runtime_ = std::move(*rt);
-    service_ = std::make_unique<PrefillService>(runtime_.get());
+    service_ = std::make_unique<PrefillService>(runtime_.get(), ServiceOptions());
     ASSERT_TRUE(runtime_
                     ->Start({service_.get()}, {PrefillService::ServiceName()},
                             service_->stats_contributor())
@@ -396,6 +399,61 @@ TEST_F(PrefillServiceTest, DrainingRefusesNewPrefills) {
   PrefillRequest r = MakeRequest("after-drain", {760, 39, 68}, {0}, 0, 1);
   grpc::Status s = service_->Prefill(no_context, &r, &response);
   EXPECT_EQ(s.error_code(), grpc::UNAVAILABLE) << s.error_message();
+}
+
+// The service judges deadlines and measures durations by its injected clock.
+class PrefillServiceClockTest : public PrefillServiceTest {
+ protected:
+  PrefillServiceOptions ServiceOptions() override {
+    PrefillServiceOptions o;
+    o.clock = clock_.AsFunction();
+    o.cancel_memory = absl::Seconds(60);
+    return o;
+  }
+
+  // Prefills `id` without a destination (no transfer: the transfer agent keeps the real clock).
+  grpc::Status Measure(const std::string& id, absl::Time deadline, PrefillResponse* response) {
+    PrefillRequest r = MakeRequest(id, {760, 39, 68, 410, 78}, {}, 0, 1);
+    r.clear_destination();
+    r.set_deadline_unix_us(absl::ToUnixMicros(deadline));
+    return CallPrefill(r, response);
+  }
+
+  FakeClock clock_;
+};
+
+TEST_F(PrefillServiceClockTest, DeadlineAndComputeTimeComeFromTheClock) {
+  // The fake clock is years behind the wall clock: this deadline is long past in real time, but
+  // a second ahead by the service's clock.
+  PrefillResponse response;
+  grpc::Status s = Measure("on-time", clock_.Now() + absl::Seconds(1), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(response.first_token_id(), 768u);
+  // The clock did not move while the engine computed.
+  EXPECT_EQ(response.compute_us(), 0u);
+  EXPECT_EQ(response.transfer_us(), 0u);
+
+  clock_.Advance(absl::Seconds(1));
+  s = Measure("late", clock_.Now(), &response);
+  EXPECT_EQ(s.error_code(), grpc::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_TRUE(absl::StartsWith(s.error_message(), "deadline_unix_us: already passed on arrival"))
+      << s.error_message();
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+}
+
+TEST_F(PrefillServiceClockTest, EarlyCancelIsForgottenAfterCancelMemoryByTheClock) {
+  bool quiesced = false;
+  ASSERT_TRUE(CallCancel("early", &quiesced).ok());
+  const absl::Time deadline = clock_.Now() + absl::Hours(1);
+  PrefillResponse response;
+  clock_.Advance(absl::Seconds(59));
+  grpc::Status s = Measure("early", deadline, &response);
+  EXPECT_EQ(s.error_code(), grpc::CANCELLED) << s.error_message();
+  clock_.Advance(absl::Seconds(1));  // exactly cancel_memory after the Cancel
+  s = Measure("early", deadline, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(runtime_->Stats().requests_cancelled(), 1u);
+  EXPECT_EQ(runtime_->Stats().requests_ok(), 1u);
 }
 
 }  // namespace

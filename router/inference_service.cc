@@ -109,14 +109,15 @@ absl::StatusOr<std::unique_ptr<InferenceService>> InferenceService::Create(
   DI_ASSIGN_OR_RETURN(
       std::unique_ptr<PlacementPolicy> policy,
       CreatePlacementPolicy(options.placement_policy, options.placement, "placement_policy"));
-  DI_ASSIGN_OR_RETURN(GenerationDefaults defaults,
-                      ParseGenerationDefaults(assets->generation_config()));
+  DI_ASSIGN_OR_RETURN(api::GenerationDefaults defaults,
+                      api::ParseGenerationDefaults(assets->generation_config()));
   return std::unique_ptr<InferenceService>(
       new InferenceService(registry, assets, std::move(options), defaults, std::move(policy)));
 }
 
 InferenceService::InferenceService(WorkerRegistry* registry, const engine::ModelAssets* assets,
-                                   InferenceServiceOptions options, GenerationDefaults defaults,
+                                   InferenceServiceOptions options,
+                                   api::GenerationDefaults defaults,
                                    std::unique_ptr<PlacementPolicy> policy)
     : registry_(registry),
       assets_(assets),
@@ -554,13 +555,13 @@ grpc::Status InferenceService::Serve(grpc::ServerContext* context,
 }
 
 absl::Status InferenceService::PrepareImages(grpc::ServerContext* context,
-                                             const ChatPrompt& prompt,
+                                             const api::ChatPrompt& prompt,
                                              const std::vector<int32_t>& rendered,
                                              Prepared* prepared) {
   std::vector<std::string> files;
   std::vector<std::string> hashes;
   files.reserve(prompt.images.size());
-  for (const ChatImage& image : prompt.images) {
+  for (const api::ChatImage& image : prompt.images) {
     files.push_back(image.bytes);
     hashes.push_back(Sha256(image.bytes));
   }
@@ -582,7 +583,7 @@ absl::Status InferenceService::PrepareImages(grpc::ServerContext* context,
         message.remove_prefix(close + 1);
         const size_t colon = message.find(": ");
         if (colon != absl::string_view::npos) message.remove_prefix(colon + 2);
-        const ChatImage& image = prompt.images[k];
+        const api::ChatImage& image = prompt.images[k];
         return absl::InvalidArgumentError(absl::StrCat("messages[", image.message_index,
                                                        "].content[", image.part_index,
                                                        "].image: ", message));
@@ -616,9 +617,9 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
                                     grpc::ServerWriter<v1::ChatChunk>* writer) {
   auto prepare = [&](Prepared* prepared) -> absl::Status {
     DI_RETURN_IF_ERROR(CheckModel(request->model()));
-    DI_ASSIGN_OR_RETURN(ChatPrompt prompt, ConvertChatMessages(*request, limits_));
+    DI_ASSIGN_OR_RETURN(api::ChatPrompt prompt, api::ConvertChatMessages(*request, limits_));
     if (!prompt.images.empty()) {
-      const ChatImage& image = prompt.images.front();
+      const api::ChatImage& image = prompt.images.front();
       const std::string field = absl::StrCat("messages[", image.message_index, "].content[",
                                              image.part_index, "].image");
       if (assets_->config().image_token_id < 0) {
@@ -639,10 +640,10 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
     } else {
       prepared->prompt_token_ids.assign(ids.begin(), ids.end());
     }
-    DI_RETURN_IF_ERROR(ToEngineSamplingParams(request->sampling(), defaults_, limits_,
-                                              static_cast<int64_t>(
-                                                  prepared->prompt_token_ids.size()))
-                           .status());
+    DI_RETURN_IF_ERROR(
+        api::ToEngineSamplingParams(request->sampling(), defaults_, limits_,
+                                    static_cast<int64_t>(prepared->prompt_token_ids.size()))
+            .status());
     prepared->sampling = &request->sampling();
     prepared->cache_salt = request->cache_salt();
     prepared->priority = request->priority();
@@ -658,9 +659,9 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                         grpc::ServerWriter<v1::GenerateChunk>* writer) {
   auto prepare = [&](Prepared* prepared) -> absl::Status {
     DI_RETURN_IF_ERROR(CheckModel(request->model()));
-    DI_RETURN_IF_ERROR(ValidateGenerateRequest(*request, limits_));
-    DI_RETURN_IF_ERROR(ToEngineSamplingParams(request->sampling(), defaults_, limits_,
-                                              request->prompt_token_ids_size())
+    DI_RETURN_IF_ERROR(api::ValidateGenerateRequest(*request, limits_));
+    DI_RETURN_IF_ERROR(api::ToEngineSamplingParams(request->sampling(), defaults_, limits_,
+                                                   request->prompt_token_ids_size())
                            .status());
     prepared->prompt_token_ids.assign(request->prompt_token_ids().begin(),
                                       request->prompt_token_ids().end());

@@ -5,7 +5,7 @@
 // A Chat or Generate call, in order:
 //   1. refused with kUnavailable "router is draining" after BeginDrain();
 //   2. `model`: empty selects the served model; anything else -> kInvalidArgument naming model;
-//   3. validation (router/request_validation.h), kInvalidArgument naming the field. Chat: the
+//   3. validation (api/request_validation.h), kInvalidArgument naming the field. Chat: the
 //      messages are converted and rendered with the model's chat template, then tokenized
 //      (kFailedPrecondition when the model has none). Image parts: refused with
 //      kInvalidArgument naming messages[i].content[j].image when the model has no image token
@@ -15,8 +15,8 @@
 //      undecodable image names messages[i].content[j].image, and each rendered placeholder is
 //      repeated once per embedding row (router/image_prompt.h); the embeddings travel inline in
 //      DecodeRequest.images, the runs feed the prefix-cache hashes, and the last chunk's usage
-//      reports images and cached_images (served from the encoder's embedding cache). Both: the sampling
-//      parameters are checked against the model's generation defaults and context
+//      reports images and cached_images (served from the encoder's embedding cache). Both: the
+//      sampling parameters are checked against the model's generation defaults and context
 //      (sampling.max_tokens when prompt + max_tokens exceeds it);
 //   4. an empty request_id is replaced by a generated one ("chat-<16 hex>" / "gen-<16 hex>"); an
 //      id that is already running -> kAlreadyExists naming request_id;
@@ -80,15 +80,15 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/request_validation.h"
+#include "engine/block_hash.h"
 #include "engine/model_assets.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/server_context.h"
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
-#include "engine/block_hash.h"
 #include "router/encoder_client.h"
 #include "router/placement.h"
-#include "router/request_validation.h"
 #include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
@@ -198,13 +198,13 @@ class InferenceService final : public v1::Inference::Service {
   class Admission;
 
   InferenceService(WorkerRegistry* registry, const engine::ModelAssets* assets,
-                   InferenceServiceOptions options, GenerationDefaults defaults,
+                   InferenceServiceOptions options, api::GenerationDefaults defaults,
                    std::unique_ptr<PlacementPolicy> policy);
 
   absl::Status CheckModel(absl::string_view model) const;
   // Chat with images: encodes `prompt.images` on the encoder pool and expands the rendered
   // prompt's placeholders (router/image_prompt.h) into `prepared`.
-  absl::Status PrepareImages(grpc::ServerContext* context, const ChatPrompt& prompt,
+  absl::Status PrepareImages(grpc::ServerContext* context, const api::ChatPrompt& prompt,
                              const std::vector<int32_t>& rendered, Prepared* prepared);
   std::string NewRequestId(absl::string_view prefix);
   absl::StatusOr<Placement> Place(const Prepared& request, absl::Span<const std::string> exclude);
@@ -236,8 +236,8 @@ class InferenceService final : public v1::Inference::Service {
   WorkerRegistry* const registry_;
   const engine::ModelAssets* const assets_;
   const InferenceServiceOptions options_;
-  const GenerationDefaults defaults_;
-  const RequestLimits limits_;
+  const api::GenerationDefaults defaults_;
+  const api::RequestLimits limits_;
   EncoderClient encoders_;
   v1::ModelInfo model_info_;
   RouterMetrics* const metrics_;

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "api/request_validation.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
@@ -24,7 +25,6 @@
 #include "proto/deepinfer/internal/v1/decode.grpc.pb.h"
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
 #include "router/prompt_block_hashes.h"
-#include "router/request_validation.h"
 #include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
@@ -376,7 +376,8 @@ TEST_F(InferenceServiceTest, ChatTokenizesWithTheTemplateAndRelaysTheStream) {
   ASSERT_TRUE(result.status.ok()) << result.status.error_message();
 
   // The decode worker got the prompt as ModelAssets renders and tokenizes the same messages.
-  absl::StatusOr<ChatPrompt> prompt = ConvertChatMessages(request, RequestLimits{768, 2048});
+  absl::StatusOr<api::ChatPrompt> prompt =
+      api::ConvertChatMessages(request, api::RequestLimits{768, 2048});
   ASSERT_TRUE(prompt.ok()) << prompt.status();
   absl::StatusOr<std::vector<int32_t>> expected_ids =
       assets_->RenderAndTokenize(prompt->messages, /*add_generation_prompt=*/true);

@@ -1,4 +1,4 @@
-#include "router/request_validation.h"
+#include "api/request_validation.h"
 
 #include <array>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace deepinfer::router {
+namespace deepinfer::api {
 namespace {
 
 constexpr size_t kMaxRequestIdBytes = 128;
@@ -80,55 +80,12 @@ absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
       absl::StrCat(field, ": expected UTF-8 text, got an invalid byte sequence at byte ", bad));
 }
 
-absl::Status CheckRequestId(absl::string_view id) {
-  // Empty: the router generates one.
-  if (id.size() > kMaxRequestIdBytes) {
-    return InvalidText("request_id", "1..128 printable ASCII bytes",
-                       absl::StrCat(id.size(), " bytes"));
-  }
-  for (size_t i = 0; i < id.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(id[i]);
-    if (c < 0x20 || c > 0x7E) {
-      return InvalidText(
-          "request_id", "1..128 printable ASCII bytes",
-          absl::StrCat(Quote(id), " (byte ", i, " is 0x", absl::Hex(c, absl::kZeroPad2), ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckCommon(absl::string_view request_id, const v1::SamplingParams& sampling,
                          absl::string_view cache_salt, int32_t priority, int vocab_size) {
-  DI_RETURN_IF_ERROR(CheckRequestId(request_id));
+  DI_RETURN_IF_ERROR(ValidateRequestId(request_id));
   DI_RETURN_IF_ERROR(ValidateSamplingParams(sampling, vocab_size));
-  if (cache_salt.size() > kMaxCacheSaltBytes) {
-    return InvalidText("cache_salt", "at most 256 bytes",
-                       absl::StrCat(cache_salt.size(), " bytes"));
-  }
-  if (priority < kMinPriority || priority > kMaxPriority) {
-    return Invalid("priority", "-100..100", priority);
-  }
-  return absl::OkStatus();
-}
-
-// Context room: prompt + max_tokens <= context. Returns the resolved max_tokens.
-absl::StatusOr<int64_t> ResolveMaxTokens(uint32_t max_tokens, int64_t prompt_tokens,
-                                         int64_t context) {
-  if (max_tokens == 0) {
-    if (prompt_tokens >= context) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sampling.max_tokens: 0 means up to the context, but the prompt (", prompt_tokens,
-          " tokens) leaves no room in the model's context of ", context, " tokens"));
-    }
-    return context - prompt_tokens;
-  }
-  if (prompt_tokens + static_cast<int64_t>(max_tokens) > context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling.max_tokens: expected prompt + max_tokens <= ", context,
-                     " (the model's context), got ", prompt_tokens, " + ", max_tokens, " = ",
-                     prompt_tokens + static_cast<int64_t>(max_tokens)));
-  }
-  return static_cast<int64_t>(max_tokens);
+  DI_RETURN_IF_ERROR(ValidateCacheSalt(cache_salt));
+  return ValidatePriority(priority);
 }
 
 // --- Images ---------------------------------------------------------------------------------
@@ -362,9 +319,8 @@ absl::Status CheckChat(const v1::ChatRequest& request, const RequestLimits& limi
           break;
         case v1::ContentPart::kImage: {
           if (++images_seen > limits.max_images) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(part_path, ".image: more than ", limits.max_images,
-                             " images in one request"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                part_path, ".image: more than ", limits.max_images, " images in one request"));
           }
           ChatImage image;
           DI_RETURN_IF_ERROR(CheckImage(part.image(), absl::StrCat(part_path, ".image"), limits,
@@ -473,6 +429,68 @@ absl::StatusOr<ImageHeader> InspectImage(absl::string_view bytes) {
       absl::StrCat("expected PNG or JPEG data; got ", found, " (", n, " bytes)"));
 }
 
+absl::Status ValidateRequestId(absl::string_view id) {
+  // Empty: the router generates one.
+  if (id.size() > kMaxRequestIdBytes) {
+    return InvalidText("request_id", "1..128 printable ASCII bytes",
+                       absl::StrCat(id.size(), " bytes"));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c > 0x7E) {
+      return InvalidText(
+          "request_id", "1..128 printable ASCII bytes",
+          absl::StrCat(Quote(id), " (byte ", i, " is 0x", absl::Hex(c, absl::kZeroPad2), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCacheSalt(absl::string_view cache_salt) {
+  if (cache_salt.size() > kMaxCacheSaltBytes) {
+    return InvalidText("cache_salt", "at most 256 bytes",
+                       absl::StrCat(cache_salt.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePriority(int32_t priority) {
+  if (priority < kMinPriority || priority > kMaxPriority) {
+    return Invalid("priority", "-100..100", priority);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePromptTokenIds(absl::Span<const uint32_t> ids, int vocab_size) {
+  if (ids.empty()) return InvalidText("prompt_token_ids", "at least one token", "none");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (vocab_size <= 0 || ids[i] >= static_cast<uint32_t>(vocab_size)) {
+      return Invalid(absl::StrCat("prompt_token_ids[", i, "]"),
+                     absl::StrCat("a token id in [0, ", vocab_size, ")"), ids[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ResolveMaxTokens(uint32_t max_tokens, int64_t prompt_tokens,
+                                         int64_t context) {
+  if (max_tokens == 0) {
+    if (prompt_tokens >= context) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.max_tokens: 0 means up to the context, but the prompt (", prompt_tokens,
+          " tokens) leaves no room in the model's context of ", context, " tokens"));
+    }
+    return context - prompt_tokens;
+  }
+  if (prompt_tokens + static_cast<int64_t>(max_tokens) > context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.max_tokens: expected prompt + max_tokens <= ", context,
+                     " (the model's context), got ", prompt_tokens, " + ", max_tokens, " = ",
+                     prompt_tokens + static_cast<int64_t>(max_tokens)));
+  }
+  return static_cast<int64_t>(max_tokens);
+}
+
 absl::StatusOr<GenerationDefaults> ParseGenerationDefaults(const nlohmann::json& config) {
   if (!config.is_object()) {
     return InvalidText("generation_config", "a JSON object", config.dump());
@@ -558,17 +576,7 @@ absl::Status ValidateGenerateRequest(const v1::GenerateRequest& request,
                                      const RequestLimits& limits) {
   DI_RETURN_IF_ERROR(CheckCommon(request.request_id(), request.sampling(), request.cache_salt(),
                                  request.priority(), limits.vocab_size));
-  if (request.prompt_token_ids().empty()) {
-    return InvalidText("prompt_token_ids", "at least one token", "none");
-  }
-  for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
-    if (limits.vocab_size <= 0 ||
-        request.prompt_token_ids(i) >= static_cast<uint32_t>(limits.vocab_size)) {
-      return Invalid(absl::StrCat("prompt_token_ids[", i, "]"),
-                     absl::StrCat("a token id in [0, ", limits.vocab_size, ")"),
-                     request.prompt_token_ids(i));
-    }
-  }
+  DI_RETURN_IF_ERROR(ValidatePromptTokenIds(request.prompt_token_ids(), limits.vocab_size));
   return ResolveMaxTokens(request.sampling().max_tokens(), request.prompt_token_ids_size(),
                           limits.max_context_tokens)
       .status();
@@ -614,4 +622,4 @@ absl::StatusOr<engine::SamplingParams> ToEngineSamplingParams(const v1::Sampling
   return p;
 }
 
-}  // namespace deepinfer::router
+}  // namespace deepinfer::api

@@ -1,4 +1,4 @@
-#include "router/request_validation.h"
+#include "api/request_validation.h"
 
 #include <cmath>
 #include <functional>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace deepinfer::router {
+namespace deepinfer::api {
 namespace {
 
 using ::deepinfer::v1::ChatRequest;
@@ -652,4 +652,4 @@ TEST(InspectImageTest, RejectsMalformedStructure) {
 }
 
 }  // namespace
-}  // namespace deepinfer::router
+}  // namespace deepinfer::api

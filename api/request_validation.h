@@ -1,5 +1,6 @@
-// Validation and conversion of public API requests (deepinfer.v1 ChatRequest / GenerateRequest)
-// at the router, before anything is queued: every rule written in the field comments of
+// Validation and conversion of public API requests (deepinfer.v1 ChatRequest / GenerateRequest),
+// done once at the router before anything is queued (workers check only their bounds, see
+// api/worker_request_check.h): every rule written in the field comments of
 // proto/deepinfer/v1/inference.proto is checked here, and a violation is kInvalidArgument whose
 // message starts with the field's path, then what was expected and what was found:
 //
@@ -20,8 +21,8 @@
 // the pixels is the vision encoder's job.
 //
 // Thread-safety: all functions are pure and thread-safe.
-#ifndef DEEPINFER_ROUTER_REQUEST_VALIDATION_H_
-#define DEEPINFER_ROUTER_REQUEST_VALIDATION_H_
+#ifndef DEEPINFER_API_REQUEST_VALIDATION_H_
+#define DEEPINFER_API_REQUEST_VALIDATION_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -31,11 +32,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "engine/sampler.h"
 #include "nlohmann/json.hpp"
 #include "proto/deepinfer/v1/inference.pb.h"
 
-namespace deepinfer::router {
+namespace deepinfer::api {
 
 // Limits of the model a request is for, and of the router.
 struct RequestLimits {
@@ -126,7 +128,27 @@ absl::StatusOr<engine::SamplingParams> ToEngineSamplingParams(const v1::Sampling
                                                               const RequestLimits& limits,
                                                               int64_t prompt_tokens);
 
-// Building blocks, exposed for tests and for other front ends.
+// Building blocks, exposed for tests, for other front ends and for the workers' checks. Each
+// returns kInvalidArgument with the message format above.
+
+// request_id: empty (the router generates one) or 1..128 printable ASCII bytes.
+absl::Status ValidateRequestId(absl::string_view request_id);
+
+// cache_salt: at most 256 bytes.
+absl::Status ValidateCacheSalt(absl::string_view cache_salt);
+
+// priority: -100..100.
+absl::Status ValidatePriority(int32_t priority);
+
+// prompt_token_ids: at least one, each in [0, vocab_size) (names prompt_token_ids[i]).
+absl::Status ValidatePromptTokenIds(absl::Span<const uint32_t> ids, int vocab_size);
+
+// The completion budget of a prompt of `prompt_tokens` tokens in a context of `context` tokens:
+// `max_tokens`, or context - prompt_tokens when it is 0. kInvalidArgument naming
+// sampling.max_tokens when prompt + max_tokens exceeds the context, or when max_tokens is 0 and
+// the prompt leaves no room for one token.
+absl::StatusOr<int64_t> ResolveMaxTokens(uint32_t max_tokens, int64_t prompt_tokens,
+                                         int64_t context);
 
 // True when `text` is well-formed UTF-8 (no overlong forms, surrogates or values > U+10FFFF).
 bool IsValidUtf8(absl::string_view text);
@@ -144,6 +166,6 @@ struct ImageHeader {
 };
 absl::StatusOr<ImageHeader> InspectImage(absl::string_view bytes);
 
-}  // namespace deepinfer::router
+}  // namespace deepinfer::api
 
-#endif  // DEEPINFER_ROUTER_REQUEST_VALIDATION_H_
+#endif  // DEEPINFER_API_REQUEST_VALIDATION_H_
