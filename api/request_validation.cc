@@ -622,4 +622,19 @@ absl::StatusOr<engine::SamplingParams> ToEngineSamplingParams(const v1::Sampling
   return p;
 }
 
+absl::StatusOr<v1::SamplingParams> ResolveSampling(const v1::SamplingParams& sampling,
+                                                   const GenerationDefaults& defaults,
+                                                   const RequestLimits& limits,
+                                                   int64_t prompt_tokens) {
+  DI_ASSIGN_OR_RETURN(const engine::SamplingParams p,
+                      ToEngineSamplingParams(sampling, defaults, limits, prompt_tokens));
+  v1::SamplingParams resolved = sampling;
+  resolved.set_temperature(p.temperature);
+  resolved.set_top_p(p.top_p);
+  resolved.set_top_k(p.top_k);
+  resolved.set_min_p(p.min_p);
+  resolved.set_repetition_penalty(p.repetition_penalty);
+  return resolved;
+}
+
 }  // namespace deepinfer::api

@@ -128,6 +128,16 @@ absl::StatusOr<engine::SamplingParams> ToEngineSamplingParams(const v1::Sampling
                                                               const RequestLimits& limits,
                                                               int64_t prompt_tokens);
 
+// The request's sampling with every default resolved, as the router forwards it to workers:
+// temperature, top_p, top_k and min_p set (from the client or `defaults`), repetition_penalty the
+// effective one; every other field as the client gave it (max_tokens 0 keeps meaning "up to the
+// context", which the worker knows as well as the router; it was checked against the context). Errors exactly as ToEngineSamplingParams. A worker converting the
+// result with ToEngineSamplingParams gets the same engine parameters whatever its own defaults.
+absl::StatusOr<v1::SamplingParams> ResolveSampling(const v1::SamplingParams& sampling,
+                                                   const GenerationDefaults& defaults,
+                                                   const RequestLimits& limits,
+                                                   int64_t prompt_tokens);
+
 // Building blocks, exposed for tests, for other front ends and for the workers' checks. Each
 // returns kInvalidArgument with the message format above.
 

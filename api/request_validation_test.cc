@@ -464,6 +464,48 @@ TEST(ToEngineSamplingParamsTest, UnsetFieldsTakeTheModelDefaults) {
   EXPECT_EQ(p->max_tokens, 10);
 }
 
+// The router forwards ResolveSampling's result; a worker with neutral defaults then computes the
+// same engine parameters as the router did with the model's.
+TEST(ResolveSamplingTest, ResolvedParamsMeanTheSameWhateverTheWorkersDefaults) {
+  GenerationDefaults model;
+  model.temperature = 0.6f;
+  model.top_p = 0.95f;
+  model.top_k = 20;
+  model.min_p = 0.05f;
+  model.repetition_penalty = 1.1f;
+  v1::SamplingParams s;
+  s.set_top_k(5);  // set by the client: kept
+  s.add_stop("zz");
+  s.set_seed(7);
+  absl::StatusOr<v1::SamplingParams> r = ResolveSampling(s, model, Limits(), 100);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->has_temperature());
+  EXPECT_FLOAT_EQ(r->temperature(), 0.6f);
+  EXPECT_FLOAT_EQ(r->top_p(), 0.95f);
+  EXPECT_EQ(r->top_k(), 5);
+  EXPECT_FLOAT_EQ(r->min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(r->repetition_penalty(), 1.1f);
+  EXPECT_EQ(r->max_tokens(), 0u);  // still "up to the context"
+  EXPECT_EQ(r->stop_size(), 1);
+  EXPECT_EQ(r->seed(), 7u);
+  absl::StatusOr<engine::SamplingParams> at_router =
+      ToEngineSamplingParams(s, model, Limits(), 100);
+  absl::StatusOr<engine::SamplingParams> at_worker =
+      ToEngineSamplingParams(*r, GenerationDefaults(), Limits(), 100);
+  ASSERT_TRUE(at_router.ok() && at_worker.ok());
+  EXPECT_FLOAT_EQ(at_worker->temperature, at_router->temperature);
+  EXPECT_FLOAT_EQ(at_worker->top_p, at_router->top_p);
+  EXPECT_EQ(at_worker->top_k, at_router->top_k);
+  EXPECT_FLOAT_EQ(at_worker->min_p, at_router->min_p);
+  EXPECT_FLOAT_EQ(at_worker->repetition_penalty, at_router->repetition_penalty);
+  EXPECT_EQ(at_worker->max_tokens, at_router->max_tokens);
+  EXPECT_EQ(at_worker->seed, at_router->seed);
+  // Errors as ToEngineSamplingParams.
+  s.set_max_tokens(static_cast<uint32_t>(Limits().max_context_tokens));
+  EXPECT_EQ(ResolveSampling(s, model, Limits(), 100).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ToEngineSamplingParamsTest, SetFieldsWinEvenWhenZero) {
   GenerationDefaults defaults;
   defaults.temperature = 0.6f;

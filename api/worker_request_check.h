@@ -2,8 +2,9 @@
 // touches the engine. The router has already validated the public request in full
 // (api/request_validation.h); a worker re-checks only what protects it from a bad or foreign
 // caller: the id it keys the call by, token ids it indexes with, sizes it allocates by, and the
-// model's context. The internal requests carry the client's deepinfer.v1.SamplingParams as sent,
-// so a worker then resolves its sampling defaults with ToEngineSamplingParams.
+// model's context. The router resolves the model's sampling defaults once (ResolveSampling) and
+// the internal requests carry the result, so a worker converts it with ToEngineSamplingParams
+// and the built-in GenerationDefaults, which then change nothing.
 //
 // Every violation is kInvalidArgument whose message starts with the field's path, in the format
 // of api/request_validation.h ("prompt_token_ids[2]: expected a token id in [0, 768), got 900").

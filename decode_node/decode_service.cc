@@ -76,8 +76,6 @@ DecodeService::~DecodeService() { Stop(); }
 
 absl::Status DecodeService::Start() {
   if (started_) return absl::FailedPreconditionError("DecodeService: already started");
-  DI_ASSIGN_OR_RETURN(defaults_,
-                      api::ParseGenerationDefaults(runtime_->assets().generation_config()));
   limits_.vocab_size = runtime_->assets().config().vocab_size;
   limits_.max_context_tokens = runtime_->assets().config().max_position_embeddings;
   started_ = true;

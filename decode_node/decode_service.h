@@ -165,7 +165,9 @@ class DecodeService final : public internal::v1::Decode::Service {
 
   node::WorkerRuntime* const runtime_;
   const DecodeServiceOptions options_;
-  api::GenerationDefaults defaults_;
+  // The built-in (neutral) defaults: the router resolves the model's (api::ResolveSampling), so
+  // these apply only to fields a caller other than the router left unset.
+  const api::GenerationDefaults defaults_;
   api::RequestLimits limits_;
 
   // Serial of each Generate call: its notification tag and part of its engine and prefill ids.

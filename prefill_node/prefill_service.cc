@@ -39,14 +39,6 @@ struct PrefillService::Live {
 
 PrefillService::PrefillService(node::WorkerRuntime* runtime, PrefillServiceOptions options)
     : runtime_(runtime), options_(options) {
-  absl::StatusOr<api::GenerationDefaults> defaults =
-      api::ParseGenerationDefaults(runtime_->assets().generation_config());
-  if (defaults.ok()) {
-    defaults_ = *defaults;
-  } else {
-    spdlog::warn("generation_config.json unusable ({}); sampling defaults are the built-in ones",
-                 defaults.status().ToString());
-  }
   limits_.vocab_size = runtime_->model()->config().vocab_size;
   limits_.max_context_tokens = runtime_->model()->config().max_position_embeddings;
 }

@@ -132,7 +132,9 @@ class PrefillService final : public internal::v1::Prefill::Service {
 
   node::WorkerRuntime* const runtime_;
   const PrefillServiceOptions options_;
-  api::GenerationDefaults defaults_;
+  // The built-in (neutral) defaults: the router resolves the model's (api::ResolveSampling), so
+  // these apply only to fields a caller other than the router left unset.
+  const api::GenerationDefaults defaults_;
   api::RequestLimits limits_;
 
   absl::Mutex mu_;

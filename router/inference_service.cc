@@ -386,7 +386,7 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
                                                : absl::StrCat(request.request_id, "#r", attempt));
     decode_request.mutable_prompt_token_ids()->Add(request.prompt_token_ids.begin(),
                                                    request.prompt_token_ids.end());
-    *decode_request.mutable_sampling() = *request.sampling;
+    *decode_request.mutable_sampling() = request.sampling;
     decode_request.set_cache_salt(request.cache_salt);
     decode_request.set_priority(request.priority);
     decode_request.set_prefill_address(placement->prefill_address);
@@ -640,11 +640,10 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
     } else {
       prepared->prompt_token_ids.assign(ids.begin(), ids.end());
     }
-    DI_RETURN_IF_ERROR(
-        api::ToEngineSamplingParams(request->sampling(), defaults_, limits_,
-                                    static_cast<int64_t>(prepared->prompt_token_ids.size()))
-            .status());
-    prepared->sampling = &request->sampling();
+    DI_ASSIGN_OR_RETURN(
+        prepared->sampling,
+        api::ResolveSampling(request->sampling(), defaults_, limits_,
+                             static_cast<int64_t>(prepared->prompt_token_ids.size())));
     prepared->cache_salt = request->cache_salt();
     prepared->priority = request->priority();
     prepared->detokenize = true;
@@ -660,14 +659,13 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
   auto prepare = [&](Prepared* prepared) -> absl::Status {
     DI_RETURN_IF_ERROR(CheckModel(request->model()));
     DI_RETURN_IF_ERROR(api::ValidateGenerateRequest(*request, limits_));
-    DI_RETURN_IF_ERROR(api::ToEngineSamplingParams(request->sampling(), defaults_, limits_,
-                                                   request->prompt_token_ids_size())
-                           .status());
+    DI_ASSIGN_OR_RETURN(prepared->sampling,
+                        api::ResolveSampling(request->sampling(), defaults_, limits_,
+                                             request->prompt_token_ids_size()));
     prepared->prompt_token_ids.assign(request->prompt_token_ids().begin(),
                                       request->prompt_token_ids().end());
     prepared->request_id =
         request->request_id().empty() ? NewRequestId("gen") : request->request_id();
-    prepared->sampling = &request->sampling();
     prepared->cache_salt = request->cache_salt();
     prepared->priority = request->priority();
     prepared->detokenize = request->detokenize();

@@ -156,7 +156,9 @@ class InferenceService final : public v1::Inference::Service {
   struct Prepared {
     std::string request_id;
     std::vector<uint32_t> prompt_token_ids;
-    const v1::SamplingParams* sampling = nullptr;
+    // The client's sampling with the model's defaults resolved (api::ResolveSampling): workers
+    // receive it as is.
+    v1::SamplingParams sampling;
     std::string cache_salt;
     int32_t priority = 0;
     bool detokenize = false;

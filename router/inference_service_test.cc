@@ -388,10 +388,16 @@ TEST_F(InferenceServiceTest, ChatTokenizesWithTheTemplateAndRelaysTheStream) {
   const DecodeRequest& d = sent[0];
   EXPECT_EQ(std::vector<uint32_t>(d.prompt_token_ids().begin(), d.prompt_token_ids().end()),
             std::vector<uint32_t>(expected_ids->begin(), expected_ids->end()));
-  // A generated id; sampling exactly as the client gave it; the chosen prefill worker.
+  // A generated id; the client's sampling with the model's defaults resolved; the chosen prefill
+  // worker.
   EXPECT_TRUE(absl::StartsWith(d.request_id(), "chat-")) << d.request_id();
   EXPECT_EQ(d.request_id().size(), 5u + 16u) << d.request_id();
-  EXPECT_EQ(d.sampling().SerializeAsString(), request.sampling().SerializeAsString());
+  v1::SamplingParams resolved = request.sampling();
+  resolved.set_top_p(1.0f);
+  resolved.set_top_k(0);
+  resolved.set_min_p(0.0f);
+  resolved.set_repetition_penalty(1.0f);
+  EXPECT_EQ(d.sampling().DebugString(), resolved.DebugString());
   EXPECT_EQ(d.cache_salt(), "tenant-a");
   EXPECT_EQ(d.priority(), 3);
   EXPECT_EQ(d.prefill_address(), prefill_address);
