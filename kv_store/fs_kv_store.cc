@@ -251,6 +251,7 @@ class FsKvStore::Reader : public KvBlockReader {
     if (start > deadline) return absl::DeadlineExceededError("kv store: read deadline passed");
     const uint64_t per_layer = layout().bytes_per_layer;
     const uint64_t offset = HeaderBytes(layout()) + first_layer * per_layer;
+    errno = 0;
     if (!PreadFull(fd_, dst.data(), dst.size(), offset)) {
       // ESTALE (evicted on an NFS server), EIO, or a file cut short.
       store_->CountError();
@@ -326,7 +327,9 @@ class FsKvStore::Writer : public KvBlockWriter {
     absl::Status status = Publish(start, deadline);
     if (!status.ok()) {
       // kAborted: the file is gone (reclaimed by a scan, which already took its bytes back).
-      if (status.code() != absl::StatusCode::kAborted) store_->ReleaseBytes(temp_path_, deadline);
+      if (status.code() != absl::StatusCode::kAborted) {
+        store_->ReleaseBytes(temp_path_, store_->options_.config.clock() + absl::Seconds(5));
+      }
       return status;
     }
     const double seconds = seconds_ + absl::ToDoubleSeconds(store_->options_.config.clock() - start);

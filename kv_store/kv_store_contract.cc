@@ -340,6 +340,33 @@ TEST_P(KvStoreContractTest, EvictionStormDuringSlowReadsNeverReturnsWrongBytes) 
   EXPECT_GE(stored, 1u);
 }
 
+TEST_P(KvStoreContractTest, ObjectOpenDuringItsEvictionReadsWholeOrMisses) {
+  const KvStoreConfig config = ConfigFor(16);
+  std::unique_ptr<KvStore> store = OpenStore(config);
+  ASSERT_NE(store, nullptr);
+  const KvBlockKey key = TestKey(0);
+  ASSERT_TRUE(store->Write(key, TestPayload(key, 1), kNoDeadline).ok());
+  const KvBlockLayout layout = config.layout;
+  std::vector<uint8_t> out(layout.payload_bytes());
+  auto reader = store->OpenForRead(key, kNoDeadline);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*reader)
+                  ->ReadLayers(0, 1, absl::MakeSpan(out).first(layout.bytes_per_layer),
+                               kNoDeadline)
+                  .ok());
+  // Three times the capacity written while the reader holds the object, then the same key
+  // rewritten with other bytes if it was evicted.
+  env_->RunWriters(*store, config, {{1, 48, 1}});
+  (void)store->Write(key, TestPayload(key, 2), kNoDeadline);
+  const absl::Status s = (*reader)->ReadLayers(
+      1, 3, absl::MakeSpan(out).subspan(layout.bytes_per_layer), kNoDeadline);
+  if (s.ok()) {
+    EXPECT_EQ(out, TestPayload(key, 1));  // all layers from the object that was opened
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  }
+}
+
 TEST_P(KvStoreContractTest, SustainedWritePressureStaysUnderTheWatermark) {
   const KvStoreConfig config = ConfigFor(20);
   std::unique_ptr<KvStore> store = OpenStore(config);
