@@ -95,9 +95,9 @@ absl::StatusOr<std::vector<KvBlockKey>> PrefixKeys(
   if (ns.block_size == 0) return absl::InvalidArgumentError("block key: block_size is 0");
   const size_t blocks = tokens.size() / ns.block_size;
   if (!extra_keys_per_block.empty() && extra_keys_per_block.size() != blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block key: expected extra keys for ", blocks, " full blocks, found ",
-                     extra_keys_per_block.size()));
+    return absl::InvalidArgumentError(absl::StrCat("block key: expected extra keys for ", blocks,
+                                                   " full blocks, found ",
+                                                   extra_keys_per_block.size()));
   }
   std::vector<KvBlockKey> keys;
   keys.reserve(blocks);

@@ -3,9 +3,9 @@
 //
 // A block's key is SHA-256 chained over the keys before it:
 //
-//   root    = SHA-256("deepinfer.kv_root.v1" | ModelDigest(namespace) | cache_salt)
-//   key[0]  = SHA-256("deepinfer.kv_block.v1" | root   | tokens of block 0 | extra keys of block 0)
-//   key[i]  = SHA-256("deepinfer.kv_block.v1" | key[i-1] | tokens of block i | extra keys of block i)
+//   root   = SHA-256("deepinfer.kv_root.v1" | ModelDigest(namespace) | cache_salt)
+//   key[0] = SHA-256("deepinfer.kv_block.v1" | root     | tokens[0] | extra_keys[0])
+//   key[i] = SHA-256("deepinfer.kv_block.v1" | key[i-1] | tokens[i] | extra_keys[i])
 //
 // so a key names the whole prefix up to and including its block, under one model, KV format and
 // tenant. Every variable-length field is length-prefixed, so no two different inputs encode to

@@ -238,8 +238,11 @@ FsKvStore::Usage FsKvStore::ScanLocked(uint64_t incoming) {
 class FsKvStore::Reader : public KvBlockReader {
  public:
   Reader(FsKvStore* store, std::string path, int fd, std::vector<uint32_t> crcs)
-      : KvBlockReader(store->options_.config.layout), store_(store), path_(std::move(path)),
-        fd_(fd), crcs_(std::move(crcs)) {}
+      : KvBlockReader(store->options_.config.layout),
+        store_(store),
+        path_(std::move(path)),
+        fd_(fd),
+        crcs_(std::move(crcs)) {}
   ~Reader() override { close(fd_); }
 
   absl::Status ReadLayers(uint32_t first_layer, uint32_t num_layers, absl::Span<uint8_t> dst,
@@ -255,8 +258,8 @@ class FsKvStore::Reader : public KvBlockReader {
     if (!PreadFull(fd_, dst.data(), dst.size(), offset)) {
       // ESTALE (evicted on an NFS server), EIO, or a file cut short.
       store_->CountError();
-      return absl::NotFoundError(absl::StrCat("kv store: reading ", path_, ": ",
-                                              errno ? strerror(errno) : "short file"));
+      return absl::NotFoundError(
+          absl::StrCat("kv store: reading ", path_, ": ", errno ? strerror(errno) : "short file"));
     }
     for (uint32_t i = 0; i < num_layers; ++i) {
       const uint32_t layer = first_layer + i;
@@ -286,12 +289,17 @@ class FsKvStore::Reader : public KvBlockReader {
 class FsKvStore::Writer : public KvBlockWriter {
  public:
   Writer(FsKvStore* store, const KvBlockKey& key, std::string temp_path, int fd)
-      : KvBlockWriter(store->options_.config.layout), store_(store), key_(key),
-        temp_path_(std::move(temp_path)), fd_(fd), crcs_(layout().num_layers),
+      : KvBlockWriter(store->options_.config.layout),
+        store_(store),
+        key_(key),
+        temp_path_(std::move(temp_path)),
+        fd_(fd),
+        crcs_(layout().num_layers),
         written_(layout().num_layers, false) {}
   ~Writer() override {
     close(fd_);
-    if (!done_) store_->ReleaseBytes(temp_path_, store_->options_.config.clock() + absl::Seconds(5));
+    if (!done_)
+      store_->ReleaseBytes(temp_path_, store_->options_.config.clock() + absl::Seconds(5));
   }
 
   absl::Status WriteLayers(uint32_t first_layer, uint32_t num_layers,
@@ -302,8 +310,7 @@ class FsKvStore::Writer : public KvBlockWriter {
     if (done_) return absl::FailedPreconditionError("kv store: write after Commit");
     const absl::Time start = store_->options_.config.clock();
     const uint64_t per_layer = layout().bytes_per_layer;
-    if (!PwriteFull(fd_, src.data(), src.size(),
-                    HeaderBytes(layout()) + first_layer * per_layer)) {
+    if (!PwriteFull(fd_, src.data(), src.size(), HeaderBytes(layout()) + first_layer * per_layer)) {
       return Errno("write", temp_path_, errno);
     }
     for (uint32_t i = 0; i < num_layers; ++i) {
@@ -318,8 +325,8 @@ class FsKvStore::Writer : public KvBlockWriter {
     if (done_) return absl::FailedPreconditionError("kv store: Commit after Commit");
     for (uint32_t layer = 0; layer < layout().num_layers; ++layer) {
       if (!written_[layer]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "kv store: Commit of ", key_.Hex(), " before layer ", layer, " was written"));
+        return absl::FailedPreconditionError(absl::StrCat("kv store: Commit of ", key_.Hex(),
+                                                          " before layer ", layer, " was written"));
       }
     }
     done_ = true;
@@ -332,7 +339,8 @@ class FsKvStore::Writer : public KvBlockWriter {
       }
       return status;
     }
-    const double seconds = seconds_ + absl::ToDoubleSeconds(store_->options_.config.clock() - start);
+    const double seconds =
+        seconds_ + absl::ToDoubleSeconds(store_->options_.config.clock() - start);
     absl::MutexLock lock(&store_->mu_);
     ++store_->stats_.commits;
     store_->stats_.write_bytes += static_cast<int64_t>(layout().payload_bytes());
@@ -447,8 +455,7 @@ absl::StatusOr<std::unique_ptr<KvBlockReader>> FsKvStore::OpenForRead(const KvBl
           ? DecodeHeader(header, key, options_.config.model_digest, layout)
           : absl::DataLossError("kv object: short header");
   struct stat st;
-  if (crcs.ok() && (fstat(fd, &st) != 0 ||
-                    static_cast<uint64_t>(st.st_size) != object_bytes_)) {
+  if (crcs.ok() && (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != object_bytes_)) {
     crcs = absl::DataLossError("kv object: wrong size");
   }
   if (!crcs.ok()) {
@@ -492,9 +499,9 @@ absl::StatusOr<std::unique_ptr<KvBlockWriter>> FsKvStore::Reserve(const KvBlockK
     }
     if (usage.bytes_held + object_bytes_ > high_bytes_) {
       (void)WriteUsage(usage);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "kv store: ", usage.bytes_held, " bytes held (reservations), no room for ",
-          object_bytes_, " more under the high watermark of ", high_bytes_));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("kv store: ", usage.bytes_held, " bytes held (reservations), no room for ",
+                       object_bytes_, " more under the high watermark of ", high_bytes_));
     }
     for (int attempt = 0; fd < 0 && attempt < 3; ++attempt) {
       uint64_t n;

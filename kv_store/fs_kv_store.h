@@ -16,14 +16,14 @@
 // `reservation_timeout`, it belonged to a dead or stuck writer and the next scan deletes it.
 //
 // Capacity. Bytes held are counted in the `usage` record, changed only under flock(), by
-// reservations (before any byte is written), by failed commits and by scans. A scan lists the directory, deletes
-// stale reservations, evicts objects by recency (atime) down to the low watermark when needed,
-// and rewrites the record from what it found, so it corrects any drift (a process that died
-// between two steps). Scans run when a reservation would cross the high watermark, every
-// `rescan_interval`, and on Collect. Why this and not a cached estimate per process: a per-
-// process estimate cannot see other machines' writes, so N writers could each overshoot by
-// their own share; a reservation counted under one lock bounds the directory at the high
-// watermark however many writers there are. The price is one lock round trip per object
+// reservations (before any byte is written), by failed commits and by scans. A scan lists the
+// directory, deletes stale reservations, evicts objects by recency (atime) down to the low
+// watermark when needed, and rewrites the record from what it found, so it corrects any drift (a
+// process that died between two steps). Scans run when a reservation would cross the high
+// watermark, every `rescan_interval`, and on Collect. Why this and not a cached estimate per
+// process: a per- process estimate cannot see other machines' writes, so N writers could each
+// overshoot by their own share; a reservation counted under one lock bounds the directory at the
+// high watermark however many writers there are. The price is one lock round trip per object
 // written (a scan holds the lock while it lists the directory).
 //
 // Recency. Commit sets atime and mtime from the configured clock; a read sets atime again when

@@ -186,8 +186,7 @@ TEST(FsKvStoreTest, ObjectIsOneFileInItsFanoutDirectoryWithTheFormatHeader) {
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ASSERT_EQ(bytes.size(), (*store)->object_bytes());
   EXPECT_EQ(bytes.substr(0, 8), "DIKVOBJ1");
-  EXPECT_EQ(bytes.substr(16, 32),
-            std::string(reinterpret_cast<const char*>(key.bytes.data()), 32));
+  EXPECT_EQ(bytes.substr(16, 32), std::string(reinterpret_cast<const char*>(key.bytes.data()), 32));
   const std::vector<uint8_t> payload = TestPayload(key, 1);
   EXPECT_EQ(bytes.substr(4096), std::string(payload.begin(), payload.end()));
 }

@@ -5,9 +5,8 @@
 
 namespace deepinfer {
 
-absl::Status KvStore::ReadLayers(const KvBlockKey& key, uint32_t first_layer,
-                                 uint32_t num_layers, absl::Span<uint8_t> dst,
-                                 absl::Time deadline) {
+absl::Status KvStore::ReadLayers(const KvBlockKey& key, uint32_t first_layer, uint32_t num_layers,
+                                 absl::Span<uint8_t> dst, absl::Time deadline) {
   DI_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockReader> reader, OpenForRead(key, deadline));
   return reader->ReadLayers(first_layer, num_layers, dst, deadline);
 }

@@ -85,19 +85,19 @@ struct KvStoreConfig {
 // Counters since the store was opened, except `objects` and `bytes_held`, which describe the
 // store's content (for a directory shared with other processes: as this process last saw it).
 struct KvStoreStats {
-  int64_t objects = 0;          // committed objects
-  int64_t bytes_held = 0;       // committed objects plus live reservations, full object size
+  int64_t objects = 0;     // committed objects
+  int64_t bytes_held = 0;  // committed objects plus live reservations, full object size
   int64_t capacity_bytes = 0;
-  int64_t hits = 0;             // OpenForRead that found a valid object
-  int64_t misses = 0;           // OpenForRead and reads that ended in kNotFound
-  int64_t evictions = 0;        // objects removed to make room
-  int64_t reclaimed = 0;        // abandoned reservations reclaimed
-  int64_t errors = 0;           // checksum or header mismatches, I/O errors
-  int64_t commits = 0;          // objects this process published
-  int64_t read_bytes = 0;       // payload bytes copied out by readers
-  int64_t write_bytes = 0;      // payload bytes written by committed writers
-  double read_seconds = 0;      // time spent in layer reads (read bandwidth = bytes / seconds)
-  double write_seconds = 0;     // time spent writing and committing
+  int64_t hits = 0;          // OpenForRead that found a valid object
+  int64_t misses = 0;        // OpenForRead and reads that ended in kNotFound
+  int64_t evictions = 0;     // objects removed to make room
+  int64_t reclaimed = 0;     // abandoned reservations reclaimed
+  int64_t errors = 0;        // checksum or header mismatches, I/O errors
+  int64_t commits = 0;       // objects this process published
+  int64_t read_bytes = 0;    // payload bytes copied out by readers
+  int64_t write_bytes = 0;   // payload bytes written by committed writers
+  double read_seconds = 0;   // time spent in layer reads (read bandwidth = bytes / seconds)
+  double write_seconds = 0;  // time spent writing and committing
 };
 
 // One pinned object, open for reading. Destroying it unpins the object.
@@ -165,8 +165,7 @@ class KvStore {
 
   // How many of `keys`, from the first, are stored (0 to keys.size()). Never verifies
   // checksums. kDeadlineExceeded with nothing counted once the deadline passes mid-way.
-  virtual absl::StatusOr<size_t> Lookup(absl::Span<const KvBlockKey> keys,
-                                        absl::Time deadline) = 0;
+  virtual absl::StatusOr<size_t> Lookup(absl::Span<const KvBlockKey> keys, absl::Time deadline) = 0;
 
   // Pins the object stored under `key` and verifies its header (kNotFound: a miss, also for a
   // bad header, which counts as an error). Refreshes the object's recency.

@@ -26,8 +26,7 @@ uint64_t HeaderBytes(const KvStore& store) {
 
 }  // namespace
 
-std::string KvStoreContractParamName(
-    const testing::TestParamInfo<KvStoreContractParam>& info) {
+std::string KvStoreContractParamName(const testing::TestParamInfo<KvStoreContractParam>& info) {
   return info.param.name;
 }
 
@@ -92,8 +91,7 @@ TEST_P(KvStoreContractTest, WrittenBlockReadsBackWholeAndLayerByLayer) {
   // Two middle layers at once, through the store's convenience call.
   std::vector<uint8_t> middle(2 * layout.bytes_per_layer);
   ASSERT_TRUE(store->ReadLayers(key, 1, 2, absl::MakeSpan(middle), kNoDeadline).ok());
-  EXPECT_TRUE(std::equal(middle.begin(), middle.end(),
-                         payload.begin() + layout.bytes_per_layer));
+  EXPECT_TRUE(std::equal(middle.begin(), middle.end(), payload.begin() + layout.bytes_per_layer));
 
   const KvStoreStats stats = store->stats();
   EXPECT_EQ(stats.hits, 3);
@@ -210,8 +208,7 @@ TEST_P(KvStoreContractTest, RejectsBadRangesSizesAndPassedDeadlines) {
   EXPECT_EQ((*reader)->ReadLayers(0, 1, absl::MakeSpan(one), past).code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(store->OpenForRead(key, past).status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(store->Reserve(TestKey(2), past).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store->Reserve(TestKey(2), past).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(store->Lookup({key}, past).status().code(), absl::StatusCode::kDeadlineExceeded);
   auto writer = store->Reserve(TestKey(2), kNoDeadline);
   ASSERT_TRUE(writer.ok());
@@ -307,10 +304,10 @@ TEST_P(KvStoreContractTest, EvictionStormDuringSlowReadsNeverReturnsWrongBytes) 
       }
       absl::Status s;
       for (uint32_t layer = 0; layer < layout.num_layers && s.ok(); ++layer) {
-        s = (*reader)->ReadLayers(layer, 1,
-                                  absl::MakeSpan(out).subspan(layer * layout.bytes_per_layer,
-                                                              layout.bytes_per_layer),
-                                  kNoDeadline);
+        s = (*reader)->ReadLayers(
+            layer, 1,
+            absl::MakeSpan(out).subspan(layer * layout.bytes_per_layer, layout.bytes_per_layer),
+            kNoDeadline);
         absl::SleepFor(absl::Microseconds(300));  // a slow reader: writers evict meanwhile
       }
       if (absl::IsNotFound(s)) {
@@ -351,15 +348,14 @@ TEST_P(KvStoreContractTest, ObjectOpenDuringItsEvictionReadsWholeOrMisses) {
   auto reader = store->OpenForRead(key, kNoDeadline);
   ASSERT_TRUE(reader.ok());
   ASSERT_TRUE((*reader)
-                  ->ReadLayers(0, 1, absl::MakeSpan(out).first(layout.bytes_per_layer),
-                               kNoDeadline)
+                  ->ReadLayers(0, 1, absl::MakeSpan(out).first(layout.bytes_per_layer), kNoDeadline)
                   .ok());
   // Three times the capacity written while the reader holds the object, then the same key
   // rewritten with other bytes if it was evicted.
   env_->RunWriters(*store, config, {{1, 48, 1}});
   (void)store->Write(key, TestPayload(key, 2), kNoDeadline);
-  const absl::Status s = (*reader)->ReadLayers(
-      1, 3, absl::MakeSpan(out).subspan(layout.bytes_per_layer), kNoDeadline);
+  const absl::Status s =
+      (*reader)->ReadLayers(1, 3, absl::MakeSpan(out).subspan(layout.bytes_per_layer), kNoDeadline);
   if (s.ok()) {
     EXPECT_EQ(out, TestPayload(key, 1));  // all layers from the object that was opened
   } else {

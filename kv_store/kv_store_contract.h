@@ -56,8 +56,7 @@ struct KvStoreContractParam {
   friend void PrintTo(const KvStoreContractParam& param, std::ostream* os) { *os << param.name; }
 };
 
-std::string KvStoreContractParamName(
-    const testing::TestParamInfo<KvStoreContractParam>& info);
+std::string KvStoreContractParamName(const testing::TestParamInfo<KvStoreContractParam>& info);
 
 class KvStoreContractTest : public testing::TestWithParam<KvStoreContractParam> {
  protected:

@@ -17,7 +17,9 @@ using kv_store_internal::ObjectBytes;
 class MemoryKvStore::Reader : public KvBlockReader {
  public:
   Reader(MemoryKvStore* store, const KvBlockKey& key, std::shared_ptr<Object> object)
-      : KvBlockReader(store->config_.layout), store_(store), key_(key),
+      : KvBlockReader(store->config_.layout),
+        store_(store),
+        key_(key),
         object_(std::move(object)) {}
   ~Reader() override { store_->Unpin(object_.get()); }
 
@@ -55,8 +57,12 @@ class MemoryKvStore::Reader : public KvBlockReader {
 class MemoryKvStore::Writer : public KvBlockWriter {
  public:
   Writer(MemoryKvStore* store, const KvBlockKey& key, uint64_t id)
-      : KvBlockWriter(store->config_.layout), store_(store), key_(key), id_(id),
-        object_(std::make_shared<Object>()), written_(layout().num_layers, false) {
+      : KvBlockWriter(store->config_.layout),
+        store_(store),
+        key_(key),
+        id_(id),
+        object_(std::make_shared<Object>()),
+        written_(layout().num_layers, false) {
     object_->bytes.resize(store->object_bytes_);
     object_->layer_crcs.resize(layout().num_layers);
   }
@@ -89,9 +95,8 @@ class MemoryKvStore::Writer : public KvBlockWriter {
     if (done_) return absl::FailedPreconditionError("kv store: Commit after Commit");
     for (uint32_t layer = 0; layer < layout().num_layers; ++layer) {
       if (!written_[layer]) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("kv store: Commit of ", key_.Hex(), " before layer ", layer,
-                         " was written"));
+        return absl::FailedPreconditionError(absl::StrCat("kv store: Commit of ", key_.Hex(),
+                                                          " before layer ", layer, " was written"));
       }
     }
     done_ = true;
@@ -155,8 +160,8 @@ absl::StatusOr<std::unique_ptr<KvBlockReader>> MemoryKvStore::OpenForRead(const 
   }
   const std::shared_ptr<Object>& object = it->second.object;
   // The header is checked like a backend that reads it back from storage would.
-  absl::StatusOr<std::vector<uint32_t>> crcs = kv_store_internal::DecodeHeader(
-      object->bytes, key, config_.model_digest, config_.layout);
+  absl::StatusOr<std::vector<uint32_t>> crcs =
+      kv_store_internal::DecodeHeader(object->bytes, key, config_.model_digest, config_.layout);
   if (!crcs.ok() || *crcs != object->layer_crcs) {
     ++stats_.misses;
     ++stats_.errors;
@@ -165,8 +170,9 @@ absl::StatusOr<std::unique_ptr<KvBlockReader>> MemoryKvStore::OpenForRead(const 
       lru_.erase(it->second.lru);
       objects_.erase(it);
     }
-    return absl::NotFoundError(absl::StrCat("kv store: object ", key.Hex(), " is corrupt: ",
-                                            crcs.ok() ? "layer checksums" : crcs.status().message()));
+    return absl::NotFoundError(
+        absl::StrCat("kv store: object ", key.Hex(),
+                     " is corrupt: ", crcs.ok() ? "layer checksums" : crcs.status().message()));
   }
   ++object->pins;
   ++stats_.hits;
@@ -187,9 +193,9 @@ absl::StatusOr<std::unique_ptr<KvBlockWriter>> MemoryKvStore::Reserve(const KvBl
     ReclaimLocked(now);
     MakeRoomLocked(object_bytes_);
     if (bytes_held_ + object_bytes_ > high_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "kv store: ", bytes_held_, " bytes held (pinned or reserved), no room for ",
-          object_bytes_, " more under the high watermark of ", high_bytes_));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("kv store: ", bytes_held_, " bytes held (pinned or reserved), no room for ",
+                       object_bytes_, " more under the high watermark of ", high_bytes_));
     }
     bytes_held_ += object_bytes_;
     id = next_reservation_++;
@@ -252,9 +258,7 @@ void MemoryKvStore::MakeRoomLocked(uint64_t incoming) {
   }
 }
 
-void MemoryKvStore::TouchLocked(Entry& entry) {
-  lru_.splice(lru_.end(), lru_, entry.lru);
-}
+void MemoryKvStore::TouchLocked(Entry& entry) { lru_.splice(lru_.end(), lru_, entry.lru); }
 
 void MemoryKvStore::Unpin(Object* object) {
   absl::MutexLock lock(&mu_);

@@ -24,8 +24,8 @@ class MemoryEnv : public KvStoreContractEnv {
     ASSERT_TRUE(writer.ok()) << writer.status();
     const std::vector<uint8_t> payload = TestPayload(key, 1);
     ASSERT_TRUE((*writer)
-                    ->WriteLayers(0, 2, absl::MakeConstSpan(payload).first(
-                                            2 * config.layout.bytes_per_layer))
+                    ->WriteLayers(
+                        0, 2, absl::MakeConstSpan(payload).first(2 * config.layout.bytes_per_layer))
                     .ok());
     // The in-process equivalent of a writer that died: neither committed nor destroyed, ever.
     (void)writer->release();

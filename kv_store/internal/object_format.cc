@@ -80,16 +80,16 @@ absl::StatusOr<std::vector<uint32_t>> DecodeHeader(absl::Span<const uint8_t> hea
     return absl::DataLossError("kv object: bad magic");
   }
   if (GetU32(h + 8) != kFormatVersion) {
-    return absl::DataLossError(absl::StrCat("kv object: expected format version ",
-                                            kFormatVersion, ", found ", GetU32(h + 8)));
+    return absl::DataLossError(absl::StrCat("kv object: expected format version ", kFormatVersion,
+                                            ", found ", GetU32(h + 8)));
   }
   // Layout fields first: they decide where the header CRC sits.
   if (GetU32(h + 12) != expected || GetU32(h + 80) != layout.num_layers ||
       GetU32(h + 84) != layout.dtype_tag || GetU64(h + 88) != layout.bytes_per_layer) {
-    return absl::DataLossError(absl::StrCat(
-        "kv object: expected layout ", layout.num_layers, " layers x ", layout.bytes_per_layer,
-        " bytes (dtype ", layout.dtype_tag, "), found ", GetU32(h + 80), " x ", GetU64(h + 88),
-        " (dtype ", GetU32(h + 84), ")"));
+    return absl::DataLossError(absl::StrCat("kv object: expected layout ", layout.num_layers,
+                                            " layers x ", layout.bytes_per_layer, " bytes (dtype ",
+                                            layout.dtype_tag, "), found ", GetU32(h + 80), " x ",
+                                            GetU64(h + 88), " (dtype ", GetU32(h + 84), ")"));
   }
   const uint64_t end = CrcEnd(layout);
   if (GetU32(h + end) != Crc32(absl::MakeConstSpan(h, end))) {
@@ -106,8 +106,8 @@ absl::StatusOr<std::vector<uint32_t>> DecodeHeader(absl::Span<const uint8_t> hea
   return crcs;
 }
 
-absl::Status CheckLayerRange(const KvBlockLayout& layout, uint32_t first_layer,
-                             uint32_t num_layers, size_t buffer_bytes) {
+absl::Status CheckLayerRange(const KvBlockLayout& layout, uint32_t first_layer, uint32_t num_layers,
+                             size_t buffer_bytes) {
   if (num_layers == 0 || first_layer >= layout.num_layers ||
       num_layers > layout.num_layers - first_layer) {
     return absl::InvalidArgumentError(absl::StrCat("kv store: layers [", first_layer, ", ",

@@ -55,8 +55,8 @@ absl::StatusOr<std::vector<uint32_t>> DecodeHeader(absl::Span<const uint8_t> hea
 
 // Checks the request of a layer read or write: range within the layout, buffer of exactly the
 // range's size. kInvalidArgument otherwise.
-absl::Status CheckLayerRange(const KvBlockLayout& layout, uint32_t first_layer,
-                             uint32_t num_layers, size_t buffer_bytes);
+absl::Status CheckLayerRange(const KvBlockLayout& layout, uint32_t first_layer, uint32_t num_layers,
+                             size_t buffer_bytes);
 
 }  // namespace deepinfer::kv_store_internal
 

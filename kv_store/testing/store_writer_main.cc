@@ -50,8 +50,10 @@ int Run(int argc, char** argv) {
     }
     const std::vector<uint8_t> payload = TestPayload(key, 1);
     const uint32_t half = TestLayout().num_layers / 2;
-    if (!(*writer)->WriteLayers(0, half, absl::MakeConstSpan(payload).first(
-                                             half * TestLayout().bytes_per_layer)).ok()) {
+    if (!(*writer)
+             ->WriteLayers(0, half,
+                           absl::MakeConstSpan(payload).first(half * TestLayout().bytes_per_layer))
+             .ok()) {
       return 2;
     }
     std::printf("reserved\n");
