@@ -123,7 +123,8 @@ class FsEnv : public KvStoreContractEnv {
     std::vector<std::unique_ptr<Subprocess>> children;
     for (size_t i = 0; i < jobs.size(); ++i) {
       children.push_back(Start({"write", std::to_string(jobs[i].first_key),
-                                std::to_string(jobs[i].count), std::to_string(jobs[i].writer_id)},
+                                std::to_string(jobs[i].count), std::to_string(jobs[i].writer_id),
+                                std::to_string(absl::ToInt64Microseconds(jobs[i].pause))},
                                config, absl::StrCat(root_, ".writer", i, ".log")));
       ASSERT_NE(children.back(), nullptr);
     }

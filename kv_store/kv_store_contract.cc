@@ -38,6 +38,7 @@ void RunWritersInThreads(KvStore& store, const std::vector<WriterJob>& jobs) {
         const KvBlockKey key = TestKey(i);
         const absl::Status s = store.Write(key, TestPayload(key, job.writer_id), kNoDeadline);
         EXPECT_TRUE(s.ok() || absl::IsAlreadyExists(s) || absl::IsResourceExhausted(s)) << s;
+        absl::SleepFor(job.pause);
       }
     });
   }
@@ -323,7 +324,9 @@ TEST_P(KvStoreContractTest, EvictionStormDuringSlowReadsNeverReturnsWrongBytes) 
     }
   };
   std::thread r1(read_loop, 1), r2(read_loop, 2);
-  env_->RunWriters(*store, config, {{12, 48, 1}, {0, 60, 2}});
+  // Writers pace themselves so that the readers' slow reads overlap many evictions.
+  const absl::Duration pause = absl::Microseconds(500);
+  env_->RunWriters(*store, config, {{12, 48, 1, pause}, {0, 60, 2, pause}});
   writers_done = true;
   r1.join();
   r2.join();

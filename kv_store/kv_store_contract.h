@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/fake_clock.h"
 #include "gtest/gtest.h"
 #include "kv_store/kv_store.h"
@@ -22,11 +23,12 @@
 namespace deepinfer::kv_store_testing {
 
 // Writes keys [first_key, first_key + count) (test_blocks.h) with `writer_id`'s payload,
-// skipping keys already stored, lost races and a full store.
+// skipping keys already stored, lost races and a full store, pausing `pause` after each.
 struct WriterJob {
   uint64_t first_key = 0;
   uint64_t count = 1;
   uint32_t writer_id = 1;
+  absl::Duration pause = absl::ZeroDuration();
 };
 
 class KvStoreContractEnv {

@@ -3,9 +3,9 @@
 //
 //   store_writer ROOT CAPACITY_BYTES hold KEY_INDEX
 //       reserves the key, writes half its layers, prints "reserved" and waits to be killed
-//   store_writer ROOT CAPACITY_BYTES write FIRST_INDEX COUNT WRITER_ID
+//   store_writer ROOT CAPACITY_BYTES write FIRST_INDEX COUNT WRITER_ID [PAUSE_MICROS]
 //       writes keys FIRST_INDEX.. FIRST_INDEX+COUNT-1 with WRITER_ID's payload (a key already
-//       stored, a lost race or a full store is skipped), then prints "done"
+//       stored, a lost race or a full store is skipped), pausing after each, then prints "done"
 //
 // Exit code 0 on success, 1 on a usage error, 2 on a store error other than those skipped.
 #include <unistd.h>
@@ -62,8 +62,10 @@ int Run(int argc, char** argv) {
   }
   uint64_t first = 0, count = 0;
   uint32_t writer_id = 0;
+  int64_t pause_micros = 0;
   if (mode != "write" || argc < 7 || !absl::SimpleAtoi(argv[4], &first) ||
-      !absl::SimpleAtoi(argv[5], &count) || !absl::SimpleAtoi(argv[6], &writer_id)) {
+      !absl::SimpleAtoi(argv[5], &count) || !absl::SimpleAtoi(argv[6], &writer_id) ||
+      (argc > 7 && !absl::SimpleAtoi(argv[7], &pause_micros))) {
     std::fprintf(stderr, "bad arguments for %s\n", mode.c_str());
     return 1;
   }
@@ -75,6 +77,7 @@ int Run(int argc, char** argv) {
                    s.ToString().c_str());
       return 2;
     }
+    absl::SleepFor(absl::Microseconds(pause_micros));
   }
   std::printf("done\n");
   return 0;
