@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/fake_clock.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "kv_store/kv_store_contract.h"
@@ -222,6 +224,66 @@ TEST(FsKvStoreTest, LostUsageRecordIsRebuiltByAScan) {
   ASSERT_TRUE((*store)->Collect(kNoDeadline).ok());
   EXPECT_EQ((*store)->stats().bytes_held, static_cast<int64_t>(3 * (*store)->object_bytes()));
   EXPECT_EQ((*store)->stats().objects, 3);
+}
+
+TEST(FsKvStoreTest, CommitAfterTheReservationWasReclaimedIsAborted) {
+  FakeClock clock;
+  clock.Advance(absl::Now() - clock.Now());
+  KvStoreConfig config = TestConfig(1 << 20);
+  config.clock = clock.AsFunction();
+  const std::string root = NewRoot();
+  auto store = FsKvStore::Create(TestOptions(root, config));
+  ASSERT_TRUE(store.ok());
+  auto writer = (*store)->Reserve(TestKey(1), kNoDeadline);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->WriteLayers(0, 4, TestPayload(TestKey(1), 1)).ok());
+  clock.Advance(config.reservation_timeout + absl::Seconds(1));
+  ASSERT_TRUE((*store)->Collect(kNoDeadline).ok());
+  EXPECT_EQ((*writer)->Commit(kNoDeadline).code(), absl::StatusCode::kAborted);
+  writer->reset();
+  EXPECT_EQ((*store)->stats().bytes_held, 0);
+  EXPECT_EQ(DirectoryBytes(root), 0u);
+  EXPECT_EQ(*(*store)->Lookup({TestKey(1)}, kNoDeadline), 0u);
+}
+
+TEST(FsKvStoreTest, WaitForTheDirectoryLockEndsAtTheDeadline) {
+  const std::string root = NewRoot();
+  auto store = FsKvStore::Create(TestOptions(root, TestConfig(1 << 20)));  // real clock
+  ASSERT_TRUE(store.ok());
+  // Another process's lock, as far as flock() is concerned: a separate open file description.
+  const int fd = open((root + "/usage").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  EXPECT_EQ((*store)->Reserve(TestKey(1), absl::Now() + absl::Milliseconds(30)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*store)->Collect(absl::Now() + absl::Milliseconds(30)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(DirectoryBytes(root), 0u);  // nothing left behind
+  flock(fd, LOCK_UN);
+  close(fd);
+  EXPECT_TRUE((*store)->Write(TestKey(1), TestPayload(TestKey(1), 1), kNoDeadline).ok());
+}
+
+TEST(FsKvStoreTest, ThreadsOfOneProcessShareTheStore) {
+  const std::string root = NewRoot();
+  KvStoreConfig config = TestConfig(0);
+  config.capacity_bytes = 20 * (4096 + config.layout.payload_bytes());
+  auto store = FsKvStore::Create(TestOptions(root, config));
+  ASSERT_TRUE(store.ok());
+  RunWritersInThreads(**store, {{0, 30, 1}, {10, 30, 2}, {20, 30, 3}, {0, 50, 4}});
+  const uint64_t high = WatermarkBytes(config.capacity_bytes, config.high_watermark);
+  EXPECT_LE(DirectoryBytes(root), high);
+  EXPECT_EQ((*store)->stats().bytes_held, static_cast<int64_t>(DirectoryBytes(root)));
+  int verified = 0;
+  for (uint64_t i = 0; i < 50; ++i) {
+    std::vector<uint8_t> out(config.layout.payload_bytes());
+    if (!(*store)->Read(TestKey(i), absl::MakeSpan(out), kNoDeadline).ok()) continue;
+    bool from_one_writer = false;
+    for (uint32_t w = 1; w <= 4; ++w) from_one_writer |= out == TestPayload(TestKey(i), w);
+    EXPECT_TRUE(from_one_writer) << i;
+    ++verified;
+  }
+  EXPECT_GT(verified, 0);
 }
 
 TEST(FsKvStoreTest, UnwritableDirectoryIsUnavailable) {
