@@ -59,16 +59,17 @@ KvStoreConfig KvStoreContractTest::ConfigFor(uint64_t objects) {
   return config;
 }
 
-std::unique_ptr<KvStore> KvStoreContractTest::OpenStore(const KvStoreConfig& config) {
+KvStore* KvStoreContractTest::OpenStore(const KvStoreConfig& config) {
   absl::StatusOr<std::unique_ptr<KvStore>> store = env_->Open(config);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return nullptr;
   EXPECT_EQ((*store)->object_bytes(), 4096 + config.layout.payload_bytes());
-  return *std::move(store);
+  stores_.push_back(*std::move(store));
+  return stores_.back().get();
 }
 
 TEST_P(KvStoreContractTest, WrittenBlockReadsBackWholeAndLayerByLayer) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(1);
   const std::vector<uint8_t> payload = TestPayload(key, 1);
@@ -106,7 +107,7 @@ TEST_P(KvStoreContractTest, WrittenBlockReadsBackWholeAndLayerByLayer) {
 }
 
 TEST_P(KvStoreContractTest, LookupReturnsTheLongestStoredPrefix) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   for (uint64_t i : {0, 1, 2, 4}) {
     ASSERT_TRUE(store->Write(TestKey(i), TestPayload(TestKey(i), 1), kNoDeadline).ok());
@@ -119,7 +120,7 @@ TEST_P(KvStoreContractTest, LookupReturnsTheLongestStoredPrefix) {
 }
 
 TEST_P(KvStoreContractTest, AbsentKeyIsAMiss) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->OpenForRead(TestKey(9), kNoDeadline).status().code(),
             absl::StatusCode::kNotFound);
@@ -128,7 +129,7 @@ TEST_P(KvStoreContractTest, AbsentKeyIsAMiss) {
 }
 
 TEST_P(KvStoreContractTest, SecondWriteOfACommittedKeyIsANoOp) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(1);
   ASSERT_TRUE(store->Write(key, TestPayload(key, 1), kNoDeadline).ok());
@@ -140,7 +141,7 @@ TEST_P(KvStoreContractTest, SecondWriteOfACommittedKeyIsANoOp) {
 }
 
 TEST_P(KvStoreContractTest, NothingIsVisibleBeforeCommit) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(1);
   const std::vector<uint8_t> payload = TestPayload(key, 1);
@@ -158,7 +159,7 @@ TEST_P(KvStoreContractTest, NothingIsVisibleBeforeCommit) {
 }
 
 TEST_P(KvStoreContractTest, IncompleteOrAbandonedWriteReleasesItsReservation) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(1);
   const std::vector<uint8_t> payload = TestPayload(key, 1);
@@ -176,7 +177,7 @@ TEST_P(KvStoreContractTest, IncompleteOrAbandonedWriteReleasesItsReservation) {
 }
 
 TEST_P(KvStoreContractTest, FirstOfTwoRacingCommitsWins) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(1);
   auto a = store->Reserve(key, kNoDeadline);
@@ -192,7 +193,7 @@ TEST_P(KvStoreContractTest, FirstOfTwoRacingCommitsWins) {
 }
 
 TEST_P(KvStoreContractTest, RejectsBadRangesSizesAndPassedDeadlines) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(1);
   ASSERT_TRUE(store->Write(key, TestPayload(key, 1), kNoDeadline).ok());
@@ -219,7 +220,7 @@ TEST_P(KvStoreContractTest, RejectsBadRangesSizesAndPassedDeadlines) {
 
 TEST_P(KvStoreContractTest, FullStoreEvictsTheLeastRecentlyUsedInOneBatch) {
   // 10 objects' capacity: the high watermark (0.8) holds 8, eviction goes down to 5 (0.5).
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(10));
+  KvStore* store = OpenStore(ConfigFor(10));
   ASSERT_NE(store, nullptr);
   for (uint64_t i = 0; i < 8; ++i) {
     clock_.Advance(absl::Seconds(1));
@@ -242,7 +243,7 @@ TEST_P(KvStoreContractTest, FullStoreEvictsTheLeastRecentlyUsedInOneBatch) {
 
 TEST_P(KvStoreContractTest, WriterThatDiesBeforeCommitIsInvisibleAndReclaimed) {
   const KvStoreConfig config = ConfigFor(16);
-  std::unique_ptr<KvStore> store = OpenStore(config);
+  KvStore* store = OpenStore(config);
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(store->Write(TestKey(0), TestPayload(TestKey(0), 1), kNoDeadline).ok());
   const int64_t held_before = store->stats().bytes_held;
@@ -270,7 +271,7 @@ TEST_P(KvStoreContractTest, WriterThatDiesBeforeCommitIsInvisibleAndReclaimed) {
 
 TEST_P(KvStoreContractTest, ConcurrentWritersOfOneKeyLeaveOneIntactObject) {
   const KvStoreConfig config = ConfigFor(16);
-  std::unique_ptr<KvStore> store = OpenStore(config);
+  KvStore* store = OpenStore(config);
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(3);
   env_->RunWriters(*store, config, {{3, 1, 1}, {3, 1, 2}, {3, 1, 3}, {3, 1, 4}});
@@ -285,7 +286,7 @@ TEST_P(KvStoreContractTest, ConcurrentWritersOfOneKeyLeaveOneIntactObject) {
 TEST_P(KvStoreContractTest, EvictionStormDuringSlowReadsNeverReturnsWrongBytes) {
   // Room for 12 objects under the high watermark; 60 keys are written while readers read slowly.
   const KvStoreConfig config = ConfigFor(16);
-  std::unique_ptr<KvStore> store = OpenStore(config);
+  KvStore* store = OpenStore(config);
   ASSERT_NE(store, nullptr);
   for (uint64_t i = 0; i < 12; ++i) {
     ASSERT_TRUE(store->Write(TestKey(i), TestPayload(TestKey(i), 0), kNoDeadline).ok());
@@ -342,7 +343,7 @@ TEST_P(KvStoreContractTest, EvictionStormDuringSlowReadsNeverReturnsWrongBytes) 
 
 TEST_P(KvStoreContractTest, ObjectOpenDuringItsEvictionReadsWholeOrMisses) {
   const KvStoreConfig config = ConfigFor(16);
-  std::unique_ptr<KvStore> store = OpenStore(config);
+  KvStore* store = OpenStore(config);
   ASSERT_NE(store, nullptr);
   const KvBlockKey key = TestKey(0);
   ASSERT_TRUE(store->Write(key, TestPayload(key, 1), kNoDeadline).ok());
@@ -368,7 +369,7 @@ TEST_P(KvStoreContractTest, ObjectOpenDuringItsEvictionReadsWholeOrMisses) {
 
 TEST_P(KvStoreContractTest, SustainedWritePressureStaysUnderTheWatermark) {
   const KvStoreConfig config = ConfigFor(20);
-  std::unique_ptr<KvStore> store = OpenStore(config);
+  KvStore* store = OpenStore(config);
   ASSERT_NE(store, nullptr);
   const uint64_t high = WatermarkBytes(config.capacity_bytes, config.high_watermark);
   std::atomic<bool> done{false};
@@ -392,7 +393,7 @@ TEST_P(KvStoreContractTest, SustainedWritePressureStaysUnderTheWatermark) {
 }
 
 TEST_P(KvStoreContractTest, FlippedByteIsDetectedAndReadAsAMiss) {
-  std::unique_ptr<KvStore> store = OpenStore(ConfigFor(16));
+  KvStore* store = OpenStore(ConfigFor(16));
   ASSERT_NE(store, nullptr);
   const KvBlockLayout layout = store->config().layout;
   const KvBlockKey payload_key = TestKey(1), header_key = TestKey(2), intact = TestKey(3);

@@ -42,7 +42,8 @@ class KvStoreContractEnv {
   // Bytes the backend really occupies (files on disk, memory held): what capacity bounds.
   virtual uint64_t MeasuredBytes(KvStore& store) = 0;
   // A writer that reserves `key`, writes half of its layers and dies without committing (a
-  // process killed with SIGKILL, or a writer that is never committed nor destroyed).
+  // process killed with SIGKILL, or a writer that the env keeps, uncommitted, until it is
+  // destroyed itself, which happens before the store's).
   virtual void AbandonReservation(KvStore& store, const KvStoreConfig& config,
                                   const KvBlockKey& key) = 0;
   // Runs every job at once, each as its own writer (a process where the backend is shared
@@ -66,10 +67,13 @@ class KvStoreContractTest : public testing::TestWithParam<KvStoreContractParam> 
 
   // The suite's config for a store of `objects` objects' capacity, on the fake clock.
   KvStoreConfig ConfigFor(uint64_t objects);
-  // Opens the store under test; fails the test when it cannot.
-  std::unique_ptr<KvStore> OpenStore(const KvStoreConfig& config);
+  // Opens the store under test (owned by the fixture); fails the test when it cannot.
+  KvStore* OpenStore(const KvStoreConfig& config);
 
   FakeClock clock_;
+  // Declared before env_ so that the env (and whatever it keeps, e.g. abandoned writers) goes
+  // first.
+  std::vector<std::unique_ptr<KvStore>> stores_;
   std::unique_ptr<KvStoreContractEnv> env_;
 };
 

@@ -27,13 +27,17 @@ class MemoryEnv : public KvStoreContractEnv {
                     ->WriteLayers(
                         0, 2, absl::MakeConstSpan(payload).first(2 * config.layout.bytes_per_layer))
                     .ok());
-    // The in-process equivalent of a writer that died: neither committed nor destroyed, ever.
-    (void)writer->release();
+    // The in-process equivalent of a writer that died: never committed, and not destroyed
+    // (which would release the reservation) before the test ends.
+    abandoned_.push_back(*std::move(writer));
   }
   void RunWriters(KvStore& store, const KvStoreConfig&,
                   const std::vector<WriterJob>& jobs) override {
     RunWritersInThreads(store, jobs);
   }
+
+ private:
+  std::vector<std::unique_ptr<KvBlockWriter>> abandoned_;
 };
 
 std::unique_ptr<KvStoreContractEnv> MakeMemoryEnv() { return std::make_unique<MemoryEnv>(); }
