@@ -24,7 +24,10 @@
 // process: a per- process estimate cannot see other machines' writes, so N writers could each
 // overshoot by their own share; a reservation counted under one lock bounds the directory at the
 // high watermark however many writers there are. The price is one lock round trip per object
-// written (a scan holds the lock while it lists the directory).
+// written (a scan holds the lock while it lists the directory). Commits rename without the lock,
+// so a scan listing a directory while a file in it is renamed may count that object twice
+// (harmless) or not at all (the directory then exceeds the record by one object until the next
+// scan).
 //
 // Recency. Commit sets atime and mtime from the configured clock; a read sets atime again when
 // it is more than `touch_interval` old (one metadata write per object and interval, not per

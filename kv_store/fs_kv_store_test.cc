@@ -98,7 +98,8 @@ class FsEnv : public KvStoreContractEnv {
   void AbandonReservation(KvStore&, const KvStoreConfig& config, const KvBlockKey& key) override {
     // The helper writes TestKey(index); find the index of `key`.
     uint64_t index = 0;
-    while (TestKey(index) != key) ++index;
+    while (index < 10000 && TestKey(index) != key) ++index;
+    ASSERT_LT(index, 10000u) << "not a test key: " << key.Hex();
     const std::string log = absl::StrCat(root_, ".hold.log");
     auto child = Start({"hold", std::to_string(index)}, config, log);
     ASSERT_NE(child, nullptr);
