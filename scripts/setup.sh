@@ -27,6 +27,7 @@ PACKAGES=(
   libpng-dev               # PNG decoding of request images (vision models)
   libturbojpeg0-dev        # JPEG decoding of request images (vision models)
   libssl-dev               # libcrypto: SHA-256 of image bytes (common/sha256)
+  zlib1g-dev               # CRC-32 of KV store objects (kv_store)
   python3-yaml             # deploy/k8s manifest validation
   python3-jsonschema
 )
