@@ -71,10 +71,6 @@ struct LlmEngine::Sequence {
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
   int draft_match = 0;
-  // What its last verified draft did (n-gram survival key; set when a verification lands).
-  spec::DraftHistory draft_history = spec::DraftHistory::kNone;
-  // What its latest step left for the next one's drafts (the selector's carry-over correction).
-  spec::DraftModeSelector::StartState spec_state = spec::DraftModeSelector::kNone;
   std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
   std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
   OutputCallback on_output;
@@ -116,7 +112,6 @@ struct LlmEngine::Planned {
   bool sample = false;
   std::vector<int32_t> draft;  // speculative tokens after the one known input token
   int draft_match = 0;         // the n-gram drafter's match length for them
-  spec::DraftHistory draft_history = spec::DraftHistory::kNone;  // the sequence's, when planned
   std::vector<float> draft_probs;       // as Sequence::draft_probs, for these drafts
   std::vector<float> draft_confidence;  // as Sequence::draft_confidence
   std::vector<int32_t> table;
@@ -147,8 +142,6 @@ struct LlmEngine::Step {
   // whether the plan drafted (1), did not (0) or the step is not compared (-1: a probe).
   int spec_decoding = 0;
   int spec_drafting = -1;
-  // Draft model, adaptive, not a probe: the plan's draft length was 1 (0) or >= 2 (1); else -1.
-  int spec_long_draft = -1;
   // The mode selector's mode for the step (-1: none), whether it is measured, and the decoding
   // sequences when it was planned.
   int spec_mode = -1;
@@ -287,9 +280,6 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       spec::CalibrationOptions co;
       co.positions.max_positions = so.num_speculative_tokens;
       engine->calibration_ = std::make_unique<spec::DraftCalibration>(co);
-      if (so.draft_model_history) {
-        engine->calibration_accepted_ = std::make_unique<spec::DraftCalibration>(co);
-      }
     }
     if (so.adaptive) {
       absl::Status profiled = absl::OkStatus();
@@ -1110,7 +1100,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   if (calibration_ != nullptr) {
     std::vector<std::vector<double>> priors(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) {
-      CalibrationFor(decodes[i]->draft_history)->PositionPrior(caps[i], &priors[i]);
+      calibration_->PositionPrior(caps[i], &priors[i]);
     }
     absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
@@ -1127,7 +1117,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
       std::vector<double>& best = candidates[i].prior;
       best.assign(caps[i], 0.0);
       for (int m = 1; m <= so.max_n; ++m) {
-        survival_->Survival(m, decodes[i]->draft_history, caps[i], &row);
+        survival_->Survival(m, caps[i], &row);
         for (int j = 0; j < caps[i] && j < static_cast<int>(row.size()); ++j) {
           best[j] = std::max(best[j], row[j]);
         }
@@ -1220,7 +1210,6 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
       if (!draft_confidence.empty()) draft_confidence.resize(kept);
       p.draft = std::move(draft);
       p.draft_match = seq->draft_match;
-      p.draft_history = seq->draft_history;
       p.draft_probs = std::move(draft_probs);
       p.draft_confidence = std::move(draft_confidence);
     }
@@ -1450,13 +1439,8 @@ void LlmEngine::ExecutorLoop() {
 void LlmEngine::Process(Step& step) {
   int64_t tokens = 0;
   int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0, longest_verified = 0;
-  int64_t calibrated_after_accepted = 0, calibrated_other = 0;
   int64_t emitted_tokens = 0;
   int64_t generated_before = 0;  // the sampled sequences' output tokens before the step (trace)
-  // Start states only matter to the selector's carry-over correction (off by default).
-  const bool track_states =
-      selector_.has_value() && options_.speculative.select_options.carry_over_correction;
-  spec::DraftModeSelector::StepStates start_states;
   for (Planned& p : step.items) {
     Sequence* seq = p.seq;
     --seq->in_flight;
@@ -1493,32 +1477,16 @@ void LlmEngine::Process(Step& step) {
       proposal.tokens = p.draft;
       proposal.match_length = p.draft_match;
       if (calibration_ != nullptr) {
-        spec::DraftCalibration* calibration = CalibrationFor(p.draft_history);
-        calibration->Observe(p.draft_confidence, verified, accepted);
-        ++(calibration == calibration_accepted_.get() ? calibrated_after_accepted
-                                                      : calibrated_other);
+        calibration_->Observe(p.draft_confidence, verified, accepted);
         proposal.confidence = p.draft_confidence;
       } else {
-        survival_->Observe(p.draft_match, p.draft_history, verified, accepted);
+        survival_->Observe(p.draft_match, verified, accepted);
       }
       drafter_->OnVerified(static_cast<int64_t>(seq->id), proposal, verified, accepted);
-      if (options_.speculative.ngram_history || calibration_accepted_ != nullptr) {
-        seq->draft_history = spec::NgramSurvivalStats::After(verified, accepted);
-      }
       // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
       kv_end -= verified - accepted;
       seq->scheduled_end -= verified - accepted;
       emitted = std::move(p.verify.tokens);
-    }
-    if (track_states && !seq->prefill_only) {
-      using Selector = spec::DraftModeSelector;
-      const Selector::StartState end =
-          p.draft.empty()
-              ? Selector::kNone
-              : (p.verify.accepted == static_cast<int>(p.draft.size()) ? Selector::kClean
-                                                                       : Selector::kDirty);
-      start_states.Add(seq->spec_state, p.draft.empty() ? 1.0 : 1.0 + p.verify.accepted, end);
-      seq->spec_state = end;
     }
     if (seq->prefill_only) {
       seq->computed = std::max(seq->computed, kv_end);
@@ -1655,8 +1623,6 @@ void LlmEngine::Process(Step& step) {
   stats_.spec_verified_tokens += spec_verified;
   stats_.spec_longest_verified = std::max(stats_.spec_longest_verified, longest_verified);
   stats_.spec_accepted_tokens += spec_accepted;
-  stats_.spec_calibrated_after_accepted += calibrated_after_accepted;
-  stats_.spec_calibrated_other += calibrated_other;
   if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
     // The step's period (Schedule through this point) is modelled as s x T(tokens) (the target's
     // forward pass: the cost table scaled by how much slower it runs in service) + drafting + E.
@@ -1683,9 +1649,6 @@ void LlmEngine::Process(Step& step) {
     if (step.spec_drafting >= 0) {
       rate_check_.Observe(step.spec_decoding, step.spec_drafting == 1, emitted, measured);
     }
-    if (step.spec_drafting == 1 && step.spec_long_draft >= 0) {
-      length_check_.Observe(step.spec_decoding, step.spec_long_draft == 1, emitted, measured);
-    }
     if (selector_.has_value() && step.spec_mode >= 0) {
       if (step.spec_prompt_catch_up) ++stats_.spec_prompt_catch_up_steps;
       if (step.spec_prompt_tokens) ++stats_.spec_select_prompt_steps;
@@ -1698,8 +1661,7 @@ void LlmEngine::Process(Step& step) {
       double seconds = measured;
       if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
-                         seconds, step.spec_catch_up_seconds,
-                         track_states ? &start_states : nullptr);
+                         seconds, step.spec_catch_up_seconds);
       if (length == spec::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {
@@ -1730,11 +1692,9 @@ void LlmEngine::Process(Step& step) {
         if (selector_->epochs() % kSelectorLogEpochs == 0) {
           spdlog::info(
               "speculative: measured modes (tokens/s by decoding sequences) {}; draft model "
-              "upkeep {} tokens in {:.2f} s; {} steps held in a frozen bucket's mode; {} "
-              "sequence-steps not caught up ({:.1f} us per catch-up token)",
+              "upkeep {} tokens in {:.2f} s; {} steps held in a frozen bucket's mode",
               selector_->DebugString(), stats_.spec_draft_upkeep_tokens,
-              stats_.spec_draft_upkeep_seconds, selector_->held_steps(),
-              stats_.spec_catch_up_skipped, 1e6 * catch_up_token_seconds_);
+              stats_.spec_draft_upkeep_seconds, selector_->held_steps());
         }
       }
       stats_.spec_select_epochs = selector_->epochs();
@@ -1769,47 +1729,18 @@ int64_t LlmEngine::CatchUpExcess(int64_t lag) const {
 
 bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const { return CatchUpExcess(lag) > 0; }
 
-void LlmEngine::ObserveCatchUpTokenSeconds(double seconds_per_token) {
-  if (!(seconds_per_token > 0.0) || !std::isfinite(seconds_per_token)) return;
-  catch_up_token_seconds_ = catch_up_token_seconds_ > 0.0
-                                ? BoundedEmaStep(catch_up_token_seconds_, seconds_per_token, 0.0)
-                                : seconds_per_token;
-}
-
-bool LlmEngine::CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int mode) const {
-  if (!options_.speculative.catch_up_gate || model_drafter_ == nullptr || !selector_.has_value() ||
-      cost_ == nullptr || mode < 0 || decoding < 1) {
-    return true;
-  }
-  const int64_t excess = CatchUpExcess(lag);
-  if (excess <= 0) return true;
-  // A step without drafts, per sequence: the forward pass as the plan predicts it.
-  const double step_seconds =
-      forward_fit_.Predict(cost_->StepSeconds(static_cast<double>(decoding), decoding), decoding);
-  const int64_t remaining = seq.sampling.max_tokens - seq.generated() - seq.pending_samples;
-  return spec::CatchUpPays(static_cast<double>(excess), catch_up_token_seconds_,
-                           static_cast<double>(remaining), step_seconds / decoding,
-                           selector_->DraftingGain(decoding, mode));
-}
-
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
   std::vector<spec::DraftRequest> requests;
   int64_t lags = 0;
   int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchUpExcess)
-  int64_t skipped = 0;
-  const int n = static_cast<int>(decodes.size());
   for (const Sequence* seq : decodes) {
     // Feeding stops before the last known token (the next proposal feeds it for its logits).
     const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(seq->id),
                                             static_cast<int64_t>(seq->tokens.size()) - 1);
     if (lag < lag_min) continue;
     if (!catch_up && CatchesUpOnPrompt(lag)) continue;
-    if (!CatchUpPays(*seq, lag, n, step->spec_mode)) {
-      ++skipped;
-      continue;
-    }
     if (CatchesUpOnPrompt(lag)) {
       step->spec_prompt_catch_up = true;
       excess += CatchUpExcess(lag);
@@ -1820,23 +1751,15 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_
     r.context = seq->tokens;
     requests.push_back(r);
   }
-  if (requests.empty()) {
-    if (skipped > 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.spec_catch_up_skipped += skipped;
-    }
-    return;
-  }
+  if (requests.empty()) return;
   const int64_t fed_before = model_drafter_->computed_tokens();
   const auto t0 = Clock::now();
   absl::Status fed = model_drafter_->Feed(requests);
   const double seconds = Seconds(t0, Clock::now());
   if (!fed.ok()) spdlog::debug("speculative: draft model upkeep: {}", fed.ToString());
   const int64_t fed_tokens = model_drafter_->computed_tokens() - fed_before;
-  if (excess > 0 && fed_tokens > 0) ObserveCatchUpTokenSeconds(seconds / fed_tokens);
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.spec_catch_up_skipped += skipped;
-  stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
+  stats_.spec_draft_upkeep_tokens += fed_tokens;
   stats_.spec_draft_upkeep_seconds += seconds;
   stats_.spec_draft_skipped_tokens = model_drafter_->skipped_tokens();
   step->spec_upkeep_seconds += seconds;
@@ -1869,24 +1792,11 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
     caps[i] = static_cast<int>(std::clamp<int64_t>(room, 0, k));
   }
-  int64_t skipped = 0;  // far behind, their catch-up not worth it (SpecOptions::catch_up_gate)
-  if (model_drafter_ != nullptr && so.catch_up_gate) {
-    for (size_t i = 0; i < decodes.size(); ++i) {
-      if (caps[i] <= 0) continue;
-      const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(decodes[i]->id),
-                                              static_cast<int64_t>(decodes[i]->tokens.size()));
-      if (!CatchUpPays(*decodes[i], lag, static_cast<int>(decodes.size()), step->spec_mode)) {
-        caps[i] = 0;
-        ++skipped;
-      }
-    }
-  }
   if (spare <= 0) {
     // No room left in the step's token budget: nothing drafted could be verified.
     std::fill(caps.begin(), caps.end(), 0);
   }
   bool no_draft = false;
-  bool length_vetoed = false;
   double keep_threshold = -1.0;  // >= 0: draft-model drafts stop by confidence (below)
   int probe_seq = -1;            // a probe's sequence (index into decodes), if any
   if (adaptive && calibration_ != nullptr && spare > 0) {
@@ -1894,7 +1804,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // step, chosen before drafting from the prior rows and the target's and the draft's costs.
     std::vector<std::vector<double>> priors(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) {
-      CalibrationFor(decodes[i]->draft_history)->PositionPrior(caps[i], &priors[i]);
+      calibration_->PositionPrior(caps[i], &priors[i]);
     }
     absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
@@ -1905,14 +1815,6 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // sequence's draft where the next token is not worth it (SpecOptions::draft_stop_extend).
       l = spec::ExtendDraftLength(*length, so.draft_stop_extend);
     }
-    if (l >= 2 && !probe && so.draft_length_check &&
-        !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
-      // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
-      // fewer tokens per second than steps that drafted 1 (spec::DraftingRateCheck).
-      l = 1;
-      length_vetoed = true;
-    }
-    if (!probe && l >= 1) step->spec_long_draft = l >= 2 ? 1 : 0;
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
     // A probe drafts one token more for one sequence: the one whose draft cache lags least (a
     // sequence not drafted for a while first feeds everything since into the draft model, which
@@ -1949,9 +1851,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       const int n = static_cast<int>(decodes.size());
       const double draft_token =
           draft_cost_ != nullptr ? draft_scale_ * draft_cost_->StepSeconds(n, n) / n : 0.0;
-      keep_threshold = spec::ConfidenceStopThreshold(
-          length->tokens_per_second, so.draft_stop_measured_rate ? &rate_check_ : nullptr, n,
-          verify_token + draft_token);
+      keep_threshold = length->tokens_per_second * (verify_token + draft_token);
     }
   }
   double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
@@ -1980,7 +1880,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (keep_threshold >= 0.0) {
       // a_j = prod_{i<=j} c(confidence_i): the first token is always drafted (the catch-up
       // round that computes it is paid once drafting is on), later ones while a_j is worth it.
-      r.keep_drafting = spec::ConfidenceStop(CalibrationFor(seq->draft_history), keep_threshold,
+      r.keep_drafting = spec::ConfidenceStop(calibration_.get(), keep_threshold,
                                              static_cast<int>(i) == probe_seq ? 1 : 0);
     }
     requests.push_back(r);
@@ -2017,7 +1917,6 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // charge, spec::DraftModeSelector).
       step->spec_catch_up_seconds =
           draft_seconds * static_cast<double>(fed - steady_tokens) / static_cast<double>(fed);
-      ObserveCatchUpTokenSeconds(draft_seconds / static_cast<double>(fed));
     }
     if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
       // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds
@@ -2068,14 +1967,13 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       if (calibration_ != nullptr) {
         // Prior from per-position rates sizes B; the current row (confidences known before
         // each token was chosen) hands out the slots.
-        const spec::DraftCalibration* calibration = CalibrationFor(seq->draft_history);
+        const spec::DraftCalibration* calibration = calibration_.get();
         calibration->PositionPrior(verify_len[i], &candidates[i].prior);
         if (seq->draft_confidence.size() == static_cast<size_t>(verify_len[i])) {
           calibration->Survival(seq->draft_confidence, &candidates[i].current);
         }
       } else {
-        survival_->Survival(seq->draft_match, seq->draft_history, verify_len[i],
-                            &candidates[i].prior);
+        survival_->Survival(seq->draft_match, verify_len[i], &candidates[i].prior);
       }
     }
     shape.extra_seconds += draft_predicted;
@@ -2099,8 +1997,6 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   stats_.spec_draft_seconds += draft_seconds;
   stats_.spec_draft_predicted_seconds += draft_predicted;
   if (no_draft) ++stats_.spec_no_draft_steps;
-  if (length_vetoed) ++stats_.spec_length_vetoed_steps;
-  stats_.spec_catch_up_skipped += skipped;
   stats_.spec_draft_cost_scale = draft_scale_;
   if (model_drafter_ != nullptr) {
     stats_.spec_draft_evictions = model_drafter_->evictions();

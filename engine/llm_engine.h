@@ -204,37 +204,6 @@ struct SpecOptions {
   // 2-12% at every concurrency. The selector runs 3 where it measures fastest.
   int select_max_length = 0;                        // in [0, num_speculative_tokens]
   spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
-  // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
-  // draft did as well (accepted whole, or not: spec::DraftHistory), not by match length alone.
-  // Off by default: in an A/B on the coding workload (issue 12, session 15) it measured no better
-  // (within the noise; 2 of 3 concurrencies a few percent behind), its estimates split three ways.
-  bool ngram_history = false;
-  // Adaptive, draft model: calibrate the draft's confidences apart for sequences whose previous
-  // verified draft was accepted whole and for the others (rejected, or none yet). Known before
-  // the step drafts: lossless. At one decoding sequence (issue 12, session 22) a step after a draft
-  // accepted whole emitted 35-45% more tokens than one after a rejection at the same
-  // confidence-chosen length (3.36 against 2.46 at 3 verified), so one calibration stops drafts
-  // too early after accepted ones and too late after rejected ones. Off by default: in an A/B on
-  // the coding workload it measured no better (+5% at 1 concurrent request, -4% at 8, level at
-  // 32; the plan's own rate at 5-8 decoding sequences 3% lower, within the noise).
-  bool draft_model_history = false;
-  // Adaptive, draft model: the rate in the confidence stop's threshold (each sequence drafts
-  // position j while a_j >= rate x (one more verified token + its share of a draft round)). True:
-  // the tokens per second the plan's drafting steps realised at this many decoding sequences
-  // (spec::DraftingRateCheck, once it has data there), else (default) the plan's predicted rate.
-  // Stopping where a_j falls below the achievable rate x its cost maximises tokens per second,
-  // and re-deciding at the realised rate is Dinkelbach's iteration for a ratio; the predicted rate
-  // comes from prior rows observed only where earlier drafts were confident enough to be
-  // verified. At one decoding sequence the plan verified 2.6-2.8 tokens a step where k = 4's 4
-  // emitted 0.3 tokens more for 0.2 ms, 1.5 tokens/ms at the margin against 1.07 on average
-  // (issue 12, session 22's traces), which suggested the predicted rate stopped drafts early.
-  // Off by default: measured beside it in the same rounds (session 23) the realised rate drafted
-  // longer and worse (at one decoding sequence 2.9 verified, 0.7 accepted a step, against 2.4
-  // and 1.3; the node 1.731 / 1.144 / 0.883 of no speculation at 1 / 8 / 32 concurrent requests
-  // against 1.716 / 1.210 / 0.944): the calibrated survival of low-confidence positions, which
-  // the threshold then reaches, is optimistic, and a lower realised rate lowers the threshold
-  // further.
-  bool draft_stop_measured_rate = false;
   // Adaptive, draft model: how far below the best draft length's predicted rate (relative, in
   // [0, 1)) a longer length may be and still be drafted, for the confidence stop to cut. The plan
   // scores each L as if every sequence drafted all L tokens, so where the prior rows rate L = 1
@@ -259,32 +228,6 @@ struct SpecOptions {
   // 1.097 / 1.093 of no speculation at 8 / 32 concurrent requests against 1.143 / 1.135.
   double draft_stop_extend = 0.25;
   int draft_stop_extend_min_decoding = 3;  // >= 1: fewer decoding sequences draft the best L
-  // Adaptive, draft model: the measured check on long drafts (length_check_ in LlmEngine; see
-  // spec::DraftingRateCheck): where the plan's steps that drafted 2 or more tokens per sequence
-  // realised fewer tokens per second than its steps that drafted 1, the planned length is cut to
-  // 1. It only sees the plan's own steps, so once it vetoes, long drafts are no longer measured
-  // until its data fades (about 140 of the plan's steps in the bucket). Default off (on until
-  // issue 12, session 36): it held the plan to one drafted token at every count while drafts
-  // of 2 where the draft model was confident measured faster (above).
-  bool draft_length_check = false;
-  // Adaptive with select_mode, draft model: a sequence whose draft KV is far behind (a new
-  // prompt, or tokens decoded while its bucket drafted nothing and skipped the upkeep) is caught
-  // up, for drafting or by the upkeep, only where drafting's steady gain in that bucket
-  // (DraftModeSelector::DraftingGain) over the tokens it may still emit (max_tokens) saves more
-  // time than the catch-up costs at the measured time per token (spec::CatchUpPays); else it goes
-  // on without drafts. As a round of 8 concurrent requests winds down, the count falls from 5-8
-  // sequences (frozen on no drafting) into buckets held by drafting modes, and their first steps
-  // fed every sequence's prompt and answer so far to the draft model: a quarter of the 3-4
-  // bucket's time at 0.23 tokens per ms, against 0.88 without speculation (issue 12, session 32).
-  // Lossless: the decision uses counts and earlier steps' estimates only. Default off: measured
-  // beside the same node without it (issue 12, session 32, draft model only, two cold and three
-  // measured rounds), decode tokens/s over no speculation 1.307 / 0.914 / 0.922 at 1 / 8 / 32
-  // concurrent requests against 1.272 / 0.950 / 0.847: no clear gain, and a cost in what the
-  // selector sees. Drafting modes' steps then carry sequences that draft nothing, so their rates
-  // look like no drafting's and buckets do not freeze: at 8 concurrent requests the plan held the
-  // 5-8 bucket at 0.61 tokens per ms of step period, against 0.78 without the gate and 0.78 in a
-  // node without speculation.
-  bool catch_up_gate = false;
   int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
   // Adaptive: the context (tokens already cached) of every sequence in the profiled steps, >= 1;
   // less where the KV cache or the model's positions do not fit it (LlmEngine::ProfileCost). A
@@ -460,11 +403,6 @@ struct EngineStats {
   int64_t spec_drafted_tokens = 0;    // tokens the drafter proposed (capped by k and max_tokens)
   int64_t spec_verified_tokens = 0;   // of those, fed to the model for verification
   int64_t spec_accepted_tokens = 0;   // of those, accepted
-  // Draft model: verifications (one per sequence and step) fed to the confidence calibration of
-  // sequences whose previous verified draft was accepted whole (SpecOptions::draft_model_history;
-  // 0 without it) and to the other calibration.
-  int64_t spec_calibrated_after_accepted = 0;
-  int64_t spec_calibrated_other = 0;
   bool spec_adaptive_active = false;  // adaptive budget in use (a usable cost table exists)
   int64_t spec_cost_context = 0;      // the context the cost table was profiled at; 0: given
   // Adaptive steps with decoding sequences: their predicted time (forward scale x cost table +
@@ -503,9 +441,6 @@ struct EngineStats {
   // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
   // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
   int64_t spec_rate_vetoed_steps = 0;
-  // Draft model, adaptive: steps whose planned draft length >= 2 was cut to 1 because such steps
-  // measured fewer tokens/s than steps drafting 1 token (DraftingRateCheck).
-  int64_t spec_length_vetoed_steps = 0;
   // Adaptive with select_mode (spec::DraftModeSelector): steps run by the plan, at a fixed draft
   // length and without drafting; epochs; epochs given to a mode that was not the best measured;
   // the current epoch's mode (-1: the plan, else its fixed draft length, 0: none).
@@ -525,9 +460,6 @@ struct EngineStats {
   // The fixed draft lengths the selector measures against the plan, ascending (empty: no
   // selector; SpecOptions::select_max_length).
   std::vector<int> spec_select_lengths;
-  // Draft model, SpecOptions::catch_up_gate: sequence-steps in which a sequence far behind was
-  // neither drafted for nor caught up, its catch-up not worth what it had left to emit.
-  int64_t spec_catch_up_skipped = 0;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.
@@ -684,14 +616,6 @@ class LlmEngine {
   bool CatchesUpOnPrompt(int64_t lag) const;
   // Of such a lag, the tokens beyond that bound (0 when within it).
   int64_t CatchUpExcess(int64_t lag) const;
-  // Draft model with the mode selector (SpecOptions::catch_up_gate): whether `seq`, whose draft
-  // KV lags by `lag` tokens, is worth catching up in a step of `decoding` sequences in selector
-  // mode `mode` (spec::CatchUpPays, with DraftModeSelector::DraftingGain and the measured
-  // catch-up time per token). True when nothing beyond a steady round is behind, without the
-  // gate, and while anything it needs is unknown.
-  bool CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int mode) const;
-  // One step's draft-model seconds per token fed while it caught up (catch_up_token_seconds_).
-  void ObserveCatchUpTokenSeconds(double seconds_per_token);
   void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
              int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
@@ -747,16 +671,6 @@ class LlmEngine {
   spec::ModelDrafter* model_drafter_ = nullptr;  // drafter_ when it is a draft model
   std::unique_ptr<spec::NgramSurvivalStats> survival_;
   std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
-  // Draft model with SpecOptions::draft_model_history: sequences whose last verified draft was
-  // accepted whole (calibration_ keeps the others).
-  std::unique_ptr<spec::DraftCalibration> calibration_accepted_;
-  // The calibration for a sequence whose last verified draft did `history` (null without a draft
-  // model; the same one for every history without SpecOptions::draft_model_history).
-  spec::DraftCalibration* CalibrationFor(spec::DraftHistory history) const {
-    return history == spec::DraftHistory::kAccepted && calibration_accepted_ != nullptr
-               ? calibration_accepted_.get()
-               : calibration_.get();
-  }
   std::unique_ptr<spec::CostTable> cost_;                // null: verify every draft
   int64_t cost_context_ = 0;  // the context ProfileCost profiled at; 0: a given table
   std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
@@ -770,8 +684,6 @@ class LlmEngine {
   // Adaptive: measured tokens/s of drafting and non-drafting steps by batch size; vetoes the
   // plan's drafting where it measured slower (PlanDrafting).
   spec::DraftingRateCheck rate_check_;
-  // Draft model: the same check for drafts of 2 or more tokens against drafts of 1 (Draft).
-  spec::DraftingRateCheck length_check_;
   // Adaptive with SpecOptions::select_mode: chooses between the plan, fixed lengths and no
   // drafting by measured tokens per second (scheduler thread only).
   std::optional<spec::DraftModeSelector> selector_;
@@ -789,9 +701,6 @@ class LlmEngine {
   int probe_gap_ = 0;
   bool planned_draft_since_probe_ = false;
   double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
-  // Seconds per token the draft model spent in steps that caught up (CatchUpPays), averaged; 0
-  // before the first.
-  double catch_up_token_seconds_ = 0.0;
 };
 
 }  // namespace deepinfer::engine

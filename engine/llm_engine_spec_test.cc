@@ -179,8 +179,6 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
         o = WithSelector(o);
         o.speculative.cost_table = &table;
       }
-      // The n-gram estimates keyed by the previous draft's outcome as well: still exact.
-      if (mode == 1 && (k == 2 || k == 8)) o.speculative.ngram_history = true;
       const RunResult got = RunAll(model.get(), o, reqs);
       int64_t usage_drafts = 0, usage_accepted = 0;
       for (const EngineRequest& r : reqs) {
@@ -677,11 +675,10 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 59);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  // Fixed k, the adaptive plan, the plan under the selector, that with the catch-up gate
-  // (sequences far behind may go on without drafts and catch up later; whether any does depends
-  // on measured times, and outputs never change), and the selector with a catch-up window of 5
-  // tokens (the draft model skips the rest of every prompt and of every stretch without drafts).
-  for (int mode : {0, 1, 2, 3, 4}) {
+  // Fixed k, the adaptive plan, the plan under the selector, and the selector with a catch-up
+  // window of 5 tokens (the draft model skips the rest of every prompt and of every stretch
+  // without drafts).
+  for (int mode : {0, 1, 2, 4}) {
     const bool adaptive = mode >= 1;
     // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
     const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
@@ -692,7 +689,6 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
       o = WithSelector(o);
       // A prompt lagging by more than 2 x 4 + k + 1 = 12 tokens is a whole-prompt catch-up.
       o.speculative.draft_upkeep_tokens = 4;
-      o.speculative.catch_up_gate = mode == 3;
       if (mode == 4) o.speculative.draft_catch_up_window = 5;
     }
     const RunResult got = RunAll(model.get(), o, reqs);
@@ -709,9 +705,7 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     } else {
       EXPECT_EQ(got.stats.spec_draft_skipped_tokens, 0);
     }
-    if (mode == 3) {
-      EXPECT_GT(got.stats.spec_select_plan_steps, 0);
-    } else if (mode == 2) {
+    if (mode == 2) {
       // The draft model's cache survives modes that skip it (no drafting) and catches up.
       EXPECT_GT(got.stats.spec_select_plan_steps, 0);
       EXPECT_GT(got.stats.spec_select_fixed_steps, 0);
@@ -725,47 +719,6 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     }
     EXPECT_GT(got.stats.spec_verified_tokens, 0);
     EXPECT_LT(got.stats.spec_accepted_tokens, got.stats.spec_verified_tokens);
-  }
-}
-
-// A draft model's confidences are calibrated apart for sequences whose previous verified draft
-// was accepted whole and for the others (SpecOptions::draft_model_history): every verification
-// lands in exactly one of the two; with the target's own weights as the draft (every draft
-// accepted) only each sequence's first lands in the other one, and with a draft that is never
-// accepted (llama_tied on these prompts) all do. Without the option one calibration takes them
-// all. Outputs never change.
-TEST(SpecEngineDraftModelTest, DraftCalibrationIsKeptApartByWhatThePreviousDraftDid) {
-  auto model = Model::Load(kLlama, ModelOptions{2}).value();
-  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 61);
-  const auto reqs = GreedyRequests(prompts, 16);
-  const auto n = static_cast<int64_t>(reqs.size());
-  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
-  for (const char* draft : {kLlama, "engine/testdata/models/llama_tied"}) {
-    for (bool history : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << draft << " history " << history);
-      // The other draft drafts one token a step at a fixed length (an adaptive plan soon stops
-      // drafting with it); a selector's fixed modes feed the calibrations the same way.
-      const bool same = std::string(draft) == kLlama;
-      EngineOptions o = WithDraftModel(BaseOptions(), draft, same ? 3 : 1, /*adaptive=*/same);
-      o.speculative.cost_table = &cheap;
-      o.speculative.draft_model_history = history;
-      const RunResult got = RunAll(model.get(), o, reqs);
-      ExpectSameTokens(got, ref, reqs);
-      const EngineStats& st = got.stats;
-      ASSERT_GT(st.spec_steps, n);
-      EXPECT_EQ(st.spec_calibrated_after_accepted + st.spec_calibrated_other, st.spec_steps);
-      if (same) {
-        ASSERT_EQ(st.spec_accepted_tokens, st.spec_verified_tokens);
-      } else {
-        ASSERT_EQ(st.spec_accepted_tokens, 0);
-      }
-      if (history && same) {
-        EXPECT_EQ(st.spec_calibrated_other, n);  // each sequence's first draft
-      } else {
-        EXPECT_EQ(st.spec_calibrated_after_accepted, 0);
-      }
-    }
   }
 }
 

@@ -372,8 +372,6 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
                      o.speculative.select_options.inherit_weight));
   }
   o.speculative.select_options.weigh_cut_trials = absl::GetFlag(FLAGS_spec_weigh_cut_trials);
-  o.speculative.select_options.carry_over_correction =
-      absl::GetFlag(FLAGS_spec_carry_over_correction);
   o.speculative.select_options.freeze_below = absl::GetFlag(FLAGS_spec_freeze_below);
   o.speculative.select_options.min_gap_epochs = absl::GetFlag(FLAGS_spec_min_gap_epochs);
   if (o.speculative.select_options.min_gap_epochs < 1 ||
@@ -408,11 +406,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
         absl::StrCat("--spec_freeze_epochs: expected >= 1, got ",
                      o.speculative.select_options.freeze_epochs));
   }
-  o.speculative.ngram_history = absl::GetFlag(FLAGS_spec_ngram_history);
-  o.speculative.draft_model_history = absl::GetFlag(FLAGS_spec_draft_model_history);
-  o.speculative.draft_stop_measured_rate = absl::GetFlag(FLAGS_spec_draft_stop_measured_rate);
   o.speculative.draft_stop_extend = absl::GetFlag(FLAGS_spec_draft_stop_extend);
-  o.speculative.draft_length_check = absl::GetFlag(FLAGS_spec_draft_length_check);
   o.speculative.probe_past_stop = absl::GetFlag(FLAGS_spec_probe_past_stop);
   o.speculative.draft_stop_extend_min_decoding =
       absl::GetFlag(FLAGS_spec_draft_stop_extend_min_decoding);
@@ -459,7 +453,6 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags(internal::v1::WorkerRole ro
                      run_tokens, "\""));
   }
   o.speculative.select_options.off_epoch_catch_up = absl::GetFlag(FLAGS_spec_off_epoch_catch_up);
-  o.speculative.catch_up_gate = absl::GetFlag(FLAGS_spec_catch_up_gate);
   if (absl::Status s = AutoCount(
           "spec_catch_up_delay_steps", absl::GetFlag(FLAGS_spec_catch_up_delay_steps),
           o.speculative.drafter == "ngram" ? 0 : kDraftModelCatchUpDelaySteps,

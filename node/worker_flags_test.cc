@@ -111,23 +111,17 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->speculative.select_options.weigh_cut_trials);
-  EXPECT_FALSE(o->speculative.select_options.carry_over_correction);
   absl::SetFlag(&FLAGS_spec_carry_over_correction, true);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_TRUE(o->speculative.select_options.carry_over_correction);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.freeze_below, 0.99);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 512);
   absl::SetFlag(&FLAGS_spec_freeze_below, 0.0);
   o = WorkerOptionsFromFlags(internal::v1::WORKER_ROLE_DECODE);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->speculative.select_options.freeze_below, 0.0);
-  EXPECT_FALSE(o->speculative.ngram_history);
-  EXPECT_FALSE(o->speculative.draft_model_history);
-  EXPECT_FALSE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.25);
   EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 3);
-  EXPECT_FALSE(o->speculative.draft_length_check);
   EXPECT_TRUE(o->speculative.probe_past_stop);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_below, 0.8);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.trial_stop_sequence_steps, 32.0);
@@ -138,7 +132,6 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_max_decoding, 0);
   EXPECT_TRUE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 0);  // auto with n-gram drafts
-  EXPECT_FALSE(o->speculative.catch_up_gate);
   absl::SetFlag(&FLAGS_spec_ngram_history, true);
   absl::SetFlag(&FLAGS_spec_draft_model_history, true);
   absl::SetFlag(&FLAGS_spec_draft_stop_measured_rate, true);
@@ -173,12 +166,8 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.confirm_gap_epochs, 3);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.cost_decay, 0.7);
   EXPECT_DOUBLE_EQ(o->speculative.select_options.switch_margin, 0.03);
-  EXPECT_TRUE(o->speculative.ngram_history);
-  EXPECT_TRUE(o->speculative.draft_model_history);
-  EXPECT_TRUE(o->speculative.draft_stop_measured_rate);
   EXPECT_DOUBLE_EQ(o->speculative.draft_stop_extend, 0.5);
   EXPECT_EQ(o->speculative.draft_stop_extend_min_decoding, 1);
-  EXPECT_TRUE(o->speculative.draft_length_check);
   EXPECT_FALSE(o->speculative.probe_past_stop);
   EXPECT_EQ(o->speculative.select_options.trial_stop_below, 0.0);
   EXPECT_EQ(o->speculative.select_options.trial_stop_sequence_steps, 64.0);
@@ -188,7 +177,6 @@ TEST_F(WorkerFlagsTest, SpeculativeFlagsBecomeSpecOptions) {
   EXPECT_EQ(o->speculative.select_options.trial_run_unmeasured, 2);
   EXPECT_FALSE(o->speculative.select_options.off_epoch_catch_up);
   EXPECT_EQ(o->speculative.select_options.catch_up_delay_steps, 3);
-  EXPECT_TRUE(o->speculative.catch_up_gate);
   EXPECT_EQ(o->speculative.select_options.freeze_epochs, 64);
   // A draft model: its directory becomes the engine's path and the registered id.
   absl::SetFlag(&FLAGS_speculative, "draft_model");

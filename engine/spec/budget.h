@@ -80,36 +80,22 @@ struct SurvivalOptions {
   double decay = 0.999;
 };
 
-// What a request's previous verified draft did: every token accepted, or one rejected (kNone:
-// no draft of the request verified yet). Known before the current draft is chosen, so keying
-// estimates by it keeps verification lossless. For n-gram drafts it separates a request that is
-// copying from its context (a long run of drafts accepted whole) from one whose last draft went
-// astray, which the match length alone does not: the same match length then predicts both.
-enum class DraftHistory : int { kNone = 0, kAccepted = 1, kRejected = 2 };
-inline constexpr int kDraftHistories = 3;
-
-// Survival rows for n-gram drafts keyed by the request's DraftHistory and the match length
-// (clamped to [1, max_match_length]).
+// Survival rows for n-gram drafts keyed by the match length (clamped to [1, max_match_length]).
 class NgramSurvivalStats {
  public:
   explicit NgramSurvivalStats(int max_match_length = 8, const SurvivalOptions& options = {});
-  // Fills `a` with k survival values for a draft that matched `match_length` tokens, of a request
-  // whose previous draft did `history`.
-  void Survival(int match_length, DraftHistory history, int k, std::vector<double>* a) const;
+  // Fills `a` with k survival values for a draft that matched `match_length` tokens.
+  void Survival(int match_length, int k, std::vector<double>* a) const;
   // Records a verification: tokens 1..accepted were accepted; token accepted + 1 was rejected
   // when accepted < verified; later ones are unobserved.
-  void Observe(int match_length, DraftHistory history, int verified, int accepted);
-  // The history a verification leaves its request with (verified >= 1).
-  static DraftHistory After(int verified, int accepted) {
-    return accepted >= verified ? DraftHistory::kAccepted : DraftHistory::kRejected;
-  }
+  void Observe(int match_length, int verified, int accepted);
 
  private:
-  RateEstimator& Cell(int match_length, DraftHistory history, int position);
-  const RateEstimator& Cell(int match_length, DraftHistory history, int position) const;
+  RateEstimator& Cell(int match_length, int position);
+  const RateEstimator& Cell(int match_length, int position) const;
   int max_match_length_;
   SurvivalOptions options_;
-  std::vector<RateEstimator> cells_;  // [history][match_length - 1][position]
+  std::vector<RateEstimator> cells_;  // [match_length - 1][position]
 };
 
 struct CalibrationOptions {
@@ -397,28 +383,6 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
 // when none is, when slack <= 0, when plan.length is 0 (no drafting stays no drafting) or when
 // the plan is not adaptive.
 int ExtendDraftLength(const DraftLengthPlan& plan, double slack);
-
-// Whether a draft model should catch a sequence up before drafting for it again: the catch-up
-// feeds `excess_tokens` (what it is behind beyond a steady round) at `token_seconds` each, and
-// drafting then saves, over the `remaining_tokens` the sequence may still emit, the time a step
-// without drafts takes per sequence (`sequence_step_seconds`) x gain / (1 + gain), where `gain`
-// is drafting's steady rate over no drafting's, minus 1 (the time per token falls from t to
-// t / (1 + gain)). True when the saving is at least the cost, when nothing is behind, and when an
-// input is unknown (not finite, or token_seconds <= 0: no catch-up measured yet); a gain <= 0
-// saves nothing. The remaining tokens are an upper bound (max_tokens; a stop string or EOS may
-// end the sequence sooner), so the test leans toward catching up.
-bool CatchUpPays(double excess_tokens, double token_seconds, double remaining_tokens,
-                 double sequence_step_seconds, double gain);
-
-// A draft model's confidence stop: position j is drafted while its survival a_j is at least
-// rate x `marginal_seconds` (one more verified token and its share of a draft round), which
-// maximises tokens per second when rate is the best achievable one. `rate` is the tokens per
-// second that `measured`'s drafting steps realised at `decoding` sequences once they weigh at
-// least `min_weight`, else `planned_rate` (null `measured`: always planned). Re-deciding at the
-// realised rate is Dinkelbach's iteration for a ratio: it converges to the best rate, where a
-// predicted rate carries its estimates' bias.
-double ConfidenceStopThreshold(double planned_rate, const DraftingRateCheck* measured, int decoding,
-                               double marginal_seconds, double min_weight = 8.0);
 
 // A draft model's confidence stop for one sequence (DraftRequest::keep_drafting's predicate):
 // position 0 is always drafted, position j >= 1 while its survival a_j = prod_{i<=j}

@@ -300,36 +300,6 @@ namespace deepinfer::engine::spec {
 // min_comparisons): the node then ran 2 sequences at 0.97 tokens/ms where a node drafting one
 // token ran 1.50 (issue 12, session 21, draft model at 8 concurrent requests).
 //
-// Carry-over correction (`carry_over_correction`, default off). Where a step starts decides much
-// of what it emits: a draft model's next draft is accepted far more often after a step whose
-// drafts were all accepted (*clean*) than after one that rejected one (*dirty*): measured at one
-// sequence, 0.85 against 0.56 drafts of one accepted, 1.41 against 1.04 of two, 2.92 against 1.46
-// of four (issue 12, session 21). A long draft ends dirty more often (four: 73% of steps) than a
-// short one (one: 22%), so in an interleaved trial the shorter mode's steps start from the longer
-// one's worse states and the longer one's from the shorter one's better states, neither as it
-// would run alone: trials rated a draft model's k = 2 level with k = 1 at 17-32 sequences where k
-// = 1 ran 4% faster on its own, and the selector gave k = 2 the bucket. So the engine reports
-// each step's sequences by start state (clean, dirty, or none: no drafts in the previous step)
-// with the tokens they emitted and the state each ended in (StepStates); per bucket and mode the
-// selector keeps the transitions between states and the tokens per sequence-step from each state
-// (decayed, content_decay per epoch), and scores each side of a trial by its measured tokens
-// scaled by (its mode's tokens per sequence-step over the mode's own stationary mix of start
-// states) / (the same over the mix the side met): the stationary mix of its transitions, each
-// row with two pseudo-counts spread as the mode's ends overall (a state seen twice is not taken
-// for an absorbing one), over the states seen at least 8 times, which must hold 90% of both
-// mixes (else unchanged). No drafting emits one token per step from any state: its factor is 1.
-// The same holds a drafting mode's steps after no drafting's (they start from "none": at 17-32
-// sequences a draft model's k = 1 emitted 8% fewer tokens per sequence after a step of no
-// drafting than after its own, so trials rated it 1-2% from no drafting where it ran 5% faster on
-// its own, and the bucket passed between them, each pass paying a catch-up; issue 12, session 21).
-// Off by default: measured live (issue 12, session 21, both drafters at 1, 8 and 32 concurrent
-// requests, each adaptive node beside one without it in the same rounds) it changed a draft
-// model's node by -2% to +2% (within the rounds' spread) and cost an n-gram node 11% at 32
-// requests (its trials then rated short drafts higher: 2.9 tokens a step against 4.6): a step
-// carries over more than its start state (a dirty start after a long draft, rejected past the
-// first position, is a better start than one after a single rejected draft: 1.67 against 1.56
-// tokens for a draft model's next k = 1 step), which the re-weighting takes for the state's.
-//
 // Catching up while not drafting (`off_epoch_catch_up`, default on = as before). An unfrozen
 // bucket whose incumbent drafts nothing keeps the draft model's cache up to date in its
 // incumbent's epochs (the upkeep), and when the count enters it from a frozen bucket every
@@ -434,9 +404,6 @@ class DraftModeSelector {
     // A trial cut short by the count leaving its bucket weighs as the share of a whole trial's
     // steps its thinner side ran (see "Trials cut short" above); false: as a whole trial.
     bool weigh_cut_trials = true;
-    // Trials re-weight each side to its own mode's mix of start states (see "Carry-over
-    // correction" above); false: as measured.
-    bool carry_over_correction = false;
     // Whether the upkeep of an incumbent's epochs that draft nothing also catches up sequences
     // far behind (Choice::catch_up; see "Catching up while not drafting" above).
     bool off_epoch_catch_up = true;
@@ -444,20 +411,6 @@ class DraftModeSelector {
     // incumbent epoch runs without upkeep, a count that moves to a bucket held by a drafting mode
     // hands over only after this many consecutive steps there; 0: at once.
     int catch_up_delay_steps = 8;  // >= 0
-  };
-
-  // A decoding sequence's state at the start of a step: what its previous step left (see
-  // "Carry-over correction" above).
-  enum StartState { kNone = 0, kClean = 1, kDirty = 2 };
-  static constexpr int kStates = 3;
-  // A step's decoding sequences by start state: how many, the tokens they emitted, and how many
-  // of them ended in each state.
-  struct StepStates {
-    double seqs[kStates] = {0.0, 0.0, 0.0};
-    double tokens[kStates] = {0.0, 0.0, 0.0};
-    double ended[kStates][kStates] = {};
-    // One sequence's step: its start state, emitted tokens, and end state.
-    void Add(StartState from, double emitted, StartState to);
   };
 
   struct Choice {
@@ -486,9 +439,8 @@ class DraftModeSelector {
   // of the period, the time a draft model spent catching up beyond a steady round (see "Catch-up
   // charge" above); counted only for an unmeasured step of a drafting mode (a measured step's
   // rate already holds it) in a bucket whose incumbent drafts.
-  // `states` (optional): the step's sequences by start state (carry_over_correction).
   void Observe(int decoding, int mode, bool measured, double tokens, double seconds,
-               double catch_up_seconds = 0.0, const StepStates* states = nullptr);
+               double catch_up_seconds = 0.0);
   // The step Choose last returned as unmeasured (a warm-up step) was still paying for the change
   // of mode (a draft model catching up on the tokens of steps it skipped, more than a steady
   // round feeds): the next step is left out too, up to max_warmup_steps after the change.
@@ -500,13 +452,6 @@ class DraftModeSelector {
   // estimated rate relative to it, exp(score) (1 for the incumbent, 0 if never compared).
   int Incumbent(int decoding) const;
   double Relative(int decoding, int mode) const;
-  // In the bucket of `decoding`, with interleaved trials: drafting's estimated steady rate over
-  // no drafting's, minus 1, before the catch-up charge (what drafting gains once its draft model
-  // has caught up: for spec::CatchUpPays). The drafting mode is `mode` if it drafts, else the
-  // bucket's incumbent if that drafts, else the best-rated drafting mode compared there. NaN when
-  // unknown: no incumbent yet, no mode that drafts nothing among the modes, either side never
-  // compared, or interleave off.
-  double DraftingGain(int decoding, int mode) const;
   // The current epoch's mode (in an interleaved trial the mode on trial).
   int current() const { return current_; }
   // In an interleaved trial the incumbent it alternates with, else -1.
@@ -558,10 +503,6 @@ class DraftModeSelector {
     double MeanVariance(double prior_var) const;
   };
   static constexpr double kEpochTimeWeight = 0.3;
-  // Pseudo-counts per row of a mode's transitions between start states (CorrectedTokens).
-  static constexpr double kStatePrior = 2.0;
-  // Sequence-steps from a start state before its tokens per sequence-step count (CorrectedTokens).
-  static constexpr double kStateMinSeqs = 8.0;
   struct ModeStats {
     double cost = 0.0;       // log(seconds per step / the incumbent's), averaged
     double weight = 0.0;     // decayed number of comparisons (0: never compared)
@@ -579,11 +520,6 @@ class DraftModeSelector {
     // Mean wall time of its epochs begun in this bucket (every step of the epoch's mode, warm-up
     // included; weight kEpochTimeWeight on the newest), 0 before the first.
     double epoch_seconds = 0.0;
-    // Its sequences' transitions between start states, and their sequence-steps and tokens by
-    // start state (content_decay per epoch).
-    double transitions[kStates][kStates] = {};
-    double state_seqs[kStates] = {};
-    double state_tokens[kStates] = {};
   };
   struct BucketStats {
     std::vector<ModeStats> modes;
@@ -643,13 +579,9 @@ class DraftModeSelector {
     double rate_seconds = 0.0;
     int rate_steps = 0;
     double rate_seq_steps = 0.0;
-    StepStates states;  // of those steps
     // Tokens per second in the epoch's bucket (rate_seconds > 0).
     double Rate() const { return rate_tokens / rate_seconds; }
   };
-  // A trial side's tokens in the epoch's bucket, re-weighted to its mode's own mix of start
-  // states (carry_over_correction; rate_tokens where that cannot be done).
-  double CorrectedTokens(const ModeStats& stats, const Side& side) const;
   Side side_[2];                     // the epoch's mode, and in a trial its partner
   int partner_ = -1;                 // interleaved trial: the incumbent alternated with
   bool partner_next_ = false;        // whose turn after the warm-up: the partner's
