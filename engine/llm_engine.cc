@@ -9,11 +9,11 @@
 #include "common/status_macros.h"
 #include "engine/block_hash.h"
 #include "engine/chat_template/chat_template.h"
-#include "engine/spec/budget.h"
-#include "engine/spec/drafter.h"
-#include "engine/spec/model_drafter.h"
-#include "engine/spec/ngram_drafter.h"
-#include "engine/spec/verifier.h"
+#include "engine/speculative/budget.h"
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/model_drafter.h"
+#include "engine/speculative/ngram_drafter.h"
+#include "engine/speculative/verifier.h"
 #include "kernels/cpu_features.h"
 #include "kernels/linear_cpu.h"
 #include "spdlog/spdlog.h"
@@ -67,7 +67,7 @@ struct LlmEngine::Sequence {
   std::unique_ptr<Sampler> sampler;  // without speculative decoding
   // With speculative decoding: samples and verifies instead of `sampler` (same distribution and
   // penalty history; its own random stream).
-  std::unique_ptr<spec::Verifier> verifier;
+  std::unique_ptr<speculative::Verifier> verifier;
   // Drafts chosen for the step being planned (Draft -> Schedule's plan).
   std::vector<int32_t> draft;
   int draft_match = 0;
@@ -118,7 +118,7 @@ struct LlmEngine::Planned {
   std::vector<int32_t> input;
   std::vector<const float*> embedding_rows;  // per input token, or empty (no image rows)
   SampleResult result;
-  spec::VerifyResult verify;  // with a draft: the emitted tokens instead of `result`
+  speculative::VerifyResult verify;  // with a draft: the emitted tokens instead of `result`
 };
 
 struct LlmEngine::Step {
@@ -138,7 +138,7 @@ struct LlmEngine::Step {
   // Ran on the executor while the next step was scheduled: then spec_start is where its period
   // began (the previous step's processing end) and its overhead feeds the overlap estimate.
   bool spec_overlapped = false;
-  // For the measured check (spec::DraftingRateCheck): decoding sequences when planned, and
+  // For the measured check (speculative::DraftingRateCheck): decoding sequences when planned, and
   // whether the plan drafted (1), did not (0) or the step is not compared (-1: a probe).
   int spec_decoding = 0;
   int spec_drafting = -1;
@@ -188,8 +188,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
     DI_RETURN_IF_ERROR(CheckSameKvGeometry(options.backend->kv_config(), kv, "backend"));
   }
   const SpecOptions& so = options.speculative;
-  std::unique_ptr<spec::Drafter> drafter;
-  spec::ModelDrafter* model_drafter = nullptr;  // drafter, when it is a draft model
+  std::unique_ptr<speculative::Drafter> drafter;
+  speculative::ModelDrafter* model_drafter = nullptr;  // drafter, when it is a draft model
   if (so.enabled) {
     if (so.drafter != "ngram" && so.drafter != "draft_model") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -239,7 +239,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
             "speculative.draft_num_blocks: expected >= 0 (0: the target's num_blocks), got ",
             so.draft_num_blocks));
       }
-      spec::ModelDrafterOptions mo;
+      speculative::ModelDrafterOptions mo;
       mo.num_blocks = so.draft_num_blocks > 0 ? so.draft_num_blocks : options.num_blocks;
       mo.block_size = options.block_size;
       mo.seed = options.hash_seed ^ 0x5eedd4a7ULL;
@@ -251,8 +251,9 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       }
       mo.catch_up_window = so.draft_catch_up_window;
       mo.catch_up_window_min_sequences = so.draft_catch_up_window_min_sequences;
-      absl::StatusOr<std::unique_ptr<spec::ModelDrafter>> loaded = spec::ModelDrafter::Load(
-          so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
+      absl::StatusOr<std::unique_ptr<speculative::ModelDrafter>> loaded =
+          speculative::ModelDrafter::Load(so.draft_model_path, model->config().vocab_size, mo,
+                                          ModelOptions{so.draft_threads});
       if (!loaded.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "speculative.draft_model_path: \"", so.draft_model_path,
@@ -261,8 +262,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
       model_drafter = loaded->get();
       drafter = std::move(*loaded);
     } else {
-      absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
-          spec::NgramDrafter::Create({so.min_n, so.max_n});
+      absl::StatusOr<std::unique_ptr<speculative::NgramDrafter>> ngram =
+          speculative::NgramDrafter::Create({so.min_n, so.max_n});
       if (!ngram.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("speculative: ", ngram.status().message()));
       }
@@ -273,18 +274,18 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   if (so.enabled) {
     engine->drafter_ = std::move(drafter);
     engine->model_drafter_ = model_drafter;
-    engine->survival_ = std::make_unique<spec::NgramSurvivalStats>(
+    engine->survival_ = std::make_unique<speculative::NgramSurvivalStats>(
         /*max_match_length=*/so.max_n,
-        spec::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
+        speculative::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
     if (so.drafter == "draft_model") {
-      spec::CalibrationOptions co;
+      speculative::CalibrationOptions co;
       co.positions.max_positions = so.num_speculative_tokens;
-      engine->calibration_ = std::make_unique<spec::DraftCalibration>(co);
+      engine->calibration_ = std::make_unique<speculative::DraftCalibration>(co);
     }
     if (so.adaptive) {
       absl::Status profiled = absl::OkStatus();
       if (so.cost_table != nullptr) {
-        engine->cost_ = std::make_unique<spec::CostTable>(*so.cost_table);
+        engine->cost_ = std::make_unique<speculative::CostTable>(*so.cost_table);
       } else {
         profiled = engine->ProfileCost();
       }
@@ -306,16 +307,16 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
         // The draft model's cost per round, for choosing the draft length (one pass of n
         // sequences x 1 token, n up to the running batch).
         if (so.draft_cost_table != nullptr) {
-          engine->draft_cost_ = std::make_unique<spec::CostTable>(*so.draft_cost_table);
+          engine->draft_cost_ = std::make_unique<speculative::CostTable>(*so.draft_cost_table);
         } else {
           std::vector<int> sizes;
           const int most = std::min(options.max_running, 256);
           for (int n = 1; n < most; n *= 2) sizes.push_back(n);
           sizes.push_back(most);
-          absl::StatusOr<spec::CostTable> draft =
+          absl::StatusOr<speculative::CostTable> draft =
               model_drafter->ProfileRoundCost(sizes, so.profile_runs);
           if (draft.ok()) {
-            engine->draft_cost_ = std::make_unique<spec::CostTable>(*std::move(draft));
+            engine->draft_cost_ = std::make_unique<speculative::CostTable>(*std::move(draft));
           } else {
             spdlog::warn("speculative: draft model not profiled ({}); drafting counted as free",
                          draft.status().ToString());
@@ -341,10 +342,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
             std::find(lengths.begin(), lengths.end(), fill_pass) == lengths.end()) {
           lengths.insert(std::upper_bound(lengths.begin(), lengths.end(), fill_pass), fill_pass);
         }
-        std::vector<int> modes = {spec::DraftModeSelector::kPlan, 0};
+        std::vector<int> modes = {speculative::DraftModeSelector::kPlan, 0};
         modes.insert(modes.end(), lengths.begin(), lengths.end());
-        absl::StatusOr<spec::DraftModeSelector> selector =
-            spec::DraftModeSelector::Create(std::move(modes), so.select_options);
+        absl::StatusOr<speculative::DraftModeSelector> selector =
+            speculative::DraftModeSelector::Create(std::move(modes), so.select_options);
         if (!selector.ok()) return selector.status();
         engine->selector_.emplace(*std::move(selector));
       }
@@ -386,15 +387,15 @@ absl::Status LlmEngine::ProfileCost() {
   cost_context_ = context;
   const int vocab = model_->config().vocab_size;
   // The CPU's projections multiply several tokens per pass over the weights: the one-request row
-  // also measures the edges where one token more starts a pass (spec::CostProfileShapes: at more
-  // requests the edges' noise drove the plan). A GPU backend's passes are not the CPU's: none.
+  // also measures the edges where one token more starts a pass (speculative::CostProfileShapes: at
+  // more requests the edges' noise drove the plan). A GPU backend's passes are not the CPU's: none.
   constexpr int kEdgeShapes = 24;
   const int rows_per_pass = RowsPerPass();
   const int edge_requests =
       options_.speculative.profile_edge_requests > 0 ? options_.speculative.profile_edge_requests
       : rows_per_pass >= SpecOptions::kAutoEdgeRowsPerPass ? 8
                                                             : 1;
-  const std::vector<std::pair<int, int>> shapes = spec::CostProfileShapes(
+  const std::vector<std::pair<int, int>> shapes = speculative::CostProfileShapes(
       k, options_.max_running, rows_per_pass, kEdgeShapes, edge_requests,
       [&](int tokens, int requests) {
         const int per_request = (tokens + requests - 1) / requests;
@@ -433,9 +434,10 @@ absl::Status LlmEngine::ProfileCost() {
     return Seconds(t0, Clock::now());
   };
   // ProfileCostTable warms each shape (buffers, rope tables, caches) before measuring it.
-  DI_ASSIGN_OR_RETURN(spec::CostTable table,
-                      spec::ProfileCostTable(run_step, shapes, options_.speculative.profile_runs));
-  cost_ = std::make_unique<spec::CostTable>(std::move(table));
+  DI_ASSIGN_OR_RETURN(
+      speculative::CostTable table,
+      speculative::ProfileCostTable(run_step, shapes, options_.speculative.profile_runs));
+  cost_ = std::make_unique<speculative::CostTable>(std::move(table));
   return absl::OkStatus();
 }
 
@@ -622,7 +624,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
     seq->images = std::move(request.images);
   }
   if (options_.speculative.enabled) {
-    seq->verifier = std::make_unique<spec::Verifier>(request.sampling);
+    seq->verifier = std::make_unique<speculative::Verifier>(request.sampling);
     seq->verifier->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
   } else {
     seq->sampler = std::make_unique<Sampler>(request.sampling);
@@ -1011,9 +1013,9 @@ double LlmEngine::SyncOverheadSeconds() const {
   return 0.0;
 }
 
-spec::StepShape LlmEngine::SyncStepShape(int sampling_requests, int step_tokens,
-                                         int step_requests) const {
-  spec::StepShape shape;
+speculative::StepShape LlmEngine::SyncStepShape(int sampling_requests, int step_tokens,
+                                                int step_requests) const {
+  speculative::StepShape shape;
   shape.sampling_requests = sampling_requests;
   shape.step_tokens = step_tokens;
   shape.step_requests = step_requests;
@@ -1064,14 +1066,15 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   // costs a synchronous step (and a draft model's catch-up), which an unprofitable drafter should
   // pay ever more rarely.
   if (adaptive && selector_.has_value()) {
-    // Measured modes (spec::DraftModeSelector): no drafting, a fixed length, or the plan below.
-    const spec::DraftModeSelector::Choice choice = selector_->Choose(static_cast<int>(n));
+    // Measured modes (speculative::DraftModeSelector): no drafting, a fixed length, or the plan
+    // below.
+    const speculative::DraftModeSelector::Choice choice = selector_->Choose(static_cast<int>(n));
     gate.mode = choice.mode;
     gate.mode_measured = choice.measured;
     gate.upkeep = choice.upkeep;
     gate.upkeep_catch_up = choice.catch_up;
     const int length = selector_->length(choice.mode);
-    if (length != spec::DraftModeSelector::kPlan) {
+    if (length != speculative::DraftModeSelector::kPlan) {
       gate.fixed_length = length;
       gate.may_draft = length > 0 && longest > 0;
       return gate;
@@ -1092,7 +1095,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   // The planner's decision from earlier steps' estimates (as Draft makes it): drafting runs
   // synchronously at the measured synchronous overhead; not drafting overlaps, at the measured
   // overlapped overhead once known.
-  const spec::StepShape shape =
+  const speculative::StepShape shape =
       SyncStepShape(static_cast<int>(n), static_cast<int>(std::min(n + prefill_tokens, budget)),
                     static_cast<int>(n) + prefills);
   double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
@@ -1102,7 +1105,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     for (size_t i = 0; i < decodes.size(); ++i) {
       calibration_->PositionPrior(caps[i], &priors[i]);
     }
-    absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
+    absl::StatusOr<speculative::DraftLengthPlan> length = speculative::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     if (length.ok() && length->adaptive) {
       drafts = length->length > 0;
@@ -1111,7 +1114,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
   } else {
     // n-gram drafts: the match length is known only after drafting; the most optimistic row
     // over match lengths bounds what any draft could be worth (B = 0 there: B = 0 for all).
-    std::vector<spec::VerifyCandidate> candidates(decodes.size());
+    std::vector<speculative::VerifyCandidate> candidates(decodes.size());
     std::vector<double> row;
     for (size_t i = 0; i < decodes.size(); ++i) {
       std::vector<double>& best = candidates[i].prior;
@@ -1123,7 +1126,8 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
         }
       }
     }
-    absl::StatusOr<spec::VerifyPlan> plan = spec::PlanVerification(shape, candidates, cost_.get());
+    absl::StatusOr<speculative::VerifyPlan> plan =
+        speculative::PlanVerification(shape, candidates, cost_.get());
     if (plan.ok() && plan->adaptive) {
       drafts = plan->budget > 0;
       draft_rate = plan->tokens_per_second;
@@ -1138,7 +1142,7 @@ LlmEngine::DraftGate LlmEngine::PlanDrafting() {
     if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
   }
   // Measured: at this many decoding sequences, the steps the plan drafted in emitted fewer
-  // tokens per second than those it did not (spec::DraftingRateCheck).
+  // tokens per second than those it did not (speculative::DraftingRateCheck).
   const bool vetoed = drafts && !rate_check_.DraftingPays(static_cast<int>(n));
   if (vetoed) drafts = false;
   if (drafts) planned_draft_since_probe_ = true;
@@ -1473,7 +1477,7 @@ void LlmEngine::Process(Step& step) {
       longest_verified = std::max<int64_t>(longest_verified, verified);
       seq->usage.draft_tokens += verified;
       seq->usage.accepted_draft_tokens += accepted;
-      spec::DraftProposal proposal;
+      speculative::DraftProposal proposal;
       proposal.tokens = p.draft;
       proposal.match_length = p.draft_match;
       if (calibration_ != nullptr) {
@@ -1662,7 +1666,7 @@ void LlmEngine::Process(Step& step) {
       if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
       selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
                          seconds, step.spec_catch_up_seconds);
-      if (length == spec::DraftModeSelector::kPlan) {
+      if (length == speculative::DraftModeSelector::kPlan) {
         ++stats_.spec_select_plan_steps;
       } else if (length > 0) {
         ++stats_.spec_select_fixed_steps;
@@ -1678,14 +1682,14 @@ void LlmEngine::Process(Step& step) {
             "at {:.0f} tokens/s",
             selector_->epochs(), selector_->length(selector_->current()),
             last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
-        const spec::DraftModeSelector::LastTrial& trial = selector_->last_trial();
+        const speculative::DraftModeSelector::LastTrial& trial = selector_->last_trial();
         if (trial.epoch >= 0 && trial.epoch != logged_trial_epoch_) {
           logged_trial_epoch_ = trial.epoch;
           spdlog::debug(
               "speculative: trial of mode {} against {} in bucket {} ({} and {} measured steps): "
               "{:.1f}% of its rate, weight {:.2f}; rated {:.1f}%",
               selector_->length(trial.mode), selector_->length(trial.incumbent),
-              spec::DraftModeSelector::BucketName(trial.bucket), trial.steps,
+              speculative::DraftModeSelector::BucketName(trial.bucket), trial.steps,
               trial.incumbent_steps, 100.0 * std::exp(trial.log_ratio), trial.weight,
               100.0 * std::exp(trial.score));
         }
@@ -1732,7 +1736,7 @@ bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const { return CatchUpExcess(lag)
 void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step) {
   const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
   model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
-  std::vector<spec::DraftRequest> requests;
+  std::vector<speculative::DraftRequest> requests;
   int64_t lags = 0;
   int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchUpExcess)
   for (const Sequence* seq : decodes) {
@@ -1746,7 +1750,7 @@ void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_
       excess += CatchUpExcess(lag);
     }
     lags += lag;
-    spec::DraftRequest r;
+    speculative::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
     r.context = seq->tokens;
     requests.push_back(r);
@@ -1781,7 +1785,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   // Every decision below (draft length, budget, probe: PlanDrafting) uses only estimates and
   // times from earlier steps and the step count, never the drafts themselves: lossless
   // (budget.h).
-  spec::StepShape shape =
+  speculative::StepShape shape =
       SyncStepShape(static_cast<int>(decodes.size()), step_tokens, step_requests);
   probe = probe && adaptive;
   if (model_drafter_ != nullptr) model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
@@ -1806,14 +1810,14 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     for (size_t i = 0; i < decodes.size(); ++i) {
       calibration_->PositionPrior(caps[i], &priors[i]);
     }
-    absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
+    absl::StatusOr<speculative::DraftLengthPlan> length = speculative::PlanDraftLength(
         shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
     int l = length.ok() ? length->length : k;
     if (!probe && length.ok() && model_drafter_ != nullptr &&
         static_cast<int>(decodes.size()) >= so.draft_stop_extend_min_decoding) {
       // Up to the longest L nearly as good as the best: the confidence stop below cuts each
       // sequence's draft where the next token is not worth it (SpecOptions::draft_stop_extend).
-      l = spec::ExtendDraftLength(*length, so.draft_stop_extend);
+      l = speculative::ExtendDraftLength(*length, so.draft_stop_extend);
     }
     no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
     // A probe drafts one token more for one sequence: the one whose draft cache lags least (a
@@ -1843,7 +1847,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       // (known before each token is drawn) says the next token is not worth its time: position
       // j >= 1 is drafted (and then verified) while its calibrated survival a_j is at least the
       // plan's rate x (one more verified token + its share of a draft round). A probe's sequence
-      // drafts one position past its stop (spec::ConfidenceStop).
+      // drafts one position past its stop (speculative::ConfidenceStop).
       const double t0 = static_cast<double>(shape.step_tokens + length->budget);
       const double verify_token =
           shape.cost_scale * (cost_->StepSeconds(t0 + 1.0, shape.step_requests) -
@@ -1856,7 +1860,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   }
   double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
   if (calibration_ != nullptr && draft_cost_ != nullptr) {
-    draft_profiled = spec::DraftSeconds(*draft_cost_, caps, k);
+    draft_profiled = speculative::DraftSeconds(*draft_cost_, caps, k);
   }
   double draft_predicted = draft_scale_ * draft_profiled;
   step->spec_draft_predicted = draft_predicted;
@@ -1867,12 +1871,12 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     seq->draft_confidence.clear();
   }
   // All decoding sequences are drafted together (a draft model batches its forward passes).
-  std::vector<spec::DraftRequest> requests;
+  std::vector<speculative::DraftRequest> requests;
   std::vector<Sequence*> asked;
   for (size_t i = 0; i < decodes.size(); ++i) {
     if (caps[i] <= 0) continue;
     Sequence* seq = decodes[i];
-    spec::DraftRequest r;
+    speculative::DraftRequest r;
     r.seq_id = static_cast<int64_t>(seq->id);
     r.context = seq->tokens;
     r.k = caps[i];
@@ -1880,8 +1884,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (keep_threshold >= 0.0) {
       // a_j = prod_{i<=j} c(confidence_i): the first token is always drafted (the catch-up
       // round that computes it is paid once drafting is on), later ones while a_j is worth it.
-      r.keep_drafting = spec::ConfidenceStop(calibration_.get(), keep_threshold,
-                                             static_cast<int>(i) == probe_seq ? 1 : 0);
+      r.keep_drafting = speculative::ConfidenceStop(calibration_.get(), keep_threshold,
+                                                    static_cast<int>(i) == probe_seq ? 1 : 0);
     }
     requests.push_back(r);
     asked.push_back(seq);
@@ -1889,10 +1893,10 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
   double draft_seconds = 0.0;
   int64_t drafted = 0;
   if (!requests.empty()) {
-    std::vector<spec::DraftProposal> proposals;
+    std::vector<speculative::DraftProposal> proposals;
     const int64_t fed_before = model_drafter_ != nullptr ? model_drafter_->computed_tokens() : 0;
     if (model_drafter_ != nullptr) {
-      for (const spec::DraftRequest& r : requests) {
+      for (const speculative::DraftRequest& r : requests) {
         const int64_t lag =
             model_drafter_->Lag(r.seq_id, static_cast<int64_t>(r.context.size()));
         if (CatchesUpOnPrompt(lag)) step->spec_prompt_catch_up = true;
@@ -1908,13 +1912,13 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // cache caught up on a whole new prompt (a new request, or one drafted after steps without
     // drafts or after eviction): a one-off prefill the per-round profile does not describe.
     int64_t steady_tokens = 0;
-    for (const spec::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
+    for (const speculative::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
     const int64_t fed =
         model_drafter_ != nullptr ? model_drafter_->computed_tokens() - fed_before : 0;
     const bool caught_up = fed > steady_tokens;
     if (caught_up) {
       // The catch-up's share of the drafting time, by tokens fed (the selector's catch-up
-      // charge, spec::DraftModeSelector).
+      // charge, speculative::DraftModeSelector).
       step->spec_catch_up_seconds =
           draft_seconds * static_cast<double>(fed - steady_tokens) / static_cast<double>(fed);
     }
@@ -1926,7 +1930,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
         const int m = static_cast<int>(proposals[i].tokens.size());
         rounds[i] = std::min(requests[i].k, m + 1);
       }
-      draft_profiled = spec::DraftSeconds(*draft_cost_, rounds, k);
+      draft_profiled = speculative::DraftSeconds(*draft_cost_, rounds, k);
       draft_predicted = draft_scale_ * draft_profiled;
       step->spec_draft_predicted = draft_predicted;
     }
@@ -1943,7 +1947,7 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
     for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
       Sequence* seq = asked[i];
-      spec::DraftProposal& proposal = proposals[i];
+      speculative::DraftProposal& proposal = proposals[i];
       seq->draft = std::move(proposal.tokens);
       seq->draft_match = proposal.match_length;
       seq->draft_probs = std::move(proposal.probs);
@@ -1961,13 +1965,13 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
     // The budget comes from earlier steps' acceptance estimates (keyed by match length and
     // position), never from the drafted tokens themselves: lossless (budget.h). The drafting
     // just done is part of the step's time.
-    std::vector<spec::VerifyCandidate> candidates(decodes.size());
+    std::vector<speculative::VerifyCandidate> candidates(decodes.size());
     for (size_t i = 0; i < decodes.size(); ++i) {
       const Sequence* seq = decodes[i];
       if (calibration_ != nullptr) {
         // Prior from per-position rates sizes B; the current row (confidences known before
         // each token was chosen) hands out the slots.
-        const spec::DraftCalibration* calibration = calibration_.get();
+        const speculative::DraftCalibration* calibration = calibration_.get();
         calibration->PositionPrior(verify_len[i], &candidates[i].prior);
         if (seq->draft_confidence.size() == static_cast<size_t>(verify_len[i])) {
           calibration->Survival(seq->draft_confidence, &candidates[i].current);
@@ -1977,7 +1981,8 @@ void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int 
       }
     }
     shape.extra_seconds += draft_predicted;
-    absl::StatusOr<spec::VerifyPlan> plan = spec::PlanVerification(shape, candidates, cost_.get());
+    absl::StatusOr<speculative::VerifyPlan> plan =
+        speculative::PlanVerification(shape, candidates, cost_.get());
     if (plan.ok()) {
       // A probe verifies one draft more than the plan per sequence: whether d_j is verified
       // still depends only on a_1..a_{j-1} of its own row.

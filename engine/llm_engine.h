@@ -20,9 +20,9 @@
 // - Abort at any point frees every block the request held (after the step that may be using
 //   them has finished).
 // - Speculative decoding (EngineOptions::speculative, off by default): a decoding sequence's
-//   drafter (engine/spec) proposes up to k tokens; the step feeds the last accepted token plus
-//   the k' drafts it verifies and gets logits for all 1 + k' positions; the verifier (greedy, or
-//   rejection sampling: lossless) emits 1..k'+1 tokens. The KV of rejected positions is rolled
+//   drafter (engine/speculative) proposes up to k tokens; the step feeds the last accepted token
+//   plus the k' drafts it verifies and gets logits for all 1 + k' positions; the verifier (greedy,
+//   or rejection sampling: lossless) emits 1..k'+1 tokens. The KV of rejected positions is rolled
 //   back (the sequence's length returns to the accepted count and blocks needed only by
 //   rejected positions are freed); only blocks whose tokens are all accepted are published to
 //   the prefix cache. EOS, stop token ids, max_tokens and stop strings apply per emitted token.
@@ -71,19 +71,19 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "engine/spec/budget.h"
-#include "engine/spec/mode_selector.h"
+#include "engine/speculative/budget.h"
+#include "engine/speculative/mode_selector.h"
 #include "engine/text_stream.h"
 #include "nlohmann/json.hpp"
 
 namespace deepinfer::engine {
 class ChatTemplate;
-namespace spec {
+namespace speculative {
 class DraftCalibration;
 class Drafter;
 class ModelDrafter;
 class NgramSurvivalStats;
-}  // namespace spec
+}  // namespace speculative
 }  // namespace deepinfer::engine
 
 namespace deepinfer::engine {
@@ -92,8 +92,8 @@ namespace deepinfer::engine {
 // should fill this from its flags; a prefill-only node has no use for it.
 struct SpecOptions {
   bool enabled = false;
-  // "ngram": prompt lookup (engine/spec/ngram_drafter.h). "draft_model": a small checkpoint with
-  // the target's vocabulary (engine/spec/model_drafter.h), loaded by Create from
+  // "ngram": prompt lookup (engine/speculative/ngram_drafter.h). "draft_model": a small checkpoint
+  // with the target's vocabulary (engine/speculative/model_drafter.h), loaded by Create from
   // `draft_model_path`; its drafts are sampled at each request's temperature (arg-max at 0) and
   // carry their distribution, so rejection sampling stays lossless.
   std::string drafter = "ngram";
@@ -113,18 +113,18 @@ struct SpecOptions {
   // has, instead of stalling one step for the whole prompt); 0: no limit.
   int draft_catch_up_tokens = 128;
   // Draft model: a sequence whose draft KV lags its context by more than this many tokens skips
-  // ahead instead of catching up (spec::ModelDrafterOptions::catch_up_window): the draft model
-  // keeps what it holds and is fed only the context's last this-many tokens, so drafting after a
-  // stretch without it (a bucket the selector froze on no drafting, a new request's prompt) costs
-  // a bounded catch-up, not a prefill of everything since. Lossless (drafts are verified); 0: every
-  // token is fed.
+  // ahead instead of catching up (speculative::ModelDrafterOptions::catch_up_window): the draft
+  // model keeps what it holds and is fed only the context's last this-many tokens, so drafting
+  // after a stretch without it (a bucket the selector froze on no drafting, a new request's prompt)
+  // costs a bounded catch-up, not a prefill of everything since. Lossless (drafts are verified); 0:
+  // every token is fed.
   int draft_catch_up_window = 0;
   // Draft model: the window applies only while at least this many sequences decode (fewer: every
-  // token is fed; spec::ModelDrafterOptions::catch_up_window_min_sequences). >= 1.
+  // token is fed; speculative::ModelDrafterOptions::catch_up_window_min_sequences). >= 1.
   int draft_catch_up_window_min_sequences = 1;
   // Draft model, adaptive: on steps that draft nothing (no drafting mode of the selector, or the
   // plan's L = 0), every decoding sequence whose draft KV lags its context by this many tokens or
-  // more is fed (spec::ModelDrafter::Feed, at most draft_catch_up_tokens each), so the draft
+  // more is fed (speculative::ModelDrafter::Feed, at most draft_catch_up_tokens each), so the draft
   // model stays within this many tokens of every sequence. A step that drafts after steps that
   // did not then feeds only that little, so switching drafting back on costs one short catch-up,
   // not a prefill of everything since the last draft (a new request's whole prompt, for every
@@ -132,57 +132,58 @@ struct SpecOptions {
   // mostly catch-up, and non-drafting epochs did not pay for the work they left behind. The
   // feeding runs in the step's period, so non-drafting modes' measured rates include it. Not in
   // the epochs of a bucket the selector froze (no drafting mode comes within its freeze_below of
-  // not drafting there: spec::DraftModeSelector), whose rare trials catch up instead. 0: no
+  // not drafting there: speculative::DraftModeSelector), whose rare trials catch up instead. 0: no
   // feeding (the draft model catches up when it next drafts).
   int draft_upkeep_tokens = 16;
-  // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
-  // maximises expected tokens per second, from online per-position acceptance estimates (keyed by
-  // n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration in
-  // budget.h) and a cost table profiled on the model when the engine is created. The step time in
-  // the objective is the forward time the table predicts, corrected by an online fit of measured
-  // against predicted forward passes (spec::ForwardCostFit: scale x table + offset + per-request
-  // cost, forgetting at 0.99 per step), plus the measured per-step overhead: an exponential average
-  // (weight 0.1 per step) of each adaptive step's period (from processing the previous step's
-  // outputs, or from its scheduling after an idle engine, through processing its own) minus its
-  // measured forward pass (and minus a draft model's measured drafting time), clamped >= 0; so
-  // under load, when a step's fixed cost is large, verifying more drafts pays, and when forward
-  // passes run slower than profiled, it pays less. Synchronous steps (those that may draft) and
-  // overlapped ones (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed
-  // at the first against not drafting at the second (until a synchronous step was measured, the
-  // overlapped average stands in for it). A draft model pays for every token it drafts, so before
-  // drafting the step chooses one draft length L in [0, k] for its decoding sequences
-  // (PlanDraftLength) from the prior acceptance rows, the target's cost, the overhead and the draft
-  // model's cost per round (n sequences x 1 token, profiled at creation, scaled by the average
-  // ratio of measured to profiled drafting time); a longer L must promise 3% more tokens per second
-  // than the best shorter one; L = 0 skips drafting and verification for the step (which then
-  // overlaps with the previous one). With L >= 2 each sequence may stop early: before drawing draft
-  // token j >= 1 the drafter asks (spec::DraftRequest::keep_drafting) whether its calibrated
-  // survival a_j, from the draft's confidences so far, is at least the plan's tokens per second x
-  // (the forward time of one more verified token + its share of a draft round); the drafted tokens
-  // are then all verified (lossless: each decision precedes its token's draw). The n-gram drafter
-  // (nearly free) drafts k, unless even the most optimistic acceptance rows (the best over match
-  // lengths) would verify none: then it is not asked. Probes count steps with decoding sequences;
-  // one falls due at the next that can draft. Probing: every `probe_interval`-th adaptive step
-  // verifies one draft more per sequence than the plan (a draft model drafts one more for the one
-  // sequence whose draft cache lags least, one position past its confidence stop, so after a run
-  // of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped
-  // verifying keep being observed and estimates can recover; 0 turns probing off. While no plan
-  // between two probes drafts, the gap doubles (up to 16 x probe_interval), and it returns to
-  // probe_interval once a plan drafts again.
-  // A measured check overrules the plan's "draft": where the steps it drafted in (probes aside)
-  // emitted fewer tokens per second than those it did not, at the same number of decoding
-  // sequences (bucketed by powers of two), the step does not draft, until that measurement fades
-  // (spec::DraftingRateCheck); likewise a draft model's planned length L >= 2 becomes 1 where
-  // steps drafting 2 or more tokens measured slower than steps drafting 1. Still lossless: the
-  // draft length, the budget and probes depend only on earlier steps (and the step count). With a
-  // flat or missing cost table every draft is verified (and a warning is logged once).
+  // Adaptive verification (engine/speculative/budget.h): each step verifies the number of drafts
+  // that maximises expected tokens per second, from online per-position acceptance estimates (keyed
+  // by n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration
+  // in budget.h) and a cost table profiled on the model when the engine is created. The step time
+  // in the objective is the forward time the table predicts, corrected by an online fit of measured
+  // against predicted forward passes (speculative::ForwardCostFit: scale x table + offset +
+  // per-request cost, forgetting at 0.99 per step), plus the measured per-step overhead: an
+  // exponential average (weight 0.1 per step) of each adaptive step's period (from processing the
+  // previous step's outputs, or from its scheduling after an idle engine, through processing its
+  // own) minus its measured forward pass (and minus a draft model's measured drafting time),
+  // clamped >= 0; so under load, when a step's fixed cost is large, verifying more drafts pays, and
+  // when forward passes run slower than profiled, it pays less. Synchronous steps (those that may
+  // draft) and overlapped ones (EngineOptions::overlap, no drafts) keep separate averages: drafting
+  // is weighed at the first against not drafting at the second (until a synchronous step was
+  // measured, the overlapped average stands in for it). A draft model pays for every token it
+  // drafts, so before drafting the step chooses one draft length L in [0, k] for its decoding
+  // sequences (PlanDraftLength) from the prior acceptance rows, the target's cost, the overhead and
+  // the draft model's cost per round (n sequences x 1 token, profiled at creation, scaled by the
+  // average ratio of measured to profiled drafting time); a longer L must promise 3% more tokens
+  // per second than the best shorter one; L = 0 skips drafting and verification for the step (which
+  // then overlaps with the previous one). With L >= 2 each sequence may stop early: before drawing
+  // draft token j >= 1 the drafter asks (speculative::DraftRequest::keep_drafting) whether its
+  // calibrated survival a_j, from the draft's confidences so far, is at least the plan's tokens per
+  // second x (the forward time of one more verified token + its share of a draft round); the
+  // drafted tokens are then all verified (lossless: each decision precedes its token's draw). The
+  // n-gram drafter (nearly free) drafts k, unless even the most optimistic acceptance rows (the
+  // best over match lengths) would verify none: then it is not asked. Probes count steps with
+  // decoding sequences; one falls due at the next that can draft. Probing: every
+  // `probe_interval`-th adaptive step verifies one draft more per sequence than the plan (a draft
+  // model drafts one more for the one sequence whose draft cache lags least, one position past its
+  // confidence stop, so after a run of L = 0 one sequence catches up and verifies one token), so
+  // that positions the plan stopped verifying keep being observed and estimates can recover; 0
+  // turns probing off. While no plan between two probes drafts, the gap doubles (up to 16 x
+  // probe_interval), and it returns to probe_interval once a plan drafts again. A measured check
+  // overrules the plan's "draft": where the steps it drafted in (probes aside) emitted fewer tokens
+  // per second than those it did not, at the same number of decoding sequences (bucketed by powers
+  // of two), the step does not draft, until that measurement fades
+  // (speculative::DraftingRateCheck); likewise a draft model's planned length L >= 2 becomes 1
+  // where steps drafting 2 or more tokens measured slower than steps drafting 1. Still lossless:
+  // the draft length, the budget and probes depend only on earlier steps (and the step count). With
+  // a flat or missing cost table every draft is verified (and a warning is logged once).
   bool adaptive = false;
   // Adaptive: measure the plan above against fixed draft lengths (1, 2, 4, ... up to k) and no
   // drafting, and run whichever realises the most tokens per second at the current number of
-  // decoding sequences (spec::DraftModeSelector: epochs of >= 16 steps, or 4 of many sequences, and
-  // 0.25 s; each losing mode revisited, at a cost of about 0.2% of the run, in a trial whose steps
-  // alternate with the incumbent's; draft lengths past a clear loser pruned; buckets where no
-  // drafting mode pays frozen, without draft-model upkeep). Off: the plan decides every step.
+  // decoding sequences (speculative::DraftModeSelector: epochs of >= 16 steps, or 4 of many
+  // sequences, and 0.25 s; each losing mode revisited, at a cost of about 0.2% of the run, in a
+  // trial whose steps alternate with the incumbent's; draft lengths past a clear loser pruned;
+  // buckets where no drafting mode pays frozen, without draft-model upkeep). Off: the plan decides
+  // every step.
   bool select_mode = true;
   // With select_mode: the longest fixed draft length measured against the plan (lengths 1, 2,
   // 4, ... up to it, and it); 0: num_speculative_tokens. The plan itself may still draft and
@@ -203,7 +204,7 @@ struct SpecOptions {
   // 1.48 of no speculation against sweeps before at 1.37 and 1.49); a node with the window off lost
   // 2-12% at every concurrency. The selector runs 3 where it measures fastest.
   int select_max_length = 0;                        // in [0, num_speculative_tokens]
-  spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
+  speculative::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
   // Adaptive, draft model: how far below the best draft length's predicted rate (relative, in
   // [0, 1)) a longer length may be and still be drafted, for the confidence stop to cut. The plan
   // scores each L as if every sequence drafted all L tokens, so where the prior rows rate L = 1
@@ -237,31 +238,31 @@ struct SpecOptions {
   // verified 1.9 drafts a sequence at 5-8 decoding requests, 7% slower than drafting one.
   int profile_context = 512;
   // Adaptive, on a CPU backend whose projections multiply several tokens per pass: the start-up
-  // profile also measures the edges where one token more starts a pass (spec::CostProfileShapes)
-  // in its rows of at most this many requests, >= 0; 0 (auto): 8 where a pass takes
-  // kAutoEdgeRowsPerPass tokens or more (AMX), else 1. With 1 (as until issue 12, session 42)
-  // only the one-request row holds them, so at 2-8 decoding sequences the table spreads a pass's
-  // cost evenly between its powers of two: with AMX (16 rows a pass, one token past a pass 0.8
-  // ms at 8 requests, where the 15 tokens before it cost 0.9) an n-gram node's plan at 3-4
-  // sequences verified 5.7 drafts a sequence, as many as a fixed length of 8, for 2.7 tokens/ms
-  // where a node drafting 4 ran 3.2; with 8 it ran 3.0, and 4% faster at 8 concurrent requests
-  // (session 42). On 4-row passes (AVX-512 BF16) a pass's jump is close to the profile's noise,
-  // and edges at 8 and 32 requests drove the plan with it (session 39).
+  // profile also measures the edges where one token more starts a pass
+  // (speculative::CostProfileShapes) in its rows of at most this many requests, >= 0; 0 (auto): 8
+  // where a pass takes kAutoEdgeRowsPerPass tokens or more (AMX), else 1. With 1 (as until issue
+  // 12, session 42) only the one-request row holds them, so at 2-8 decoding sequences the table
+  // spreads a pass's cost evenly between its powers of two: with AMX (16 rows a pass, one token
+  // past a pass 0.8 ms at 8 requests, where the 15 tokens before it cost 0.9) an n-gram node's plan
+  // at 3-4 sequences verified 5.7 drafts a sequence, as many as a fixed length of 8, for 2.7
+  // tokens/ms where a node drafting 4 ran 3.2; with 8 it ran 3.0, and 4% faster at 8 concurrent
+  // requests (session 42). On 4-row passes (AVX-512 BF16) a pass's jump is close to the profile's
+  // noise, and edges at 8 and 32 requests drove the plan with it (session 39).
   int profile_edge_requests = 0;
   static constexpr int kAutoEdgeRowsPerPass = 16;
   int probe_interval = 16;  // adaptive: steps between probes, >= 0
   // Adaptive, draft model: a probe's sequence drafts one position past its confidence stop
-  // (spec::ConfidenceStop). False (as until issue 12, session 37): it drafts the plan's length + 1
-  // without the stop.
+  // (speculative::ConfidenceStop). False (as until issue 12, session 37): it drafts the plan's
+  // length + 1 without the stop.
   bool probe_past_stop = true;
   // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
   // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
   // (so no other thread may be running the model then).
-  const spec::CostTable* cost_table = nullptr;
+  const speculative::CostTable* cost_table = nullptr;
   // Adaptive with a draft model: the draft round cost (StepSeconds(n, n): one pass of n
   // sequences x 1 token) to use instead of profiling the draft model
-  // (spec::ModelDrafter::ProfileRoundCost); copied by Create.
-  const spec::CostTable* draft_cost_table = nullptr;
+  // (speculative::ModelDrafter::ProfileRoundCost); copied by Create.
+  const speculative::CostTable* draft_cost_table = nullptr;
 };
 
 struct EngineOptions {
@@ -419,7 +420,7 @@ struct EngineStats {
   double spec_draft_predicted_seconds = 0.0;
   double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
   // Measured target forward time ~= scale x profiled + offset + per_request x requests
-  // (spec::ForwardCostFit).
+  // (speculative::ForwardCostFit).
   double spec_forward_scale = 1.0;
   double spec_forward_offset_seconds = 0.0;
   double spec_forward_per_request_seconds = 0.0;
@@ -441,9 +442,9 @@ struct EngineStats {
   // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
   // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
   int64_t spec_rate_vetoed_steps = 0;
-  // Adaptive with select_mode (spec::DraftModeSelector): steps run by the plan, at a fixed draft
-  // length and without drafting; epochs; epochs given to a mode that was not the best measured;
-  // the current epoch's mode (-1: the plan, else its fixed draft length, 0: none).
+  // Adaptive with select_mode (speculative::DraftModeSelector): steps run by the plan, at a fixed
+  // draft length and without drafting; epochs; epochs given to a mode that was not the best
+  // measured; the current epoch's mode (-1: the plan, else its fixed draft length, 0: none).
   int64_t spec_select_plan_steps = 0;
   int64_t spec_select_fixed_steps = 0;
   int64_t spec_select_off_steps = 0;
@@ -552,7 +553,7 @@ class LlmEngine {
     bool mode_measured = false;
     int fixed_length = -1;
     // Whether a step that drafts nothing feeds the draft model (UpkeepDrafter): not in a bucket
-    // the selector froze (spec::DraftModeSelector::Choice::upkeep), and whether that feeding
+    // the selector froze (speculative::DraftModeSelector::Choice::upkeep), and whether that feeding
     // also catches up sequences far behind (Choice::catch_up).
     bool upkeep = true;
     bool upkeep_catch_up = true;
@@ -571,7 +572,8 @@ class LlmEngine {
   double SyncOverheadSeconds() const;
   // The planner's view of a synchronous (drafting) step: the counts given, the fitted forward
   // cost (forward_fit_) and the synchronous overhead.
-  spec::StepShape SyncStepShape(int sampling_requests, int step_tokens, int step_requests) const;
+  speculative::StepShape SyncStepShape(int sampling_requests, int step_tokens,
+                                       int step_requests) const;
   // Fills step inputs from the now-known tokens and runs it (inline without overlap or with
   // drafts, else on the executor). Returns true when the step was handed to the executor; else
   // sets `*executed_at` to when its execution ended (if it ran).
@@ -667,26 +669,27 @@ class LlmEngine {
   std::thread executor_;
 
   // Speculative decoding (scheduler thread only).
-  std::unique_ptr<spec::Drafter> drafter_;
-  spec::ModelDrafter* model_drafter_ = nullptr;  // drafter_ when it is a draft model
-  std::unique_ptr<spec::NgramSurvivalStats> survival_;
-  std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
-  std::unique_ptr<spec::CostTable> cost_;                // null: verify every draft
+  std::unique_ptr<speculative::Drafter> drafter_;
+  speculative::ModelDrafter* model_drafter_ = nullptr;  // drafter_ when it is a draft model
+  std::unique_ptr<speculative::NgramSurvivalStats> survival_;
+  std::unique_ptr<speculative::DraftCalibration> calibration_;  // draft model: instead of survival_
+  std::unique_ptr<speculative::CostTable> cost_;                // null: verify every draft
   int64_t cost_context_ = 0;  // the context ProfileCost profiled at; 0: a given table
-  std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
+  std::unique_ptr<speculative::CostTable>
+      draft_cost_;  // draft model round cost; null: drafting free
   // The step period outside the target's forward pass and the draft model's drafting, averaged
   // (synchronous steps).
   double overhead_ema_ = 0.0;
   bool have_overhead_ = false;
   // Measured forward time against the cost table's prediction and the request count: the
   // planner's StepShape::cost_scale and an offset added to its extra_seconds.
-  spec::ForwardCostFit forward_fit_;
+  speculative::ForwardCostFit forward_fit_;
   // Adaptive: measured tokens/s of drafting and non-drafting steps by batch size; vetoes the
   // plan's drafting where it measured slower (PlanDrafting).
-  spec::DraftingRateCheck rate_check_;
+  speculative::DraftingRateCheck rate_check_;
   // Adaptive with SpecOptions::select_mode: chooses between the plan, fixed lengths and no
   // drafting by measured tokens per second (scheduler thread only).
-  std::optional<spec::DraftModeSelector> selector_;
+  std::optional<speculative::DraftModeSelector> selector_;
   int64_t logged_trial_epoch_ = -1;  // the selector's last trial already logged
   double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
   bool have_overlap_overhead_ = false;

@@ -21,7 +21,7 @@
 #include "engine/kv_copy_test_util.h"
 #include "engine/llm_engine.h"
 #include "engine/output_collector.h"
-#include "engine/spec/budget.h"
+#include "engine/speculative/budget.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_features.h"
@@ -117,15 +117,15 @@ EngineOptions BaseOptions() {
 
 // A cost table of base + slope x tokens seconds per step, for 1 and 8 requests and 1 and 64
 // tokens (5 runs each).
-spec::CostTable LinearCostTable(double base, double slope) {
-  std::vector<spec::CostTable::Sample> samples;
+speculative::CostTable LinearCostTable(double base, double slope) {
+  std::vector<speculative::CostTable::Sample> samples;
   for (int requests : {1, 8}) {
     for (int tokens : {1, 64}) {
       for (int run = 0; run < 5; ++run)
         samples.push_back({tokens, requests, base + slope * tokens});
     }
   }
-  return spec::CostTable::FromSamples(samples).value();
+  return speculative::CostTable::FromSamples(samples).value();
 }
 
 EngineOptions WithSpec(EngineOptions o, int k, bool adaptive) {
@@ -169,7 +169,7 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   int64_t accepted = 0;
   // The selector needs an adaptive plan: a fixed table, as a profile taken while the machine is
   // busy can come out flat (every draft verified, no selector).
-  const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable table = LinearCostTable(1e-3, 1e-5);
   for (int k : {1, 2, 4, 8}) {
     for (int mode : {0, 1, 2}) {  // fixed k, the adaptive plan, the plan under the selector
       const bool adaptive = mode >= 1;
@@ -274,7 +274,7 @@ TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
   const auto reqs = GreedyRequests(prompts, 24);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   auto table = [](double slope) {
-    std::vector<spec::CostTable::Sample> samples;
+    std::vector<speculative::CostTable::Sample> samples;
     for (int requests : {1, 8}) {
       for (int tokens : {1, 2, 8, 64}) {
         for (int run = 0; run < 5; ++run) {
@@ -282,10 +282,10 @@ TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
         }
       }
     }
-    return spec::CostTable::FromSamples(samples).value();
+    return speculative::CostTable::FromSamples(samples).value();
   };
-  const spec::CostTable steep = table(1.0), flat = table(0.0), cheap = table(1e-5);
-  for (const spec::CostTable* cost : {&steep, &flat, &cheap}) {
+  const speculative::CostTable steep = table(1.0), flat = table(0.0), cheap = table(1e-5);
+  for (const speculative::CostTable* cost : {&steep, &flat, &cheap}) {
     EngineOptions o = WithSpec(BaseOptions(), 4, /*adaptive=*/true);
     o.speculative.cost_table = cost;
     const RunResult got = RunAll(model.get(), o, reqs);
@@ -334,7 +334,7 @@ TEST(SpecEngineLlamaTest, CostProfileRunsAtTheConfiguredContextWhereTheCacheHold
   EXPECT_EQ(profiled_context(o), 256 / 32 * 4 - 5);  // 32 requests of 27 + 5 tokens fill 256
   o.max_running = 8;
   EXPECT_EQ(profiled_context(o), 256 / 8 * 4 - 5);
-  const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable table = LinearCostTable(1e-3, 1e-5);
   o.speculative.cost_table = &table;
   EXPECT_EQ(profiled_context(o), 0);
   o.speculative.profile_context = 0;
@@ -430,7 +430,7 @@ TEST(SpecEngineLlamaTest, SeededSamplingIsReproducible) {
 
 TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
-  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable cheap = LinearCostTable(1e-3, 1e-5);
   for (bool select : {false, true}) {
     SCOPED_TRACE(::testing::Message() << "selector " << select);
     // Fixed k, or the selector switching modes (drafting or not) every two steps.
@@ -681,7 +681,7 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   for (int mode : {0, 1, 2, 4}) {
     const bool adaptive = mode >= 1;
     // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
-    const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+    const speculative::CostTable cheap = LinearCostTable(1e-3, 1e-5);
     EngineOptions o =
         WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
     o.speculative.cost_table = &cheap;
@@ -730,7 +730,7 @@ TEST(SpecEngineSelectorTest, StepsThatComputePromptTokensAreLeftOutOfTheSelector
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 41);
   const auto reqs = GreedyRequests(prompts, 24);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable cheap = LinearCostTable(1e-3, 1e-5);
   EngineOptions o = WithSelector(WithSpec(BaseOptions(), 4, /*adaptive=*/true));
   o.speculative.cost_table = &cheap;
   o.max_running = 3;  // the others are admitted, and prefilled, while these decode
@@ -758,10 +758,11 @@ TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 67);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-5);
-  const spec::CostTable expensive = LinearCostTable(1.0, 0.0), cheap = LinearCostTable(1e-6, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable expensive = LinearCostTable(1.0, 0.0),
+                               cheap = LinearCostTable(1e-6, 0.0);
   struct Case {
-    const spec::CostTable* draft;
+    const speculative::CostTable* draft;
     int probe_interval;
   };
   for (const Case& c : {Case{&expensive, 0}, Case{&expensive, 4}, Case{&cheap, 4}}) {
@@ -809,7 +810,8 @@ TEST(SpecEngineSelectorTest, FixedLengthsStopAtSelectMaxLengthWhileThePlanVerifi
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 4, 29);
   const auto reqs = GreedyRequests(prompts, 200);  // enough steps to tour every mode
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-6), cheap = LinearCostTable(1e-6, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-6),
+                               cheap = LinearCostTable(1e-6, 0.0);
   for (int select_max_length : {2, 0}) {
     SCOPED_TRACE(::testing::Message() << "select_max_length " << select_max_length);
     EngineOptions o = WithSelector(WithDraftModel(BaseOptions(), kLlama, 8, /*adaptive=*/true));
@@ -877,7 +879,8 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsOverlap) {
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   EXPECT_GT(ref.stats.overlapped_steps, 0);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-5), expensive = LinearCostTable(1.0, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-5),
+                               expensive = LinearCostTable(1.0, 0.0);
   for (bool overlap : {true, false}) {
     SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
     EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);
@@ -911,7 +914,8 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsKeepTheDraftModelFed) {
   constexpr int kMaxTokens = 16, kUpkeep = 4;
   const auto reqs = GreedyRequests(prompts, kMaxTokens);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-5), expensive = LinearCostTable(1.0, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-5),
+                               expensive = LinearCostTable(1.0, 0.0);
   for (int upkeep : {0, kUpkeep}) {
     SCOPED_TRACE(::testing::Message() << "upkeep " << upkeep);
     EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);

@@ -1,4 +1,4 @@
-#include "engine/spec/mode_selector.h"
+#include "engine/speculative/mode_selector.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> modes,
                                                             const Options& options) {
@@ -684,4 +684,4 @@ std::string DraftModeSelector::DebugString() const {
   return out;
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

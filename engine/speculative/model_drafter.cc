@@ -1,4 +1,4 @@
-#include "engine/spec/model_drafter.h"
+#include "engine/speculative/model_drafter.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "engine/model_config.h"
 #include "kernels/softmax_cpu.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct ModelDrafter::Work {
   size_t index = 0;  // into requests / out
@@ -24,8 +24,8 @@ struct ModelDrafter::Work {
   int64_t slot_start = 0;  // cached tokens kept before this proposal (start less the gap)
   bool new_gap = false;    // this call skipped context (catch_up_window)
   const std::function<bool(int, float)>* keep = nullptr;  // DraftRequest::keep_drafting
-  bool stopped = false;                                    // keep declined a position
-  int64_t feed_end = 0;     // round 0 feeds context[start, feed_end)
+  bool stopped = false;                                   // keep declined a position
+  int64_t feed_end = 0;                                   // round 0 feeds context[start, feed_end)
   bool catching_up = false;  // feed_end < context size: no draft this call (max_catch_up)
 };
 
@@ -53,9 +53,9 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Create(
         options.num_blocks, " and ", options.block_size));
   }
   if (options.catch_up_window_min_sequences < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speculative.draft_catch_up_window_min_sequences: expected >= 1, got ",
-        options.catch_up_window_min_sequences));
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative.draft_catch_up_window_min_sequences: expected >= 1, got ",
+                     options.catch_up_window_min_sequences));
   }
   if (absl::Status s = CheckVocab(model->config().vocab_size, target_vocab_size); !s.ok()) {
     return s;
@@ -373,7 +373,7 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
     const int64_t positions = w.catching_up ? fed_slots : fed_slots + w.k - 1;
     if (!Reserve(w.seq_id, &seq, positions, pinned)) {
       if (w.new_gap) seq.DropGap();  // nothing fed after it
-      continue;                       // no room: no draft
+      continue;                      // no room: no draft
     }
     w.seq = &seq;
     ready.push_back(w);
@@ -449,7 +449,7 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
 }
 
 absl::StatusOr<CostTable> ModelDrafter::ProfileRoundCost(absl::Span<const int> batch_sizes,
-                                                          int runs) {
+                                                         int runs) {
   if (!seqs_.empty() || !retired_.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("draft model profile: expected an empty cache, got ", seqs_.size(),
@@ -509,4 +509,4 @@ void ModelDrafter::Release(int64_t seq_id) {
   seqs_.erase(it);
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,4 +1,4 @@
-#include "engine/spec/mode_selector.h"
+#include "engine/speculative/mode_selector.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 using Options = DraftModeSelector::Options;
@@ -1286,8 +1286,8 @@ TEST(DraftModeSelectorTest, CatchUpsOfMeasuredOrNonDraftingStepsAreNotCharged) {
 
 // Interleaved trials: a new bucket inherits its neighbour's scores (mode 1 at 70% of the plan at
 // one sequence) where mode 1 is in fact level with the plan (at 8). After the bucket's first own
-// trial of it, the inherited figure still weighs 0.7 (cost_decay 0.7) against the trial's 1 with inherit_weight 1
-// (87%), 0.07 with 0.1 (98%).
+// trial of it, the inherited figure still weighs 0.7 (cost_decay 0.7) against the trial's 1 with
+// inherit_weight 1 (87%), 0.07 with 0.1 (98%).
 TEST(DraftModeSelectorTest, InheritWeightBoundsWhatANewBucketCarriesOver) {
   for (double w : {1.0, 0.1}) {
     Options o = Stepped(4, 0);
@@ -1715,4 +1715,4 @@ TEST(DraftModeSelectorTest, AShortDipOutOfAFrozenBucketKeepsItsMode) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -64,8 +64,8 @@
 //
 // Thread-safety: not thread-safe; use from one thread (the engine's scheduler thread). The
 // drafter runs the draft model's Forward, so nobody else may run that model concurrently.
-#ifndef DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
-#define DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_MODEL_DRAFTER_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_MODEL_DRAFTER_H_
 
 #include <cstdint>
 #include <functional>
@@ -78,11 +78,11 @@
 #include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
-#include "engine/spec/budget.h"
-#include "engine/spec/drafter.h"
-#include "engine/spec/verifier.h"
+#include "engine/speculative/budget.h"
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/verifier.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct ModelDrafterOptions {
   int num_blocks = 256;  // drafter KV blocks, >= 1
@@ -155,7 +155,7 @@ class ModelDrafter : public Drafter {
   // context_length - 1.
   int64_t Lag(int64_t seq_id, int64_t context_length) const;
   int64_t skipped_tokens() const { return skipped_tokens_; }  // never fed (catch_up_window)
-  int64_t evictions() const { return evictions_; }  // live sequences evicted for room
+  int64_t evictions() const { return evictions_; }            // live sequences evicted for room
   // Blocks held by retired entries (reusable; dropped before anything is evicted).
   int reusable_blocks() const;
   // Context tokens whose KV a new sequence adopted from a retired entry instead of computing.
@@ -234,6 +234,6 @@ class ModelDrafter : public Drafter {
   std::vector<double> weights_;  // workspace
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_MODEL_DRAFTER_H_

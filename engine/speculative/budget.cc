@@ -1,4 +1,4 @@
-#include "engine/spec/budget.h"
+#include "engine/speculative/budget.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // --- Estimators -----------------------------------------------------------------------------
 
@@ -658,4 +658,4 @@ bool DraftingRateCheck::DraftingPays(int decoding) const {
   return b >= buckets_.size() || !buckets_[b].vetoing;
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,5 +1,5 @@
-#ifndef DEEPINFER_ENGINE_SPEC_MODE_SELECTOR_H_
-#define DEEPINFER_ENGINE_SPEC_MODE_SELECTOR_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_MODE_SELECTOR_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_MODE_SELECTOR_H_
 
 #include <cstdint>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // Measured selection of how the adaptive engine drafts: the per-step plan (budget.h) against
 // fixed draft lengths and no drafting at all.
@@ -380,12 +380,12 @@ class DraftModeSelector {
     double trial_run_tokens = 0.0;  // >= 0, finite
     // Runs of trial_run_steps only in buckets of at most this many decoding sequences (single
     // steps above); 0: every bucket. See "Runs only where steps are cheap" above.
-    int trial_run_max_decoding = 4;           // >= 0 (0 until issue 12, session 24)
-    double freeze_below = 0.99;               // in [0, 1]: frozen buckets (above); 0: none
-    int freeze_epochs = 512;                  // >= 1: their revisits' gap, in epochs of the bucket
-    double explore_cost = 0.002;              // > 0: five losers cost about 1% of a long run
-    int min_gap_epochs = 4;                   // >= 1
-    int max_gap_epochs = 128;                 // >= min_gap_epochs
+    int trial_run_max_decoding = 4;  // >= 0 (0 until issue 12, session 24)
+    double freeze_below = 0.99;      // in [0, 1]: frozen buckets (above); 0: none
+    int freeze_epochs = 512;         // >= 1: their revisits' gap, in epochs of the bucket
+    double explore_cost = 0.002;     // > 0: five losers cost about 1% of a long run
+    int min_gap_epochs = 4;          // >= 1
+    int max_gap_epochs = 128;        // >= min_gap_epochs
     // A loser compared fewer times than this is revisited after min_gap_epochs whatever its
     // deficit, and a challenger takes over only once compared this many times: one pair of
     // epochs is too noisy to set a long gap on, or to hand the bucket to.
@@ -604,6 +604,6 @@ class DraftModeSelector {
   int64_t held_steps_ = 0;
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_MODE_SELECTOR_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_MODE_SELECTOR_H_

@@ -42,8 +42,8 @@
 //
 // Thread-safety: none of these classes is thread-safe; CostTable is immutable after creation and
 // may be read from any thread.
-#ifndef DEEPINFER_ENGINE_SPEC_BUDGET_H_
-#define DEEPINFER_ENGINE_SPEC_BUDGET_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_BUDGET_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_BUDGET_H_
 
 #include <array>
 #include <cstdint>
@@ -55,7 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // --- Survival estimators --------------------------------------------------------------------
 
@@ -412,6 +412,6 @@ class ConfidenceStop {
 // with none cost nothing).
 double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int length);
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_BUDGET_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_BUDGET_H_

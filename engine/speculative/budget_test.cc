@@ -1,4 +1,4 @@
-#include "engine/spec/budget.h"
+#include "engine/speculative/budget.h"
 
 #include <cmath>
 #include <limits>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 CostTable Table(const std::vector<std::pair<int, double>>& points, int requests = 1) {
@@ -684,9 +684,9 @@ TEST(SurvivalTest, DraftCalibrationIsMonotoneAndTracksTheTruth) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 TEST(DraftingRateCheckTest, BucketsArePowersOfTwo) {
@@ -740,9 +740,9 @@ TEST(DraftingRateCheckTest, VetoesMeasuredSlowerDraftingUntilItFades) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 // The confidence stop: position 0 always, then while the product of calibrated conditionals
@@ -784,27 +784,59 @@ TEST(CostProfileShapesTest, RowsHoldPowersOfTwoAndThePassEdges) {
   using Shapes = std::vector<std::pair<int, int>>;
   auto all = [](int, int) { return true; };
   // No passes to see (a GPU, or one row a pass): 1, 2, 4, 8 and 9 tokens per request.
-  EXPECT_EQ(CostProfileShapes(8, 32, 1, 24, 32, all),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {8, 1}, {9, 1}, {8, 8}, {16, 8}, {32, 8}, {64, 8},
-                    {72, 8}, {32, 32}, {64, 32}, {128, 32}, {256, 32}, {288, 32}}));
+  EXPECT_EQ(CostProfileShapes(8, 32, 1, 24, 32, all), (Shapes{{1, 1},
+                                                              {2, 1},
+                                                              {4, 1},
+                                                              {8, 1},
+                                                              {9, 1},
+                                                              {8, 8},
+                                                              {16, 8},
+                                                              {32, 8},
+                                                              {64, 8},
+                                                              {72, 8},
+                                                              {32, 32},
+                                                              {64, 32},
+                                                              {128, 32},
+                                                              {256, 32},
+                                                              {288, 32}}));
   // Passes of 4 rows, at most 6 edges a row: one request adds 5 tokens (4, 8 and 9 are powers of
   // two or k + 1 already); 8 requests add 9, 12, 13 and 17. At most 8 requests: no third row.
-  EXPECT_EQ(CostProfileShapes(8, 8, 4, 6, 32, all),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {9, 8}, {12, 8},
-                    {13, 8}, {16, 8}, {17, 8}, {32, 8}, {64, 8}, {72, 8}}));
+  EXPECT_EQ(CostProfileShapes(8, 8, 4, 6, 32, all), (Shapes{{1, 1},
+                                                            {2, 1},
+                                                            {4, 1},
+                                                            {5, 1},
+                                                            {8, 1},
+                                                            {9, 1},
+                                                            {8, 8},
+                                                            {9, 8},
+                                                            {12, 8},
+                                                            {13, 8},
+                                                            {16, 8},
+                                                            {17, 8},
+                                                            {32, 8},
+                                                            {64, 8},
+                                                            {72, 8}}));
   // Passes of 16 from 32 requests: the edges start at the row's fewest tokens (32), not at 16.
   const Shapes amx = CostProfileShapes(2, 32, 16, 4, 32, all);
   EXPECT_EQ(Shapes(amx.end() - 6, amx.end()),
             (Shapes{{32, 32}, {33, 32}, {48, 32}, {49, 32}, {64, 32}, {96, 32}}));
   // Edges only in the rows of at most edge_requests requests (here the one-request row's 5).
-  EXPECT_EQ(CostProfileShapes(8, 8, 4, 24, 1, all),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {16, 8}, {32, 8},
-                    {64, 8}, {72, 8}}));
+  EXPECT_EQ(CostProfileShapes(8, 8, 4, 24, 1, all), (Shapes{{1, 1},
+                                                            {2, 1},
+                                                            {4, 1},
+                                                            {5, 1},
+                                                            {8, 1},
+                                                            {9, 1},
+                                                            {8, 8},
+                                                            {16, 8},
+                                                            {32, 8},
+                                                            {64, 8},
+                                                            {72, 8}}));
   // A row ends at its first shape that does not fit.
-  EXPECT_EQ(CostProfileShapes(8, 8, 4, 24, 32, [](int tokens, int) { return tokens <= 13; }),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {9, 8}, {12, 8},
-                    {13, 8}}));
+  EXPECT_EQ(
+      CostProfileShapes(8, 8, 4, 24, 32, [](int tokens, int) { return tokens <= 13; }),
+      (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {9, 8}, {12, 8}, {13, 8}}));
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
