@@ -92,9 +92,8 @@ struct EngineOptions {
   bool enable_prefix_cache = true;
   bool chunked_prefill = true;
   // Prepare step N+1 on the scheduler thread while step N runs on the executor thread. Worth it
-  // with a CPU for each; on one (a pinned process) the two threads only take turns: a
-  // no-speculation decode node measured 6-8% slower with it (issue 12, session 12, A/B in the same
-  // rounds), so workers turn it off there (--overlap).
+  // with a CPU for each; on one (a pinned process) the two threads only take turns and it is
+  // slower, so workers turn it off there (--overlap).
   bool overlap = true;
   uint64_t hash_seed = 0;
   std::vector<int32_t> eos_token_ids;

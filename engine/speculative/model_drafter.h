@@ -35,12 +35,9 @@
 // The window applies only while at least `catch_up_window_min_sequences` sequences decode (the
 // engine says how many with set_decoding before each call); with fewer, every token is fed: a
 // lone request's prompt then costs the draft model a short prefill, and its drafts see the whole
-// conversation. Measured (issue 12, session 41; demo pair, one request at a time, a CPU with AMX):
-// an adaptive node drafting 4 tokens with the window emitted 2.43 tokens a step where a fixed-4
-// node feeding everything emitted 2.81 (1.135 against 1.219 tokens/ms). At many sequences the
-// window pays: each catch-up is a prefill for a few steps of drafting, and every later round
-// attends to the whole conversation (at 17-32 sequences 4.28 ms a k = 1 round without it, 1.46
-// with it; session 35).
+// conversation. At many sequences the window pays: each catch-up is a prefill for a few steps of
+// drafting, and every later round attends to the whole conversation (figures in
+// docs/speculative-decoding.md).
 //
 // Drafts. With temperature 0 a draft token is the arg-max of the draft logits (lowest id on
 // ties) and `probs` stays empty: the verifier treats it as a point mass, which keeps rejection
