@@ -41,16 +41,17 @@ absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentE
 
 absl::Status ValidateOptions(const SpecOptions& so) {
   if (so.drafter != "ngram" && so.drafter != "draft_model") {
-    return Invalid(absl::StrCat("speculative.drafter: expected \"ngram\" or \"draft_model\", got \"",
-                                so.drafter, "\""));
+    return Invalid(absl::StrCat(
+        "speculative.drafter: expected \"ngram\" or \"draft_model\", got \"", so.drafter, "\""));
   }
   if (so.num_speculative_tokens < 1 || so.num_speculative_tokens > 64) {
     return Invalid(absl::StrCat("speculative.num_speculative_tokens: expected [1, 64], got ",
                                 so.num_speculative_tokens));
   }
   if (so.select_max_length < 0 || so.select_max_length > so.num_speculative_tokens) {
-    return Invalid(absl::StrCat("speculative.select_max_length: expected [0, num_speculative_tokens = ",
-                                so.num_speculative_tokens, "], got ", so.select_max_length));
+    return Invalid(
+        absl::StrCat("speculative.select_max_length: expected [0, num_speculative_tokens = ",
+                     so.num_speculative_tokens, "], got ", so.select_max_length));
   }
   if (so.adaptive && so.profile_runs < 5) {
     return Invalid(absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
@@ -114,8 +115,7 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> LoadDraftModel(const SpecOptions& 
 
 }  // namespace
 
-SpeculativeController::SpeculativeController(const SpecOptions& options,
-                                             const EngineLimits& limits)
+SpeculativeController::SpeculativeController(const SpecOptions& options, const EngineLimits& limits)
     : options_(options), limits_(limits) {}
 
 SpeculativeController::~SpeculativeController() = default;
@@ -139,7 +139,8 @@ absl::Status SpeculativeController::Init(const ProfileStepFn& profile_step,
     model_drafter_ = loaded.get();
     drafter_ = std::move(loaded);
   } else {
-    absl::StatusOr<std::unique_ptr<NgramDrafter>> ngram = NgramDrafter::Create({so.min_n, so.max_n});
+    absl::StatusOr<std::unique_ptr<NgramDrafter>> ngram =
+        NgramDrafter::Create({so.min_n, so.max_n});
     if (!ngram.ok()) return Invalid(absl::StrCat("speculative: ", ngram.status().message()));
     drafter_ = std::move(*ngram);
   }
@@ -171,9 +172,9 @@ absl::Status SpeculativeController::InitAdaptive(const ProfileStepFn& profile_st
                  cost_->DebugString());
   } else {
     spdlog::info("speculative: adaptive verification with cost table {}{}",
-                 cost_context_ > 0 ? absl::StrCat("(profiled at ", cost_context_,
-                                                  " cached tokens) ")
-                                   : std::string(),
+                 cost_context_ > 0
+                     ? absl::StrCat("(profiled at ", cost_context_, " cached tokens) ")
+                     : std::string(),
                  cost_->DebugString());
   }
   if (model_drafter_ != nullptr) ProfileDraftCost();
@@ -194,7 +195,8 @@ void SpeculativeController::ProfileDraftCost() {
     const int most = std::min(limits_.max_running, 256);
     for (int n = 1; n < most; n *= 2) sizes.push_back(n);
     sizes.push_back(most);
-    absl::StatusOr<CostTable> draft = model_drafter_->ProfileRoundCost(sizes, options_.profile_runs);
+    absl::StatusOr<CostTable> draft =
+        model_drafter_->ProfileRoundCost(sizes, options_.profile_runs);
     if (draft.ok()) {
       draft_cost_ = std::make_unique<CostTable>(*std::move(draft));
     } else {
@@ -239,10 +241,10 @@ absl::Status SpeculativeController::ProfileCost(const ProfileStepFn& profile_ste
   // SpecOptions::profile_context, less where the model's positions or the KV cache would not hold
   // the largest row (up to 32 requests) at k + 1 tokens a request; at least 1.
   const int64_t widest = std::min(32, limits_.max_running);
-  const int64_t context = std::max<int64_t>(
-      1, std::min({static_cast<int64_t>(options_.profile_context),
-                   limits_.max_position_embeddings - (k + 1),
-                   (limits_.num_blocks / widest) * bs - (k + 1)}));
+  const int64_t context =
+      std::max<int64_t>(1, std::min({static_cast<int64_t>(options_.profile_context),
+                                     limits_.max_position_embeddings - (k + 1),
+                                     (limits_.num_blocks / widest) * bs - (k + 1)}));
   cost_context_ = context;
   // The CPU's projections multiply several tokens per pass over the weights: the one-request row
   // also measures the edges where one token more starts a pass (CostProfileShapes). A GPU
@@ -251,7 +253,7 @@ absl::Status SpeculativeController::ProfileCost(const ProfileStepFn& profile_ste
   const int rows_per_pass = limits_.rows_per_pass;
   const int edge_requests = options_.profile_edge_requests > 0 ? options_.profile_edge_requests
                             : rows_per_pass >= SpecOptions::kAutoEdgeRowsPerPass ? 8
-                                                                                  : 1;
+                                                                                 : 1;
   const std::vector<std::pair<int, int>> shapes = CostProfileShapes(
       k, limits_.max_running, rows_per_pass, kEdgeShapes, edge_requests,
       [&](int tokens, int requests) {
@@ -265,8 +267,7 @@ absl::Status SpeculativeController::ProfileCost(const ProfileStepFn& profile_ste
   }
   auto run_step = [&](int tokens, int requests) { return profile_step(tokens, requests, context); };
   // ProfileCostTable warms each shape (buffers, rope tables, caches) before measuring it.
-  DI_ASSIGN_OR_RETURN(CostTable table,
-                      ProfileCostTable(run_step, shapes, options_.profile_runs));
+  DI_ASSIGN_OR_RETURN(CostTable table, ProfileCostTable(run_step, shapes, options_.profile_runs));
   cost_ = std::make_unique<CostTable>(std::move(table));
   return absl::OkStatus();
 }
@@ -290,8 +291,8 @@ StepShape SpeculativeController::SyncStepShape(int sampling_requests, int step_t
   return shape;
 }
 
-StepPlan SpeculativeController::Plan(const std::vector<DecodeView>& decodes,
-                                     int64_t prefill_tokens, int prefills) {
+StepPlan SpeculativeController::Plan(const std::vector<DecodeView>& decodes, int64_t prefill_tokens,
+                                     int prefills) {
   StepPlan plan;
   if (decodes.empty()) return plan;
   const SpecOptions& so = options_;
@@ -583,7 +584,8 @@ void SpeculativeController::RunDrafter(const std::vector<DecodeView>& decodes,
   // caught up on a whole new prompt: a one-off prefill the per-round profile does not describe.
   int64_t steady_tokens = 0;
   for (const DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
-  const int64_t fed = model_drafter_ != nullptr ? model_drafter_->computed_tokens() - fed_before : 0;
+  const int64_t fed =
+      model_drafter_ != nullptr ? model_drafter_->computed_tokens() - fed_before : 0;
   const bool caught_up = fed > steady_tokens;
   if (caught_up) {
     // The catch-up's share of the drafting time, by tokens fed (the selector's catch-up charge).
@@ -619,8 +621,8 @@ void SpeculativeController::RunDrafter(const std::vector<DecodeView>& decodes,
 }
 
 void SpeculativeController::BudgetVerification(const std::vector<DecodeView>& decodes,
-                                               StepShape shape, double draft_predicted,
-                                               bool probe, std::vector<int>* verify_len,
+                                               StepShape shape, double draft_predicted, bool probe,
+                                               std::vector<int>* verify_len,
                                                const std::vector<DraftProposal>& drafts) const {
   // The budget comes from earlier steps' acceptance estimates (keyed by match length and
   // position), never from the drafted tokens themselves: lossless (budget.h). The drafting just
@@ -649,9 +651,8 @@ void SpeculativeController::BudgetVerification(const std::vector<DecodeView>& de
 }
 
 void SpeculativeController::Draft(const std::vector<DecodeView>& decodes, int64_t spare,
-                                  int step_tokens, int step_requests, bool probe,
-                                  int fixed_length, StepRecord* record,
-                                  std::vector<DraftProposal>* drafts) {
+                                  int step_tokens, int step_requests, bool probe, int fixed_length,
+                                  StepRecord* record, std::vector<DraftProposal>* drafts) {
   const SpecOptions& so = options_;
   // A fixed-length mode of the selector drafts and verifies like the non-adaptive engine.
   const int k = fixed_length > 0 ? std::min(fixed_length, so.num_speculative_tokens)
@@ -738,8 +739,8 @@ void SpeculativeController::OnStepProcessed(const StepRecord& record, const Step
   const double table = cost_->StepSeconds(static_cast<double>(outcome.tokens), outcome.requests);
   double& ema = record.overlapped ? overlap_overhead_ema_ : overhead_ema_;
   bool& have = record.overlapped ? have_overlap_overhead_ : have_overhead_;
-  const double predicted = forward_fit_.Predict(table, outcome.requests) +
-                           record.draft_predicted + (have ? std::max(0.0, ema) : 0.0);
+  const double predicted = forward_fit_.Predict(table, outcome.requests) + record.draft_predicted +
+                           (have ? std::max(0.0, ema) : 0.0);
   // Contention and contexts longer than the profile's make forward passes slower than the
   // table: by a factor, per sequence and per step (ForwardCostFit).
   forward_fit_.Observe(table, outcome.requests, outcome.forward_seconds);
@@ -775,8 +776,8 @@ void SpeculativeController::ObserveSelector(const StepRecord& record, double emi
   const int length = selector_->length(record.mode);
   double seconds = measured;
   if (length == 0) seconds = std::max(measured - record.upkeep_seconds, 0.1 * measured);
-  selector_->Observe(record.mode_decoding, record.mode, record.SelectorMeasured(), emitted,
-                     seconds, record.catch_up_seconds);
+  selector_->Observe(record.mode_decoding, record.mode, record.SelectorMeasured(), emitted, seconds,
+                     record.catch_up_seconds);
   if (length == DraftModeSelector::kPlan) {
     ++stats_.spec_select_plan_steps;
   } else if (length > 0) {
@@ -812,15 +813,14 @@ void SpeculativeController::LogSelectorEpoch() {
     spdlog::info(
         "speculative: measured modes (tokens/s by decoding sequences) {}; draft model upkeep {} "
         "tokens in {:.2f} s; {} steps held in a frozen bucket's mode",
-        selector_->DebugString(), stats_.spec_draft_upkeep_tokens,
-        stats_.spec_draft_upkeep_seconds, selector_->held_steps());
+        selector_->DebugString(), stats_.spec_draft_upkeep_tokens, stats_.spec_draft_upkeep_seconds,
+        selector_->held_steps());
   }
 }
 
 TraceFigures SpeculativeController::Trace(const StepRecord& record) const {
   TraceFigures t;
-  t.mode_length =
-      selector_.has_value() && record.mode >= 0 ? selector_->length(record.mode) : -2;
+  t.mode_length = selector_.has_value() && record.mode >= 0 ? selector_->length(record.mode) : -2;
   t.fit_scale = forward_fit_.Scale();
   t.fit_offset_seconds = forward_fit_.offset();
   t.fit_per_request_seconds = forward_fit_.per_request();

@@ -50,7 +50,8 @@ CostTable LinearCostTable(double base, double slope) {
   std::vector<CostTable::Sample> samples;
   for (int requests : {1, 8}) {
     for (int tokens : {1, 64}) {
-      for (int run = 0; run < 5; ++run) samples.push_back({tokens, requests, base + slope * tokens});
+      for (int run = 0; run < 5; ++run)
+        samples.push_back({tokens, requests, base + slope * tokens});
     }
   }
   return CostTable::FromSamples(samples).value();
@@ -121,8 +122,8 @@ TEST(SpeculativeControllerTest, FixedDraftsAreCappedByRoomAndBudget) {
   EXPECT_EQ(drafts[0].tokens.size(), 4u);
   EXPECT_EQ(drafts[1].tokens, (std::vector<int32_t>{5}));
   // Prompt tokens beside the decodes take their share first: 7 - 2 - 4 = 1 draft token.
-  m.controller->PrepareStep(plan, decodes, true, /*prefill_tokens=*/4, 1, 7, Clock::now(),
-                            &record, &drafts);
+  m.controller->PrepareStep(plan, decodes, true, /*prefill_tokens=*/4, 1, 7, Clock::now(), &record,
+                            &drafts);
   EXPECT_EQ(drafts[0].tokens.size(), 1u);
   EXPECT_TRUE(drafts[1].tokens.empty());
 
