@@ -19,24 +19,22 @@
 //   blocks: their full-attention layers read every key; their sliding layers share the table.)
 // - Abort at any point frees every block the request held (after the step that may be using
 //   them has finished).
-// - Speculative decoding (EngineOptions::speculative, off by default): a decoding sequence's
-//   drafter (engine/speculative) proposes up to k tokens; the step feeds the last accepted token
-//   plus the k' drafts it verifies and gets logits for all 1 + k' positions; the verifier (greedy,
-//   or rejection sampling: lossless) emits 1..k'+1 tokens. The KV of rejected positions is rolled
-//   back (the sequence's length returns to the accepted count and blocks needed only by
-//   rejected positions are freed); only blocks whose tokens are all accepted are published to
-//   the prefix cache. EOS, stop token ids, max_tokens and stop strings apply per emitted token.
-//   Overlap with speculation: a step that verifies drafts runs synchronously (the next step's
-//   positions depend on how many drafts it accepts, and drafting needs every sequence's latest
-//   token). Before scheduling a step the engine decides, from earlier steps only (the adaptive
-//   planner's inputs: cost tables, overhead estimates, acceptance estimates, the probe counter;
-//   without `adaptive`: always), whether it may draft. If it may, the step in flight is waited
+// - Speculative decoding (EngineOptions::speculative, off by default; engine/speculative, driven
+//   through speculative::SpeculativeController): a decoding sequence's drafter proposes up to k
+//   tokens; the step feeds the last accepted token plus the k' drafts it verifies and gets logits
+//   for all 1 + k' positions; the verifier (greedy, or rejection sampling: lossless) emits 1..k'+1
+//   tokens. The KV of rejected positions is rolled back (the sequence's length returns to the
+//   accepted count and blocks needed only by rejected positions are freed); only blocks whose
+//   tokens are all accepted are published to the prefix cache. EOS, stop token ids, max_tokens and
+//   stop strings apply per emitted token. Overlap with speculation: a step that verifies drafts
+//   runs synchronously (the next step's positions depend on how many drafts it accepts, and
+//   drafting needs every sequence's latest token). Before scheduling a step the controller decides
+//   (Plan), from earlier steps only, whether it may draft. If it may, the step in flight is waited
 //   for and processed first; if not (adaptive draft length 0 / verification budget 0, and not a
 //   probe), the step is scheduled while the previous one runs, exactly as without speculation.
-//   Drafts share the step's token budget with what one token per decode and the running
-//   prefills leave.
-//   Greedy outputs are token-identical to decoding without speculation; sampled outputs have the
-//   same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
+//   Drafts share the step's token budget with what one token per decode and the running prefills
+//   leave. Greedy outputs are token-identical to decoding without speculation; sampled outputs have
+//   the same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
 //   (rejection sampling draws differently; an adaptive budget depends on measured step times).
 //
 // Thread-safety: Submit, Abort and GetStats are thread-safe. Output callbacks run on the engine's
