@@ -191,6 +191,14 @@ class ModelDrafter : public Drafter {
   // ProposeBatch, or with `feed_only` Feed (`out` then stays empty proposals).
   absl::Status Run(absl::Span<const DraftRequest> requests, bool feed_only,
                    std::vector<DraftProposal>* out);
+  // Run's parts: the valid requests as work (their sequences appended to `pinned`; the first
+  // invalid one's error in `*first`); one work item's cache matched to its context and its blocks
+  // reserved (false: nothing to feed, or no room); the forward rounds over the prepared items
+  // (on a forward error their KV is rolled back and the error returned).
+  std::vector<Work> CollectWork(absl::Span<const DraftRequest> requests, bool feed_only,
+                                std::vector<int64_t>* pinned, absl::Status* first);
+  bool PrepareWork(Work* work, bool feed_only, const std::vector<int64_t>& pinned);
+  absl::Status RunRounds(std::vector<Work>* ready, std::vector<DraftProposal>* out);
   // Gives `seq` (no cached tokens) the retired entry sharing the longest prefix (>= one block)
   // with `context`, if any.
   void Adopt(absl::Span<const int32_t> context, SeqCache* seq);
