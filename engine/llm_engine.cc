@@ -9,11 +9,9 @@
 #include "common/status_macros.h"
 #include "engine/block_hash.h"
 #include "engine/chat_template/chat_template.h"
-#include "engine/spec/budget.h"
-#include "engine/spec/drafter.h"
-#include "engine/spec/model_drafter.h"
-#include "engine/spec/ngram_drafter.h"
-#include "engine/spec/verifier.h"
+#include "engine/speculative/controller.h"
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/verifier.h"
 #include "kernels/cpu_features.h"
 #include "kernels/linear_cpu.h"
 #include "spdlog/spdlog.h"
@@ -30,23 +28,6 @@ int64_t Micros(Clock::time_point from, Clock::time_point to) {
 double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
-
-// Adaptive speculative decoding: weight of each step's overhead sample in the running average.
-constexpr double kOverheadWeight = 0.1;
-// ... and the most a sample counts for, as a multiple of the average (or of a floor): a step the
-// OS descheduled for tens of milliseconds then moves it by at most 30% (0.1 x 3), where it made
-// drafting look hundreds of times dearer, and only drafting steps (none, then) would have brought
-// it back. A lasting change (a slower machine) is still followed, a bounded step at a time.
-constexpr double kOutlierFactor = 4.0;
-
-double BoundedEmaStep(double ema, double sample, double floor) {
-  return ema + kOverheadWeight * (std::min(sample, kOutlierFactor * std::max(ema, floor)) - ema);
-}
-// Every this many epochs of the mode selector, its measured rates go to the log.
-constexpr int64_t kSelectorLogEpochs = 64;
-// A draft model drafts a longer draft (or any) only when the plan expects it to beat the best
-// shorter one by this much: a near tie is decided by estimation noise, and drafts are paid for.
-constexpr double kDraftLengthMinGain = 0.03;
 
 }  // namespace
 
@@ -67,16 +48,9 @@ struct LlmEngine::Sequence {
   std::unique_ptr<Sampler> sampler;  // without speculative decoding
   // With speculative decoding: samples and verifies instead of `sampler` (same distribution and
   // penalty history; its own random stream).
-  std::unique_ptr<spec::Verifier> verifier;
-  // Drafts chosen for the step being planned (Draft -> Schedule's plan).
-  std::vector<int32_t> draft;
-  int draft_match = 0;
-  // What its last verified draft did (n-gram survival key; set when a verification lands).
-  spec::DraftHistory draft_history = spec::DraftHistory::kNone;
-  // What its latest step left for the next one's drafts (the selector's carry-over correction).
-  spec::DraftModeSelector::StartState spec_state = spec::DraftModeSelector::kNone;
-  std::vector<float> draft_probs;       // empty (point masses) or draft.size() x vocab
-  std::vector<float> draft_confidence;  // draft model: per token, for DraftCalibration
+  std::unique_ptr<speculative::Verifier> verifier;
+  // Drafts chosen for the step being planned (PrepareSpeculation -> Schedule's plan).
+  speculative::DraftProposal draft;
   OutputCallback on_output;
   int priority = 0;
   uint64_t arrival = 0;
@@ -114,16 +88,14 @@ struct LlmEngine::Planned {
   int64_t start = 0;
   int64_t count = 0;
   bool sample = false;
-  std::vector<int32_t> draft;  // speculative tokens after the one known input token
-  int draft_match = 0;         // the n-gram drafter's match length for them
-  spec::DraftHistory draft_history = spec::DraftHistory::kNone;  // the sequence's, when planned
-  std::vector<float> draft_probs;       // as Sequence::draft_probs, for these drafts
-  std::vector<float> draft_confidence;  // as Sequence::draft_confidence
+  // Speculative tokens after the one known input token (probabilities and confidences trimmed
+  // to them).
+  speculative::DraftProposal draft;
   std::vector<int32_t> table;
   std::vector<int32_t> input;
   std::vector<const float*> embedding_rows;  // per input token, or empty (no image rows)
   SampleResult result;
-  spec::VerifyResult verify;  // with a draft: the emitted tokens instead of `result`
+  speculative::VerifyResult verify;  // with a draft: the emitted tokens instead of `result`
 };
 
 struct LlmEngine::Step {
@@ -132,47 +104,7 @@ struct LlmEngine::Step {
   double forward_seconds = 0.0;
   Clock::time_point done_at;
   bool external = false;  // a token computed elsewhere (remote prefill): not a step of ours
-  // Adaptive speculative decoding: the step's period (from the previous step's Process, or
-  // from Schedule after an idle engine, through its own Process) is compared with its
-  // prediction (cost table + predicted drafting) to learn the per-step overhead.
-  bool spec_timed = false;
-  Clock::time_point spec_start;
-  double spec_draft_predicted = 0.0;
-  double spec_draft_model_seconds = 0.0;  // measured drafting time of a draft model
-  double spec_draft_seconds = 0.0;        // measured drafting time, any drafter
-  // Ran on the executor while the next step was scheduled: then spec_start is where its period
-  // began (the previous step's processing end) and its overhead feeds the overlap estimate.
-  bool spec_overlapped = false;
-  // For the measured check (spec::DraftingRateCheck): decoding sequences when planned, and
-  // whether the plan drafted (1), did not (0) or the step is not compared (-1: a probe).
-  int spec_decoding = 0;
-  int spec_drafting = -1;
-  // Draft model, adaptive, not a probe: the plan's draft length was 1 (0) or >= 2 (1); else -1.
-  int spec_long_draft = -1;
-  // The mode selector's mode for the step (-1: none), whether it is measured, and the decoding
-  // sequences when it was planned.
-  int spec_mode = -1;
-  bool spec_mode_measured = false;
-  // The draft model caught up on a whole prompt in this step (a new request, or one whose draft
-  // KV was evicted): a cost every drafting mode and the upkeep pay once per request, left out of
-  // the selector's comparison of modes, where whichever epoch met the arrival paid all of it.
-  bool spec_prompt_catch_up = false;
-  // The step also computes prompt tokens (a prefill chunk beside the decodes: a node that
-  // prefills locally, a recompute after preemption). Its period is mostly the prompt's, and
-  // whichever mode's step met it would pay for it in the selector's comparison (a trial's early
-  // stop cuts short a challenger that met one, not an incumbent): left out as well.
-  bool spec_prompt_tokens = false;
-  // Time this step spent feeding a draft model while drafting nothing (UpkeepDrafter).
-  double spec_upkeep_seconds = 0.0;
-  // Of the drafting and upkeep time, what the draft model spent catching up beyond a steady
-  // round (the selector's catch-up charge).
-  double spec_catch_up_seconds = 0.0;
-  // Whether the selector counts this step (a measured step of its mode, no prompt catch-up, no
-  // prompt tokens).
-  bool SelectorMeasured() const {
-    return spec_mode_measured && !spec_prompt_catch_up && !spec_prompt_tokens;
-  }
-  int spec_mode_decoding = 0;
+  speculative::StepRecord spec;  // speculative decoding's record of the step
 };
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
@@ -194,175 +126,26 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
   if (options.backend != nullptr) {
     DI_RETURN_IF_ERROR(CheckSameKvGeometry(options.backend->kv_config(), kv, "backend"));
   }
-  const SpecOptions& so = options.speculative;
-  std::unique_ptr<spec::Drafter> drafter;
-  spec::ModelDrafter* model_drafter = nullptr;  // drafter, when it is a draft model
-  if (so.enabled) {
-    if (so.drafter != "ngram" && so.drafter != "draft_model") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculative.drafter: expected \"ngram\" or \"draft_model\", got \"", so.drafter, "\""));
-    }
-    if (so.num_speculative_tokens < 1 || so.num_speculative_tokens > 64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculative.num_speculative_tokens: expected [1, 64], got ", so.num_speculative_tokens));
-    }
-    if (so.select_max_length < 0 || so.select_max_length > so.num_speculative_tokens) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculative.select_max_length: expected [0, num_speculative_tokens = ",
-                       so.num_speculative_tokens, "], got ", so.select_max_length));
-    }
-    if (so.adaptive && so.profile_runs < 5) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculative.profile_runs: expected >= 5, got ", so.profile_runs));
-    }
-    if (so.adaptive && so.profile_edge_requests < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculative.profile_edge_requests: expected >= 0, got ", so.profile_edge_requests));
-    }
-    if (so.adaptive && so.profile_context < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculative.profile_context: expected >= 1, got ", so.profile_context));
-    }
-    if (so.probe_interval < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculative.probe_interval: expected >= 0, got ", so.probe_interval));
-    }
-    if (!(so.draft_stop_extend >= 0.0 && so.draft_stop_extend < 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "speculative.draft_stop_extend: expected [0, 1), got ", so.draft_stop_extend));
-    }
-    if (so.draft_stop_extend_min_decoding < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("speculative.draft_stop_extend_min_decoding: expected >= 1, got ",
-                       so.draft_stop_extend_min_decoding));
-    }
-    if (so.drafter == "draft_model") {
-      if (so.draft_model_path.empty()) {
-        return absl::InvalidArgumentError(
-            "speculative.draft_model_path: required with drafter \"draft_model\"");
-      }
-      if (so.draft_num_blocks < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "speculative.draft_num_blocks: expected >= 0 (0: the target's num_blocks), got ",
-            so.draft_num_blocks));
-      }
-      spec::ModelDrafterOptions mo;
-      mo.num_blocks = so.draft_num_blocks > 0 ? so.draft_num_blocks : options.num_blocks;
-      mo.block_size = options.block_size;
-      mo.seed = options.hash_seed ^ 0x5eedd4a7ULL;
-      mo.max_catch_up = std::max(so.draft_catch_up_tokens, 0);
-      if (so.draft_catch_up_window < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "speculative.draft_catch_up_window: expected >= 0 (0: feed every token), got ",
-            so.draft_catch_up_window));
-      }
-      mo.catch_up_window = so.draft_catch_up_window;
-      mo.catch_up_window_min_sequences = so.draft_catch_up_window_min_sequences;
-      absl::StatusOr<std::unique_ptr<spec::ModelDrafter>> loaded = spec::ModelDrafter::Load(
-          so.draft_model_path, model->config().vocab_size, mo, ModelOptions{so.draft_threads});
-      if (!loaded.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "speculative.draft_model_path: \"", so.draft_model_path,
-            "\": ", absl::StripPrefix(loaded.status().message(), "speculative.draft_model: ")));
-      }
-      model_drafter = loaded->get();
-      drafter = std::move(*loaded);
-    } else {
-      absl::StatusOr<std::unique_ptr<spec::NgramDrafter>> ngram =
-          spec::NgramDrafter::Create({so.min_n, so.max_n});
-      if (!ngram.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("speculative: ", ngram.status().message()));
-      }
-      drafter = std::move(*ngram);
-    }
-  }
   std::unique_ptr<LlmEngine> engine(new LlmEngine(model, options, std::move(cache)));
-  if (so.enabled) {
-    engine->drafter_ = std::move(drafter);
-    engine->model_drafter_ = model_drafter;
-    engine->survival_ = std::make_unique<spec::NgramSurvivalStats>(
-        /*max_match_length=*/so.max_n,
-        spec::SurvivalOptions{/*max_positions=*/so.num_speculative_tokens});
-    if (so.drafter == "draft_model") {
-      spec::CalibrationOptions co;
-      co.positions.max_positions = so.num_speculative_tokens;
-      engine->calibration_ = std::make_unique<spec::DraftCalibration>(co);
-      if (so.draft_model_history) {
-        engine->calibration_accepted_ = std::make_unique<spec::DraftCalibration>(co);
-      }
-    }
-    if (so.adaptive) {
-      absl::Status profiled = absl::OkStatus();
-      if (so.cost_table != nullptr) {
-        engine->cost_ = std::make_unique<spec::CostTable>(*so.cost_table);
-      } else {
-        profiled = engine->ProfileCost();
-      }
-      if (!profiled.ok()) {
-        spdlog::warn("speculative: no cost table ({}); verifying every draft token",
-                     profiled.ToString());
-        engine->cost_.reset();
-      } else if (engine->cost_->IsFlat()) {
-        spdlog::warn("speculative: cost table is flat ({}); verifying every draft token",
-                     engine->cost_->DebugString());
-      } else {
-        spdlog::info("speculative: adaptive verification with cost table {}{}",
-                     engine->cost_context_ > 0
-                         ? absl::StrCat("(profiled at ", engine->cost_context_, " cached tokens) ")
-                         : std::string(),
-                     engine->cost_->DebugString());
-      }
-      if (model_drafter != nullptr) {
-        // The draft model's cost per round, for choosing the draft length (one pass of n
-        // sequences x 1 token, n up to the running batch).
-        if (so.draft_cost_table != nullptr) {
-          engine->draft_cost_ = std::make_unique<spec::CostTable>(*so.draft_cost_table);
-        } else {
-          std::vector<int> sizes;
-          const int most = std::min(options.max_running, 256);
-          for (int n = 1; n < most; n *= 2) sizes.push_back(n);
-          sizes.push_back(most);
-          absl::StatusOr<spec::CostTable> draft =
-              model_drafter->ProfileRoundCost(sizes, so.profile_runs);
-          if (draft.ok()) {
-            engine->draft_cost_ = std::make_unique<spec::CostTable>(*std::move(draft));
-          } else {
-            spdlog::warn("speculative: draft model not profiled ({}); drafting counted as free",
-                         draft.status().ToString());
-          }
-        }
-        if (engine->draft_cost_ != nullptr) {
-          spdlog::info("speculative: draft model round cost {}",
-                       engine->draft_cost_->DebugString());
-        }
-      }
-      const bool active = engine->cost_ != nullptr && !engine->cost_->IsFlat();
-      std::vector<int> lengths;  // the selector's fixed draft lengths, ascending
-      if (active && so.select_mode) {
-        // The plan first, then none, then fixed lengths 1, 2, 4, ... up to select_max_length
-        // (default k; the order in which a new bucket tries them), with the length whose one
-        // sequence fills a pass of the projections (SpecOptions::select_max_length).
-        const int longest =
-            so.select_max_length > 0 ? so.select_max_length : so.num_speculative_tokens;
-        for (int l = 1; l < longest; l *= 2) lengths.push_back(l);
-        lengths.push_back(longest);
-        const int fill_pass = engine->RowsPerPass() - 1;
-        if (fill_pass > 1 && fill_pass < longest &&
-            std::find(lengths.begin(), lengths.end(), fill_pass) == lengths.end()) {
-          lengths.insert(std::upper_bound(lengths.begin(), lengths.end(), fill_pass), fill_pass);
-        }
-        std::vector<int> modes = {spec::DraftModeSelector::kPlan, 0};
-        modes.insert(modes.end(), lengths.begin(), lengths.end());
-        absl::StatusOr<spec::DraftModeSelector> selector =
-            spec::DraftModeSelector::Create(std::move(modes), so.select_options);
-        if (!selector.ok()) return selector.status();
-        engine->selector_.emplace(*std::move(selector));
-      }
-      std::lock_guard<std::mutex> lock(engine->mu_);
-      engine->stats_.spec_adaptive_active = active;
-      engine->stats_.spec_cost_context = engine->cost_context_;
-      engine->stats_.spec_select_lengths = std::move(lengths);
-    }
+  if (options.speculative.enabled) {
+    speculative::EngineLimits limits;
+    limits.vocab_size = model->config().vocab_size;
+    limits.num_blocks = options.num_blocks;
+    limits.block_size = options.block_size;
+    limits.max_batch_tokens = options.max_batch_tokens;
+    limits.max_running = options.max_running;
+    limits.max_position_embeddings = model->config().max_position_embeddings;
+    limits.hash_seed = options.hash_seed;
+    limits.rows_per_pass = engine->RowsPerPass();
+    LlmEngine* e = engine.get();
+    DI_ASSIGN_OR_RETURN(engine->controller_,
+                        speculative::SpeculativeController::Create(
+                            options.speculative, limits,
+                            [e](int tokens, int requests, int64_t context) {
+                              return e->ProfileStep(tokens, requests, context);
+                            }));
+    std::lock_guard<std::mutex> lock(engine->mu_);
+    engine->ExportSpecStats();
   }
   return engine;
 }
@@ -380,73 +163,40 @@ int LlmEngine::RowsPerPass() const {
              : kernels::LinearRowsPerPass(model_->activation_dtype(), kernels::BestCpuIsa());
 }
 
-absl::Status LlmEngine::ProfileCost() {
-  // Decode-like steps: `requests` sequences with a context of `context` tokens each feed
-  // tokens / requests new tokens with logits for all of them, into scratch blocks (no sequence
-  // holds any block yet, and whatever is written is overwritten before anyone reads it).
-  const int k = options_.speculative.num_speculative_tokens;
+absl::StatusOr<double> LlmEngine::ProfileStep(int tokens, int requests, int64_t context) {
+  // Scratch blocks: no sequence holds any block yet (Create runs before Start), and whatever is
+  // written is overwritten before anyone reads it.
   const int bs = options_.block_size;
-  // SpecOptions::profile_context, less where the model's positions or the KV cache would not hold
-  // the largest row (up to 32 requests) at k + 1 tokens a request; at least 1.
-  const int64_t widest = std::min(32, options_.max_running);
-  const int64_t context = std::max<int64_t>(
-      1, std::min({static_cast<int64_t>(options_.speculative.profile_context),
-                   model_->config().max_position_embeddings - (k + 1),
-                   (options_.num_blocks / widest) * bs - (k + 1)}));
-  cost_context_ = context;
   const int vocab = model_->config().vocab_size;
-  // The CPU's projections multiply several tokens per pass over the weights: the one-request row
-  // also measures the edges where one token more starts a pass (spec::CostProfileShapes: at more
-  // requests the edges' noise drove the plan). A GPU backend's passes are not the CPU's: none.
-  constexpr int kEdgeShapes = 24;
-  const int rows_per_pass = RowsPerPass();
-  const int edge_requests =
-      options_.speculative.profile_edge_requests > 0 ? options_.speculative.profile_edge_requests
-      : rows_per_pass >= SpecOptions::kAutoEdgeRowsPerPass ? 8
-                                                            : 1;
-  const std::vector<std::pair<int, int>> shapes = spec::CostProfileShapes(
-      k, options_.max_running, rows_per_pass, kEdgeShapes, edge_requests,
-      [&](int tokens, int requests) {
-        const int per_request = (tokens + requests - 1) / requests;
-        const int64_t blocks_needed = requests * ((context + per_request + bs - 1) / bs);
-        return tokens <= options_.max_batch_tokens && blocks_needed <= options_.num_blocks;
-      });
-  if (shapes.size() < 2) {
-    return absl::FailedPreconditionError(
-        "speculative: the KV cache or the step budget is too small to profile the step cost");
+  std::vector<SequenceInput> batch(requests);
+  const int64_t per_blocks = (context + (tokens + requests - 1) / requests + bs - 1) / bs;
+  std::vector<int32_t> ids(tokens, 0);
+  for (int i = 0; i < tokens; ++i) ids[i] = (i * 131 + 7) % vocab;
+  std::vector<int32_t> tables(requests * per_blocks);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    tables[i] = static_cast<int32_t>(i % options_.num_blocks);
   }
-  std::vector<int32_t> ids;
-  std::vector<int32_t> tables;
+  int offset = 0;
+  for (int r = 0; r < requests; ++r) {
+    const int n = tokens / requests + (r < tokens % requests ? 1 : 0);
+    batch[r].tokens = ids.data() + offset;
+    batch[r].num_tokens = n;
+    batch[r].start_position = context;
+    batch[r].block_table = tables.data() + r * per_blocks;
+    batch[r].num_blocks = per_blocks;
+    batch[r].all_logits = true;
+    offset += n;
+  }
   std::vector<float> logits;
-  auto run_step = [&](int tokens, int requests) -> absl::StatusOr<double> {
-    std::vector<SequenceInput> batch(requests);
-    const int64_t per_blocks = (context + (tokens + requests - 1) / requests + bs - 1) / bs;
-    ids.assign(tokens, 0);
-    for (int i = 0; i < tokens; ++i) ids[i] = (i * 131 + 7) % vocab;
-    tables.resize(requests * per_blocks);
-    for (size_t i = 0; i < tables.size(); ++i) {
-      tables[i] = static_cast<int32_t>(i % options_.num_blocks);
-    }
-    int offset = 0;
-    for (int r = 0; r < requests; ++r) {
-      const int n = tokens / requests + (r < tokens % requests ? 1 : 0);
-      batch[r].tokens = ids.data() + offset;
-      batch[r].num_tokens = n;
-      batch[r].start_position = context;
-      batch[r].block_table = tables.data() + r * per_blocks;
-      batch[r].num_blocks = per_blocks;
-      batch[r].all_logits = true;
-      offset += n;
-    }
-    const auto t0 = Clock::now();
-    DI_RETURN_IF_ERROR(RunForward(batch, &logits));
-    return Seconds(t0, Clock::now());
-  };
-  // ProfileCostTable warms each shape (buffers, rope tables, caches) before measuring it.
-  DI_ASSIGN_OR_RETURN(spec::CostTable table,
-                      spec::ProfileCostTable(run_step, shapes, options_.speculative.profile_runs));
-  cost_ = std::make_unique<spec::CostTable>(std::move(table));
-  return absl::OkStatus();
+  const auto t0 = Clock::now();
+  DI_RETURN_IF_ERROR(RunForward(batch, &logits));
+  return Seconds(t0, Clock::now());
+}
+
+void LlmEngine::ExportSpecStats() {
+  if (controller_ != nullptr) {
+    static_cast<speculative::SpecStats&>(stats_) = controller_->stats();
+  }
 }
 
 LlmEngine::LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr<KvCache> cache)
@@ -632,7 +382,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine::Sequence>> LlmEngine::MakeSequence(
     seq->images = std::move(request.images);
   }
   if (options_.speculative.enabled) {
-    seq->verifier = std::make_unique<spec::Verifier>(request.sampling);
+    seq->verifier = std::make_unique<speculative::Verifier>(request.sampling);
     seq->verifier->AddPromptTokens(seq->tokens.data(), seq->prompt_len);
   } else {
     seq->sampler = std::make_unique<Sampler>(request.sampling);
@@ -878,7 +628,7 @@ void LlmEngine::Finish(Sequence* seq, FinishReason reason, absl::Status status) 
   if (seq->state == Sequence::State::kFinished) return;
   const Sequence::State was = seq->state;
   seq->state = Sequence::State::kFinished;
-  if (drafter_ != nullptr) drafter_->Release(static_cast<int64_t>(seq->id));
+  if (controller_ != nullptr) controller_->Release(static_cast<int64_t>(seq->id));
   const auto now = Clock::now();
   seq->usage.completion_tokens = seq->generated();
   seq->usage.total_us = Micros(seq->arrived, now);
@@ -1013,275 +763,154 @@ void LlmEngine::CommitBlocks(Sequence* seq) {
   }
 }
 
-double LlmEngine::SyncOverheadSeconds() const {
-  // Before any synchronous step was measured, the overlapped steps' overhead (a lower bound:
-  // overlap hides the scheduling) stands in for it; with neither, the pure table.
-  if (have_overhead_) return std::max(0.0, overhead_ema_);
-  if (have_overlap_overhead_) return std::max(0.0, overlap_overhead_ema_);
-  return 0.0;
-}
-
-spec::StepShape LlmEngine::SyncStepShape(int sampling_requests, int step_tokens,
-                                         int step_requests) const {
-  spec::StepShape shape;
-  shape.sampling_requests = sampling_requests;
-  shape.step_tokens = step_tokens;
-  shape.step_requests = step_requests;
-  shape.extra_seconds = SyncOverheadSeconds() + forward_fit_.Offset(step_requests);
-  shape.cost_scale = forward_fit_.Scale();
-  return shape;
-}
-
-LlmEngine::DraftGate LlmEngine::PlanDrafting() {
-  DraftGate gate;
-  if (drafter_ == nullptr) return gate;
-  const SpecOptions& so = options_.speculative;
-  const int k = so.num_speculative_tokens;
-  // The next step's decoding sequences as Schedule will see them once the step in flight (if
-  // any) is processed: one known token to feed, counting the samples in flight.
-  std::vector<const Sequence*> decodes;
-  int64_t prefill_tokens = 0;
-  int prefills = 0;
-  for (const auto& owned : running_) {
-    const Sequence* seq = owned.get();
+void LlmEngine::CollectDecodes(std::vector<Sequence*>* decodes,
+                               std::vector<speculative::DecodeView>* views,
+                               int64_t* prefill_tokens, int* prefills) {
+  *prefill_tokens = 0;
+  *prefills = 0;
+  for (auto& owned : running_) {
+    Sequence* seq = owned.get();
     if (seq->preempt_requested) continue;
     const int64_t avail =
         static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples - seq->scheduled_end;
     if (avail == 1 && seq->verifier != nullptr) {
-      decodes.push_back(seq);
+      decodes->push_back(seq);
+      speculative::DecodeView view;
+      view.seq_id = static_cast<int64_t>(seq->id);
+      view.context = seq->tokens;
+      view.temperature = seq->sampling.temperature;
+      view.room = seq->sampling.max_tokens - seq->generated() - seq->pending_samples - 1;
+      views->push_back(view);
     } else if (avail > 0) {
-      prefill_tokens += avail;
-      ++prefills;
+      *prefill_tokens += avail;
+      ++*prefills;
     }
   }
-  if (decodes.empty()) return gate;
-  const int64_t budget = options_.max_batch_tokens;
-  const int64_t n = static_cast<int64_t>(decodes.size());
-  const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
-  const bool adaptive = so.adaptive && cost_ != nullptr;
-  std::vector<int> caps(decodes.size(), 0);
-  int longest = 0;
-  for (size_t i = 0; i < decodes.size(); ++i) {
-    // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
-    const Sequence* seq = decodes[i];
-    const int64_t room = seq->sampling.max_tokens - seq->generated() - seq->pending_samples - 1;
-    caps[i] = spare > 0 ? static_cast<int>(std::clamp<int64_t>(room, 0, k)) : 0;
-    longest = std::max(longest, caps[i]);
-  }
-  // Probes count steps with decoding sequences; a probe due waits for a step that can draft.
-  // The gap backs off (doubling, up to kMaxProbeBackoff x probe_interval) while the plan keeps
-  // saying "no draft" between probes, and returns to probe_interval once it drafts again: a probe
-  // costs a synchronous step (and a draft model's catch-up), which an unprofitable drafter should
-  // pay ever more rarely.
-  if (adaptive && selector_.has_value()) {
-    // Measured modes (spec::DraftModeSelector): no drafting, a fixed length, or the plan below.
-    const spec::DraftModeSelector::Choice choice = selector_->Choose(static_cast<int>(n));
-    gate.mode = choice.mode;
-    gate.mode_measured = choice.measured;
-    gate.upkeep = choice.upkeep;
-    gate.upkeep_catch_up = choice.catch_up;
-    const int length = selector_->length(choice.mode);
-    if (length != spec::DraftModeSelector::kPlan) {
-      gate.fixed_length = length;
-      gate.may_draft = length > 0 && longest > 0;
-      return gate;
-    }
-  }
-  if (probe_gap_ <= 0) probe_gap_ = so.probe_interval;
-  if (adaptive && so.probe_interval > 0 && ++steps_since_probe_ >= probe_gap_ && longest > 0) {
-    gate.probe = true;
-    steps_since_probe_ = 0;
-    probe_gap_ = planned_draft_since_probe_
-                     ? so.probe_interval
-                     : std::min(probe_gap_ * 2, so.probe_interval * kMaxProbeBackoff);
-    planned_draft_since_probe_ = false;
-  }
-  if (longest == 0) return gate;  // nothing could be drafted or verified
-  gate.may_draft = true;
-  if (!adaptive || gate.probe) return gate;
-  // The planner's decision from earlier steps' estimates (as Draft makes it): drafting runs
-  // synchronously at the measured synchronous overhead; not drafting overlaps, at the measured
-  // overlapped overhead once known.
-  const spec::StepShape shape =
-      SyncStepShape(static_cast<int>(n), static_cast<int>(std::min(n + prefill_tokens, budget)),
-                    static_cast<int>(n) + prefills);
-  double draft_rate = 0.0;  // expected tokens per second of the best plan that drafts
-  bool drafts = true;
-  if (calibration_ != nullptr) {
-    std::vector<std::vector<double>> priors(decodes.size());
-    for (size_t i = 0; i < decodes.size(); ++i) {
-      CalibrationFor(decodes[i]->draft_history)->PositionPrior(caps[i], &priors[i]);
-    }
-    absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
-        shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
-    if (length.ok() && length->adaptive) {
-      drafts = length->length > 0;
-      draft_rate = length->tokens_per_second;
-    }
-  } else {
-    // n-gram drafts: the match length is known only after drafting; the most optimistic row
-    // over match lengths bounds what any draft could be worth (B = 0 there: B = 0 for all).
-    std::vector<spec::VerifyCandidate> candidates(decodes.size());
-    std::vector<double> row;
-    for (size_t i = 0; i < decodes.size(); ++i) {
-      std::vector<double>& best = candidates[i].prior;
-      best.assign(caps[i], 0.0);
-      for (int m = 1; m <= so.max_n; ++m) {
-        survival_->Survival(m, decodes[i]->draft_history, caps[i], &row);
-        for (int j = 0; j < caps[i] && j < static_cast<int>(row.size()); ++j) {
-          best[j] = std::max(best[j], row[j]);
-        }
-      }
-    }
-    absl::StatusOr<spec::VerifyPlan> plan = spec::PlanVerification(shape, candidates, cost_.get());
-    if (plan.ok() && plan->adaptive) {
-      drafts = plan->budget > 0;
-      draft_rate = plan->tokens_per_second;
-    }
-  }
-  if (drafts && have_overlap_overhead_) {
-    const double plain =
-        forward_fit_.Predict(
-            cost_->StepSeconds(static_cast<double>(shape.step_tokens), shape.step_requests),
-            shape.step_requests) +
-        std::max(0.0, overlap_overhead_ema_);
-    if (plain > 0.0 && static_cast<double>(n) / plain >= draft_rate) drafts = false;
-  }
-  // Measured: at this many decoding sequences, the steps the plan drafted in emitted fewer
-  // tokens per second than those it did not (spec::DraftingRateCheck).
-  const bool vetoed = drafts && !rate_check_.DraftingPays(static_cast<int>(n));
-  if (vetoed) drafts = false;
-  if (drafts) planned_draft_since_probe_ = true;
-  if (!drafts) {
-    gate.may_draft = false;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (vetoed) ++stats_.spec_rate_vetoed_steps;
-    if (calibration_ != nullptr) ++stats_.spec_no_draft_steps;
-  }
-  return gate;
 }
 
-std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
+speculative::StepPlan LlmEngine::PlanDrafting() {
+  if (controller_ == nullptr) return speculative::StepPlan();
+  // The next step's decoding sequences as Schedule will see them once the step in flight (if
+  // any) is processed.
+  std::vector<Sequence*> decodes;
+  std::vector<speculative::DecodeView> views;
+  int64_t prefill_tokens = 0;
+  int prefills = 0;
+  CollectDecodes(&decodes, &views, &prefill_tokens, &prefills);
+  return controller_->Plan(views, prefill_tokens, prefills);
+}
+
+void LlmEngine::PrepareSpeculation(const speculative::StepPlan& plan, int64_t budget,
+                                   Step* step) {
+  // Decoding sequences (one known token to feed) get drafts within what the budget has left
+  // after one token each, when the plan allows it: then nothing is in flight and every
+  // sequence's tokens are known here. Otherwise (a step may be in flight, sampling for some of
+  // them) they are planned as plain one-token decodes.
+  std::vector<Sequence*> decodes;
+  std::vector<speculative::DecodeView> views;
+  int64_t prefill_tokens = 0;
+  int prefills = 0;
+  CollectDecodes(&decodes, &views, &prefill_tokens, &prefills);
+  bool all_known = true;
+  for (const Sequence* seq : decodes) all_known = all_known && seq->pending_samples == 0;
+  // Its period: from the previous step's processing (the loop's own work between steps is part
+  // of every step's cost), or from here after the engine idled.
+  const Clock::time_point period_start = have_last_processed_ ? last_processed_at_ : Clock::now();
+  std::vector<speculative::DraftProposal> drafts;
+  controller_->PrepareStep(plan, views, all_known, prefill_tokens, prefills, budget, period_start,
+                           &step->spec, &drafts);
+  for (size_t i = 0; i < decodes.size(); ++i) decodes[i]->draft = std::move(drafts[i]);
+}
+
+void LlmEngine::PlanSequence(Sequence* seq, Step* step, int64_t* budget, bool* preempting) {
+  // Drafts chosen for this step (decoding sequences only).
+  speculative::DraftProposal draft = std::move(seq->draft);
+  seq->draft = speculative::DraftProposal();
+  const int64_t known = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples;
+  const int64_t avail = known - seq->scheduled_end;
+  if (avail <= 0 || *budget <= 0) return;
+  // A sequence whose planned samples already reach max_tokens is finishing: nothing to do.
+  if (seq->generated() + seq->pending_samples >= seq->sampling.max_tokens) return;
+  if (avail != 1) draft.tokens.clear();
+  draft.tokens.resize(std::min<int64_t>(draft.tokens.size(), std::max<int64_t>(*budget - 1, 0)));
+  int64_t count = std::min(avail + static_cast<int64_t>(draft.tokens.size()), *budget);
+  if (!options_.chunked_prefill && count < avail) {
+    if (!step->items.empty()) return;
+    count = avail;  // alone in the step: run the whole prompt
+  }
+  absl::Status grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
+  if (!grown.ok() && !draft.tokens.empty()) {
+    // No room for the drafts: decode without them rather than preempt anyone.
+    draft.tokens.clear();
+    count = avail;
+    grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
+  }
+  if (!grown.ok()) {
+    // Free room: ask the newest, lowest-priority other running sequence to give its blocks back
+    // once the step in flight is done.
+    Sequence* victim = nullptr;
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      Sequence* s = it->get();
+      if (s == seq || s->preempt_requested) continue;
+      if (victim == nullptr || s->priority < victim->priority) victim = s;
+    }
+    if (victim != nullptr) victim->preempt_requested = true;
+    *preempting = true;
+    return;
+  }
+  Planned p;
+  p.seq = seq;
+  p.epoch = seq->epoch;
+  p.start = seq->scheduled_end;
+  p.count = count;
+  p.sample = p.start + count - static_cast<int64_t>(draft.tokens.size()) == known;
+  if (!draft.tokens.empty()) {
+    // Probabilities and confidences follow the drafts kept (a prefix of those proposed).
+    const size_t kept = draft.tokens.size();
+    if (!draft.probs.empty()) draft.probs.resize(kept * model_->config().vocab_size);
+    if (!draft.confidence.empty()) draft.confidence.resize(kept);
+    p.draft = std::move(draft);
+  }
+  seq->scheduled_end += count;
+  if (p.sample) ++seq->pending_samples;
+  *budget -= count;
+  step->items.push_back(std::move(p));
+}
+
+bool LlmEngine::AdmitWaiting() {
+  Sequence* seq = waiting_.front().get();
+  std::vector<uint64_t> hashes;
+  if (options_.enable_prefix_cache) hashes = FullBlockHashes(*seq);
+  absl::StatusOr<int64_t> cached =
+      blocks_.AllocateSequence(seq->id, static_cast<int64_t>(seq->tokens.size()), hashes);
+  if (!cached.ok()) return false;
+  seq->has_blocks = true;
+  seq->computed = seq->scheduled_end = *cached;
+  if (options_.enable_prefix_cache) {
+    hashes.resize(*cached / options_.block_size);
+    seq->block_hashes = hashes;
+  }
+  if (!seq->counted_cache) {
+    seq->usage.cached_prompt_tokens = *cached;
+    seq->counted_cache = true;
+  }
+  if (!seq->scheduled_once) {
+    seq->scheduled_once = true;
+    seq->usage.queue_us = Micros(seq->arrived, Clock::now());
+  }
+  seq->state = Sequence::State::kRunning;
+  running_.push_back(std::move(waiting_.front()));
+  waiting_.pop_front();
+  std::lock_guard<std::mutex> lock(mu_);
+  --queued_;
+  return true;
+}
+
+std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const speculative::StepPlan& plan) {
   auto step = std::make_unique<Step>();
   int64_t budget = options_.max_batch_tokens;
   bool preempting = false;
-
-  // Plans `seq` for up to the remaining budget; returns false when it had to be skipped.
-  auto plan = [&](Sequence* seq) {
-    // Drafts chosen by Draft for this step (decoding sequences only).
-    std::vector<int32_t> draft = std::move(seq->draft);
-    std::vector<float> draft_probs = std::move(seq->draft_probs);
-    std::vector<float> draft_confidence = std::move(seq->draft_confidence);
-    seq->draft.clear();
-    seq->draft_probs.clear();
-    seq->draft_confidence.clear();
-    const int64_t known = static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples;
-    const int64_t avail = known - seq->scheduled_end;
-    if (avail <= 0 || budget <= 0) return;
-    // A sequence whose planned samples already reach max_tokens is finishing: nothing to do.
-    if (seq->generated() + seq->pending_samples >= seq->sampling.max_tokens) return;
-    if (avail != 1) draft.clear();
-    draft.resize(std::min<int64_t>(draft.size(), std::max<int64_t>(budget - 1, 0)));
-    int64_t count = std::min(avail + static_cast<int64_t>(draft.size()), budget);
-    if (!options_.chunked_prefill && count < avail) {
-      if (!step->items.empty()) return;
-      count = avail;  // alone in the step: run the whole prompt
-    }
-    absl::Status grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
-    if (!grown.ok() && !draft.empty()) {
-      // No room for the drafts: decode without them rather than preempt anyone.
-      draft.clear();
-      count = avail;
-      grown = blocks_.Grow(seq->id, seq->scheduled_end + count);
-    }
-    if (!grown.ok()) {
-      // Free room: ask the newest, lowest-priority other running sequence to give its blocks
-      // back once the step in flight is done.
-      Sequence* victim = nullptr;
-      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-        Sequence* s = it->get();
-        if (s == seq || s->preempt_requested) continue;
-        if (victim == nullptr || s->priority < victim->priority) victim = s;
-      }
-      if (victim != nullptr) victim->preempt_requested = true;
-      preempting = true;
-      return;
-    }
-    Planned p;
-    p.seq = seq;
-    p.epoch = seq->epoch;
-    p.start = seq->scheduled_end;
-    p.count = count;
-    p.sample = p.start + count - static_cast<int64_t>(draft.size()) == known;
-    if (!draft.empty()) {
-      // Probabilities and confidences follow the drafts kept (a prefix of those proposed).
-      const size_t kept = draft.size();
-      if (!draft_probs.empty()) draft_probs.resize(kept * model_->config().vocab_size);
-      if (!draft_confidence.empty()) draft_confidence.resize(kept);
-      p.draft = std::move(draft);
-      p.draft_match = seq->draft_match;
-      p.draft_history = seq->draft_history;
-      p.draft_probs = std::move(draft_probs);
-      p.draft_confidence = std::move(draft_confidence);
-    }
-    seq->scheduled_end += count;
-    if (p.sample) ++seq->pending_samples;
-    budget -= count;
-    step->items.push_back(std::move(p));
-  };
-
-  if (drafter_ != nullptr) {
-    // Speculative decoding. Decoding sequences (one known token to feed) get drafts within what
-    // the budget has left after one token each, when the gate allows it: then nothing is in
-    // flight and every sequence's tokens are known here. Otherwise (a step may be in flight,
-    // sampling for some of them) they are planned as plain one-token decodes.
-    std::vector<Sequence*> decodes;
-    int64_t prefill_tokens = 0;
-    int prefills = 0;
-    for (auto& owned : running_) {
-      Sequence* seq = owned.get();
-      if (seq->preempt_requested) continue;
-      const int64_t avail =
-          static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples - seq->scheduled_end;
-      if (avail == 1 && seq->verifier != nullptr) {
-        decodes.push_back(seq);
-      } else if (avail > 0) {
-        prefill_tokens += avail;
-        ++prefills;
-      }
-    }
-    if (!decodes.empty()) {
-      step->spec_timed = options_.speculative.adaptive && cost_ != nullptr;
-      // Its period: from the previous step's processing (the loop's own work between steps is
-      // part of every step's cost), or from here after the engine idled.
-      step->spec_start = have_last_processed_ ? last_processed_at_ : Clock::now();
-    }
-    bool all_known = true;
-    for (const Sequence* seq : decodes) all_known = all_known && seq->pending_samples == 0;
-    if (!decodes.empty() && (!gate.may_draft || all_known) && gate.fixed_length < 0) {
-      // The plan's steps only (no fixed-length or no-drafting mode of the selector).
-      step->spec_decoding = static_cast<int>(decodes.size());
-      step->spec_drafting = gate.probe ? -1 : (gate.may_draft ? 1 : 0);
-    }
-    if (!decodes.empty() && gate.mode >= 0) {
-      step->spec_mode = gate.mode;
-      step->spec_mode_measured = gate.mode_measured;
-      step->spec_mode_decoding = static_cast<int>(decodes.size());
-    }
-    if (gate.may_draft && all_known && !decodes.empty()) {
-      // Drafts take what one token per decode and the running prefills leave of the budget.
-      const int64_t n = static_cast<int64_t>(decodes.size());
-      const int64_t spare = std::max<int64_t>(budget - n - prefill_tokens, 0);
-      Draft(decodes, spare, static_cast<int>(std::min(n + prefill_tokens, budget)),
-            static_cast<int>(n) + prefills, gate.probe, gate.fixed_length, step.get());
-    }
-    if (model_drafter_ != nullptr && step->spec_timed &&
-        options_.speculative.draft_upkeep_tokens > 0) {
-      bool drafted = false;
-      for (const Sequence* seq : decodes) drafted = drafted || !seq->draft.empty();
-      if (!drafted && gate.upkeep) UpkeepDrafter(decodes, gate.upkeep_catch_up, step.get());
-    }
-  }
+  if (controller_ != nullptr) PrepareSpeculation(plan, budget, step.get());
   // Decodes first (one token each, plus drafts), then continuing prefills.
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& owned : running_) {
@@ -1290,7 +919,7 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
       const int64_t avail =
           static_cast<int64_t>(seq->tokens.size()) + seq->pending_samples - seq->scheduled_end;
       if ((pass == 0) != (avail == 1)) continue;
-      plan(seq);
+      PlanSequence(seq, step.get(), &budget, &preempting);
     }
   }
   // Admissions: priority, then FCFS; stop at the first that does not fit.
@@ -1298,39 +927,13 @@ std::unique_ptr<LlmEngine::Step> LlmEngine::Schedule(const DraftGate& gate) {
   for (auto& s : running_) preempting = preempting || s->preempt_requested;
   while (!preempting && budget > 0 && static_cast<int>(running_.size()) < options_.max_running &&
          !waiting_.empty()) {
-    Sequence* seq = waiting_.front().get();
-    std::vector<uint64_t> hashes;
-    if (options_.enable_prefix_cache) hashes = FullBlockHashes(*seq);
-    absl::StatusOr<int64_t> cached =
-        blocks_.AllocateSequence(seq->id, static_cast<int64_t>(seq->tokens.size()), hashes);
-    if (!cached.ok()) break;
-    seq->has_blocks = true;
-    seq->computed = seq->scheduled_end = *cached;
-    if (options_.enable_prefix_cache) {
-      hashes.resize(*cached / options_.block_size);
-      seq->block_hashes = hashes;
-    }
-    if (!seq->counted_cache) {
-      seq->usage.cached_prompt_tokens = *cached;
-      seq->counted_cache = true;
-    }
-    if (!seq->scheduled_once) {
-      seq->scheduled_once = true;
-      seq->usage.queue_us = Micros(seq->arrived, Clock::now());
-    }
-    seq->state = Sequence::State::kRunning;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --queued_;
-    }
-    plan(seq);
+    if (!AdmitWaiting()) break;
+    PlanSequence(running_.back().get(), step.get(), &budget, &preempting);
   }
   for (const Planned& p : step->items) {
     // A decode is one sampled token plus its drafts; anything else computes prompt tokens.
-    if (!p.sample || p.count - static_cast<int64_t>(p.draft.size()) > 1) {
-      step->spec_prompt_tokens = true;
+    if (!p.sample || p.count - static_cast<int64_t>(p.draft.tokens.size()) > 1) {
+      step->spec.prompt_tokens = true;
     }
   }
   return step;
@@ -1341,9 +944,9 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step, Clock::time_point*
   for (Planned& p : step->items) {
     Sequence* seq = p.seq;
     if (seq->state != Sequence::State::kRunning || seq->epoch != p.epoch) continue;
-    const int64_t known = p.count - static_cast<int64_t>(p.draft.size());
+    const int64_t known = p.count - static_cast<int64_t>(p.draft.tokens.size());
     p.input.assign(seq->tokens.begin() + p.start, seq->tokens.begin() + p.start + known);
-    p.input.insert(p.input.end(), p.draft.begin(), p.draft.end());
+    p.input.insert(p.input.end(), p.draft.tokens.begin(), p.draft.tokens.end());
     if (p.start < static_cast<int64_t>(seq->embedding_rows.size())) {
       // Image rows by absolute position: a chunk may start or end inside a run.
       const int64_t end =
@@ -1359,7 +962,7 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step, Clock::time_point*
   step->items = std::move(kept);
   if (step->items.empty()) return false;
   bool has_draft = false;
-  for (const Planned& p : step->items) has_draft = has_draft || !p.draft.empty();
+  for (const Planned& p : step->items) has_draft = has_draft || !p.draft.tokens.empty();
   if (!overlap_ || has_draft) {
     // A step with drafts runs alone: the next one's positions depend on what it accepts.
     ExecuteStep(*step);
@@ -1369,8 +972,8 @@ bool LlmEngine::FinalizeAndSubmit(std::unique_ptr<Step> step, Clock::time_point*
   }
   // Overlapped: its period runs from the previous step's processing (which comes after its
   // scheduling) to its own.
-  step->spec_overlapped = true;
-  if (step->spec_timed && have_last_processed_) step->spec_start = last_processed_at_;
+  step->spec.overlapped = true;
+  if (step->spec.timed && have_last_processed_) step->spec.start = last_processed_at_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.overlapped_steps;
@@ -1394,7 +997,7 @@ void LlmEngine::ExecuteStep(Step& step) {
     in.start_position = p.start;
     in.block_table = p.table.data();
     in.num_blocks = static_cast<int64_t>(p.table.size());
-    in.all_logits = !p.draft.empty();
+    in.all_logits = !p.draft.tokens.empty();
     if (!p.embedding_rows.empty()) in.embedding_override = p.embedding_rows.data();
     inputs.push_back(in);
   }
@@ -1405,14 +1008,15 @@ void LlmEngine::ExecuteStep(Step& step) {
     int64_t row = 0;
     for (Planned& p : step.items) {
       const float* rows = logits.data() + row * vocab;
-      row += p.draft.empty() ? 1 : p.count;
+      row += p.draft.tokens.empty() ? 1 : p.count;
       if (!p.sample) continue;
       Sequence* seq = p.seq;
-      if (!p.draft.empty()) {
+      if (!p.draft.tokens.empty()) {
         // Rows of the known token and the drafts: verify the drafts (records what it emits).
-        const int64_t first = p.count - static_cast<int64_t>(p.draft.size()) - 1;
+        const int64_t first = p.count - static_cast<int64_t>(p.draft.tokens.size()) - 1;
         absl::Status verified =
-            seq->verifier->Verify(rows + first * vocab, vocab, p.draft, p.draft_probs, &p.verify);
+            seq->verifier->Verify(rows + first * vocab, vocab, p.draft.tokens, p.draft.probs,
+                                 &p.verify);
         if (!verified.ok()) {
           step.status = verified;
           break;
@@ -1448,308 +1052,204 @@ void LlmEngine::ExecutorLoop() {
 }
 
 void LlmEngine::Process(Step& step) {
-  int64_t tokens = 0;
-  int64_t spec_steps = 0, spec_verified = 0, spec_accepted = 0, longest_verified = 0;
-  int64_t calibrated_after_accepted = 0, calibrated_other = 0;
-  int64_t emitted_tokens = 0;
-  int64_t generated_before = 0;  // the sampled sequences' output tokens before the step (trace)
-  // Start states only matter to the selector's carry-over correction (off by default).
-  const bool track_states =
-      selector_.has_value() && options_.speculative.select_options.carry_over_correction;
-  spec::DraftModeSelector::StepStates start_states;
-  for (Planned& p : step.items) {
-    Sequence* seq = p.seq;
-    --seq->in_flight;
-    tokens += p.count;
-    if (p.sample) --seq->pending_samples;
-    if (seq->state == Sequence::State::kFinished) continue;
-    if (!step.status.ok()) {
-      Finish(seq, FinishReason::kAborted, step.status);
-      continue;
+  StepTally tally;
+  for (Planned& p : step.items) ProcessItem(step, p, &tally);
+  if (step.external) return;
+  FinishStep(step, tally);
+}
+
+void LlmEngine::ProcessItem(const Step& step, Planned& p, StepTally* tally) {
+  Sequence* seq = p.seq;
+  --seq->in_flight;
+  tally->tokens += p.count;
+  if (p.sample) --seq->pending_samples;
+  if (seq->state == Sequence::State::kFinished) return;
+  if (!step.status.ok()) {
+    Finish(seq, FinishReason::kAborted, step.status);
+    return;
+  }
+  if (!p.sample) {
+    seq->computed = std::max(seq->computed, p.start + p.count);
+    CommitBlocks(seq);
+    ReleaseOutOfWindow(seq);
+    return;
+  }
+  tally->generated_before += seq->generated();
+  // The tokens this step emits for the sequence, and how far its KV is valid.
+  ++tally->emitted_tokens;
+  std::vector<SampleResult> emitted;
+  int64_t kv_end = p.start + p.count;
+  if (p.draft.tokens.empty()) {
+    emitted.push_back(std::move(p.result));
+  } else {
+    const int verified = static_cast<int>(p.draft.tokens.size());
+    const int accepted = p.verify.accepted;
+    tally->verified += verified;
+    tally->accepted += accepted;
+    seq->usage.draft_tokens += verified;
+    seq->usage.accepted_draft_tokens += accepted;
+    controller_->OnVerified(static_cast<int64_t>(seq->id), p.draft, verified, accepted);
+    // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
+    kv_end -= verified - accepted;
+    seq->scheduled_end -= verified - accepted;
+    emitted = std::move(p.verify.tokens);
+  }
+  if (seq->prefill_only) {
+    HoldPrefilled(seq, emitted[0], kv_end);
+    return;
+  }
+  EmitTokens(seq, !p.draft.tokens.empty(), &emitted, kv_end);
+}
+
+void LlmEngine::HoldPrefilled(Sequence* seq, SampleResult& first, int64_t kv_end) {
+  seq->computed = std::max(seq->computed, kv_end);
+  const int32_t token = first.token;
+  seq->tokens.push_back(token);
+  CommitBlocks(seq);
+  ReleaseOutOfWindow(seq);
+  const auto now = Clock::now();
+  seq->first_token_seen = true;
+  seq->usage.first_token_us = Micros(seq->arrived, now);
+  seq->last_token_at = now;
+  // Hold the prompt's blocks for the transfer; the caller releases them.
+  PrefillResult result;
+  result.first_token = token;
+  result.first_logprob = first.logprob;
+  result.first_top = std::move(first.top);
+  const int64_t prompt_blocks = (seq->prompt_len + options_.block_size - 1) / options_.block_size;
+  const std::vector<int32_t>& table = *blocks_.Table(seq->id);
+  result.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
+  result.cached_tokens = seq->usage.cached_prompt_tokens;
+  if (options_.backend != nullptr) {
+    // The transfer reads the host cache: bring the whole prompt there (cached blocks too: the
+    // destination decides which it already holds).
+    absl::Status copied = options_.backend->Download(result.block_ids, cache_.get());
+    if (!copied.ok()) {
+      Finish(seq, FinishReason::kAborted,
+             absl::InternalError(absl::StrCat("backend ", options_.backend->name(),
+                                              ": KV download: ", copied.message())));
+      return;
     }
-    if (p.sample) generated_before += seq->generated();
-    if (!p.sample) {
-      seq->computed = std::max(seq->computed, p.start + p.count);
-      CommitBlocks(seq);
-      ReleaseOutOfWindow(seq);
-      continue;
-    }
-    // The tokens this step emits for the sequence, and how far its KV is valid.
-    ++emitted_tokens;
-    std::vector<SampleResult> emitted;
-    int64_t kv_end = p.start + p.count;
-    if (p.draft.empty()) {
-      emitted.push_back(std::move(p.result));
-    } else {
-      const int verified = static_cast<int>(p.draft.size());
-      const int accepted = p.verify.accepted;
-      ++spec_steps;
-      spec_verified += verified;
-      spec_accepted += accepted;
-      longest_verified = std::max<int64_t>(longest_verified, verified);
-      seq->usage.draft_tokens += verified;
-      seq->usage.accepted_draft_tokens += accepted;
-      spec::DraftProposal proposal;
-      proposal.tokens = p.draft;
-      proposal.match_length = p.draft_match;
-      if (calibration_ != nullptr) {
-        spec::DraftCalibration* calibration = CalibrationFor(p.draft_history);
-        calibration->Observe(p.draft_confidence, verified, accepted);
-        ++(calibration == calibration_accepted_.get() ? calibrated_after_accepted
-                                                      : calibrated_other);
-        proposal.confidence = p.draft_confidence;
-      } else {
-        survival_->Observe(p.draft_match, p.draft_history, verified, accepted);
-      }
-      drafter_->OnVerified(static_cast<int64_t>(seq->id), proposal, verified, accepted);
-      if (options_.speculative.ngram_history || calibration_accepted_ != nullptr) {
-        seq->draft_history = spec::NgramSurvivalStats::After(verified, accepted);
-      }
-      // Positions of rejected drafts are rolled back: the next step rewrites from kv_end.
-      kv_end -= verified - accepted;
-      seq->scheduled_end -= verified - accepted;
-      emitted = std::move(p.verify.tokens);
-    }
-    if (track_states && !seq->prefill_only) {
-      using Selector = spec::DraftModeSelector;
-      const Selector::StartState end =
-          p.draft.empty()
-              ? Selector::kNone
-              : (p.verify.accepted == static_cast<int>(p.draft.size()) ? Selector::kClean
-                                                                       : Selector::kDirty);
-      start_states.Add(seq->spec_state, p.draft.empty() ? 1.0 : 1.0 + p.verify.accepted, end);
-      seq->spec_state = end;
-    }
-    if (seq->prefill_only) {
-      seq->computed = std::max(seq->computed, kv_end);
-      const int32_t token = emitted[0].token;
-      seq->tokens.push_back(token);
-      CommitBlocks(seq);
-      ReleaseOutOfWindow(seq);
-      const auto now = Clock::now();
+  }
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [&](const auto& s) { return s.get() == seq; });
+  held_.push_back(std::move(*it));
+  running_.erase(it);
+  seq->state = Sequence::State::kHeld;
+  seq->prefill_done(std::move(result));
+}
+
+void LlmEngine::EmitTokens(Sequence* seq, bool drafted, std::vector<SampleResult>* emitted,
+                           int64_t kv_end) {
+  // Emit token by token; the first stop condition truncates the rest of the run.
+  EngineOutput o;
+  o.request_id = seq->request_id;
+  bool stopped = false;
+  FinishReason reason = FinishReason::kLength;
+  const auto now = Clock::now();
+  for (SampleResult& r : *emitted) {
+    const int32_t token = r.token;
+    seq->tokens.push_back(token);
+    if (!seq->first_token_seen) {
       seq->first_token_seen = true;
       seq->usage.first_token_us = Micros(seq->arrived, now);
-      seq->last_token_at = now;
-      // Hold the prompt's blocks for the transfer; the caller releases them.
-      PrefillResult result;
-      result.first_token = token;
-      result.first_logprob = emitted[0].logprob;
-      result.first_top = std::move(emitted[0].top);
-      const int64_t prompt_blocks =
-          (seq->prompt_len + options_.block_size - 1) / options_.block_size;
-      const std::vector<int32_t>& table = *blocks_.Table(seq->id);
-      result.block_ids.assign(table.begin(), table.begin() + prompt_blocks);
-      result.cached_tokens = seq->usage.cached_prompt_tokens;
-      if (options_.backend != nullptr) {
-        // The transfer reads the host cache: bring the whole prompt there (cached blocks too:
-        // the destination decides which it already holds).
-        absl::Status copied = options_.backend->Download(result.block_ids, cache_.get());
-        if (!copied.ok()) {
-          Finish(seq, FinishReason::kAborted,
-                 absl::InternalError(absl::StrCat("backend ", options_.backend->name(),
-                                                  ": KV download: ", copied.message())));
-          continue;
-        }
-      }
-      auto it = std::find_if(running_.begin(), running_.end(),
-                             [&](const auto& s) { return s.get() == seq; });
-      held_.push_back(std::move(*it));
-      running_.erase(it);
-      seq->state = Sequence::State::kHeld;
-      seq->prefill_done(std::move(result));
-      continue;
+    } else {
+      const int64_t gap = Micros(seq->last_token_at, now);
+      seq->itl_sum_us += gap;
+      seq->usage.max_itl_us = std::max(seq->usage.max_itl_us, gap);
     }
-    // Emit token by token; the first stop condition truncates the rest of the run.
-    EngineOutput o;
-    o.request_id = seq->request_id;
-    bool stopped = false;
-    FinishReason reason = FinishReason::kLength;
-    const auto now = Clock::now();
-    for (SampleResult& r : emitted) {
-      const int32_t token = r.token;
-      seq->tokens.push_back(token);
-      if (!seq->first_token_seen) {
-        seq->first_token_seen = true;
-        seq->usage.first_token_us = Micros(seq->arrived, now);
-      } else {
-        const int64_t gap = Micros(seq->last_token_at, now);
-        seq->itl_sum_us += gap;
-        seq->usage.max_itl_us = std::max(seq->usage.max_itl_us, gap);
-      }
-      seq->last_token_at = now;
-      o.new_tokens.push_back(StepOutput{token, r.logprob, std::move(r.top)});
-      if (seq->text != nullptr) {
-        absl::StatusOr<std::string> d = seq->text->Push(token);
-        if (d.ok()) o.text_delta += *d;
-        if (seq->text->stopped()) {
-          o.matched_stop = seq->text->matched_stop();
-          stopped = true;
-          reason = FinishReason::kStopString;
-          break;
-        }
-      }
-      const auto& eos = options_.eos_token_ids;
-      const bool is_eos =
-          !seq->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
-      const auto& stops = seq->sampling.stop_token_ids;
-      const bool is_stop = std::find(stops.begin(), stops.end(), token) != stops.end();
-      if (is_eos || is_stop || seq->generated() >= seq->sampling.max_tokens) {
+    seq->last_token_at = now;
+    o.new_tokens.push_back(StepOutput{token, r.logprob, std::move(r.top)});
+    if (seq->text != nullptr) {
+      absl::StatusOr<std::string> d = seq->text->Push(token);
+      if (d.ok()) o.text_delta += *d;
+      if (seq->text->stopped()) {
+        o.matched_stop = seq->text->matched_stop();
         stopped = true;
-        reason = is_eos || is_stop ? FinishReason::kStop : FinishReason::kLength;
+        reason = FinishReason::kStopString;
         break;
       }
     }
-    // KV is valid for the accepted run only, and never beyond the tokens actually kept.
-    seq->computed =
-        std::max(seq->computed, std::min(kv_end, static_cast<int64_t>(seq->tokens.size())));
-    CommitBlocks(seq);
-    ReleaseOutOfWindow(seq);
-    if (!p.draft.empty() && !stopped) {
-      // Free the blocks only rejected positions needed (the table covers `computed` tokens,
-      // as after a step without speculation).
-      (void)blocks_.Truncate(seq->id, seq->scheduled_end);
+    const auto& eos = options_.eos_token_ids;
+    const bool is_eos =
+        !seq->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end();
+    const auto& stops = seq->sampling.stop_token_ids;
+    const bool is_stop = std::find(stops.begin(), stops.end(), token) != stops.end();
+    if (is_eos || is_stop || seq->generated() >= seq->sampling.max_tokens) {
+      stopped = true;
+      reason = is_eos || is_stop ? FinishReason::kStop : FinishReason::kLength;
+      break;
     }
-    if (stopped) {
-      if (reason != FinishReason::kStopString) seq->usage.completion_tokens = seq->generated();
-      seq->on_output(o);
-      Finish(seq, reason, absl::OkStatus());
-      continue;
-    }
-    seq->on_output(o);
   }
-  if (step.external) return;
+  // KV is valid for the accepted run only, and never beyond the tokens actually kept.
+  seq->computed =
+      std::max(seq->computed, std::min(kv_end, static_cast<int64_t>(seq->tokens.size())));
+  CommitBlocks(seq);
+  ReleaseOutOfWindow(seq);
+  if (drafted && !stopped) {
+    // Free the blocks only rejected positions needed (the table covers `computed` tokens,
+    // as after a step without speculation).
+    (void)blocks_.Truncate(seq->id, seq->scheduled_end);
+  }
+  if (stopped) {
+    if (reason != FinishReason::kStopString) seq->usage.completion_tokens = seq->generated();
+    seq->on_output(o);
+    Finish(seq, reason, absl::OkStatus());
+    return;
+  }
+  seq->on_output(o);
+}
+
+void LlmEngine::FinishStep(const Step& step, const StepTally& tally) {
   const auto processed_at = Clock::now();
   if (spdlog::should_log(spdlog::level::debug) && !step.items.empty()) {
-    // One line per step for offline fits of step time (tools/bench/spec_sweep.sh SWEEP_TRACE=1):
-    // period = time since the previous step's processing (0 after the engine idled); generated =
-    // the sampled sequences' output tokens before the step (where in their answers it ran).
-    int64_t samples = 0;
-    for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
-    spdlog::debug(
-        "step-trace mode={} measured={} decoding={} overlapped={} items={} samples={} tokens={} "
-        "verified={} accepted={} generated={} "
-        "period_us={} forward_us={} draft_us={} catch_up_us={} fit_scale={:.3f} "
-        "fit_offset_us={:.0f} fit_per_request_us={:.0f} overhead_us={:.0f} "
-        "overlap_overhead_us={:.0f} draft_scale={:.3f}",
-        selector_.has_value() && step.spec_mode >= 0 ? selector_->length(step.spec_mode) : -2,
-        step.SelectorMeasured() ? 1 : 0, step.spec_mode_decoding, step.spec_overlapped ? 1 : 0,
-        step.items.size(), samples, tokens, spec_verified, spec_accepted, generated_before,
-        have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
-                             : 0,
-        static_cast<int64_t>(step.forward_seconds * 1e6),
-        static_cast<int64_t>(step.spec_draft_seconds * 1e6),
-        static_cast<int64_t>(step.spec_catch_up_seconds * 1e6), forward_fit_.Scale(),
-        forward_fit_.offset() * 1e6, forward_fit_.per_request() * 1e6, overhead_ema_ * 1e6,
-        overlap_overhead_ema_ * 1e6, draft_scale_);
+    LogStepTrace(step, tally, processed_at);
   }
   last_processed_at_ = processed_at;
   have_last_processed_ = true;
+  if (controller_ != nullptr) {
+    speculative::StepOutcome outcome;
+    outcome.tokens = tally.tokens;
+    outcome.requests = static_cast<int>(step.items.size());
+    outcome.forward_seconds = step.forward_seconds;
+    outcome.emitted = static_cast<double>(tally.emitted_tokens + tally.accepted);
+    controller_->OnStepProcessed(step.spec, outcome, processed_at);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.steps;
-  stats_.step_tokens += tokens;
+  stats_.step_tokens += tally.tokens;
   stats_.step_sequences += static_cast<int64_t>(step.items.size());
-  stats_.last_step_tokens = tokens;
+  stats_.last_step_tokens = tally.tokens;
   stats_.last_step_sequences = static_cast<int64_t>(step.items.size());
   stats_.forward_seconds += step.forward_seconds;
-  stats_.spec_steps += spec_steps;
-  stats_.spec_verified_tokens += spec_verified;
-  stats_.spec_longest_verified = std::max(stats_.spec_longest_verified, longest_verified);
-  stats_.spec_accepted_tokens += spec_accepted;
-  stats_.spec_calibrated_after_accepted += calibrated_after_accepted;
-  stats_.spec_calibrated_other += calibrated_other;
-  if (step.spec_timed && cost_ != nullptr && !step.items.empty()) {
-    // The step's period (Schedule through this point) is modelled as s x T(tokens) (the target's
-    // forward pass: the cost table scaled by how much slower it runs in service) + drafting + E.
-    const double measured = Seconds(step.spec_start, processed_at);
-    const double table =
-        cost_->StepSeconds(static_cast<double>(tokens), static_cast<int>(step.items.size()));
-    double& ema = step.spec_overlapped ? overlap_overhead_ema_ : overhead_ema_;
-    bool& have = step.spec_overlapped ? have_overlap_overhead_ : have_overhead_;
-    const int requests = static_cast<int>(step.items.size());
-    const double predicted = forward_fit_.Predict(table, requests) + step.spec_draft_predicted +
-                             (have ? std::max(0.0, ema) : 0.0);
-    // Contention and contexts longer than the profile's make forward passes slower than the
-    // table: by a factor, per sequence and per step (ForwardCostFit).
-    forward_fit_.Observe(table, requests, step.forward_seconds);
-    // The rest of the period: scheduling, n-gram drafting, sampling bookkeeping, output. A draft
-    // model's drafting is modelled by its own table: its measured time (catch-up after steps
-    // without drafts included) stays out. Synchronous steps (drafting ones among them) and
-    // overlapped ones (no drafts) have their own overhead: the plan weighs drafting at the first
-    // against not drafting at the second.
-    const double sample = measured - step.forward_seconds - step.spec_draft_model_seconds;
-    ema = have ? BoundedEmaStep(ema, sample, 100e-6) : sample;
-    have = true;
-    const double emitted = static_cast<double>(emitted_tokens + spec_accepted);
-    if (step.spec_drafting >= 0) {
-      rate_check_.Observe(step.spec_decoding, step.spec_drafting == 1, emitted, measured);
-    }
-    if (step.spec_drafting == 1 && step.spec_long_draft >= 0) {
-      length_check_.Observe(step.spec_decoding, step.spec_long_draft == 1, emitted, measured);
-    }
-    if (selector_.has_value() && step.spec_mode >= 0) {
-      if (step.spec_prompt_catch_up) ++stats_.spec_prompt_catch_up_steps;
-      if (step.spec_prompt_tokens) ++stats_.spec_select_prompt_steps;
-      // No drafting is rated as it runs in a frozen bucket, without the draft model's upkeep:
-      // that upkeep is a cost of keeping drafting possible, and charged to no drafting it hid
-      // what drafting costs against a node without it (issue 12, session 15: a draft-model node
-      // whose no-drafting steps paid ~0.5 ms of upkeep each rated the plan level with them, never
-      // froze, and ran 15% below a node without speculation).
-      const int length = selector_->length(step.spec_mode);
-      double seconds = measured;
-      if (length == 0) seconds = std::max(measured - step.spec_upkeep_seconds, 0.1 * measured);
-      selector_->Observe(step.spec_mode_decoding, step.spec_mode, step.SelectorMeasured(), emitted,
-                         seconds, step.spec_catch_up_seconds,
-                         track_states ? &start_states : nullptr);
-      if (length == spec::DraftModeSelector::kPlan) {
-        ++stats_.spec_select_plan_steps;
-      } else if (length > 0) {
-        ++stats_.spec_select_fixed_steps;
-        stats_.spec_select_longest_fixed =
-            std::max<int64_t>(stats_.spec_select_longest_fixed, length);
-      } else {
-        ++stats_.spec_select_off_steps;
-      }
-      if (selector_->epochs() != stats_.spec_select_epochs) {
-        const int last = selector_->last_epoch_mode();
-        spdlog::debug(
-            "speculative: epoch {} runs mode {} (-1: the plan); the last compared ran {} "
-            "at {:.0f} tokens/s",
-            selector_->epochs(), selector_->length(selector_->current()),
-            last >= 0 ? selector_->length(last) : -2, selector_->last_epoch_rate());
-        const spec::DraftModeSelector::LastTrial& trial = selector_->last_trial();
-        if (trial.epoch >= 0 && trial.epoch != logged_trial_epoch_) {
-          logged_trial_epoch_ = trial.epoch;
-          spdlog::debug(
-              "speculative: trial of mode {} against {} in bucket {} ({} and {} measured steps): "
-              "{:.1f}% of its rate, weight {:.2f}; rated {:.1f}%",
-              selector_->length(trial.mode), selector_->length(trial.incumbent),
-              spec::DraftModeSelector::BucketName(trial.bucket), trial.steps,
-              trial.incumbent_steps, 100.0 * std::exp(trial.log_ratio), trial.weight,
-              100.0 * std::exp(trial.score));
-        }
-        if (selector_->epochs() % kSelectorLogEpochs == 0) {
-          spdlog::info(
-              "speculative: measured modes (tokens/s by decoding sequences) {}; draft model "
-              "upkeep {} tokens in {:.2f} s; {} steps held in a frozen bucket's mode; {} "
-              "sequence-steps not caught up ({:.1f} us per catch-up token)",
-              selector_->DebugString(), stats_.spec_draft_upkeep_tokens,
-              stats_.spec_draft_upkeep_seconds, selector_->held_steps(),
-              stats_.spec_catch_up_skipped, 1e6 * catch_up_token_seconds_);
-        }
-      }
-      stats_.spec_select_epochs = selector_->epochs();
-      stats_.spec_select_explorations = selector_->explorations();
-      stats_.spec_select_mode = selector_->length(selector_->current());
-    }
-    ++stats_.spec_timed_steps;
-    stats_.spec_predicted_step_seconds += predicted;
-    stats_.spec_measured_step_seconds += measured;
-    stats_.spec_overhead_seconds = std::max(0.0, overhead_ema_);
-    stats_.spec_overlap_overhead_seconds = std::max(0.0, overlap_overhead_ema_);
-    stats_.spec_forward_scale = forward_fit_.Scale();
-    stats_.spec_forward_offset_seconds = forward_fit_.offset();
-    stats_.spec_forward_per_request_seconds = forward_fit_.per_request();
-  }
+  ExportSpecStats();
+}
+
+void LlmEngine::LogStepTrace(const Step& step, const StepTally& tally,
+                             Clock::time_point processed_at) const {
+  // One line per step for offline fits of step time (tools/bench/spec_sweep.sh SWEEP_TRACE=1):
+  // period = time since the previous step's processing (0 after the engine idled); generated =
+  // the sampled sequences' output tokens before the step (where in their answers it ran).
+  int64_t samples = 0;
+  for (const Planned& p : step.items) samples += p.sample ? 1 : 0;
+  const speculative::TraceFigures f =
+      controller_ != nullptr ? controller_->Trace(step.spec) : speculative::TraceFigures();
+  spdlog::debug(
+      "step-trace mode={} measured={} decoding={} overlapped={} items={} samples={} tokens={} "
+      "verified={} accepted={} generated={} "
+      "period_us={} forward_us={} draft_us={} catch_up_us={} fit_scale={:.3f} "
+      "fit_offset_us={:.0f} fit_per_request_us={:.0f} overhead_us={:.0f} "
+      "overlap_overhead_us={:.0f} draft_scale={:.3f}",
+      f.mode_length, step.spec.SelectorMeasured() ? 1 : 0, step.spec.mode_decoding,
+      step.spec.overlapped ? 1 : 0, step.items.size(), samples, tally.tokens, tally.verified,
+      tally.accepted, tally.generated_before,
+      have_last_processed_ ? static_cast<int64_t>(Seconds(last_processed_at_, processed_at) * 1e6)
+                           : 0,
+      static_cast<int64_t>(step.forward_seconds * 1e6),
+      static_cast<int64_t>(step.spec.draft_seconds * 1e6),
+      static_cast<int64_t>(step.spec.catch_up_seconds * 1e6), f.fit_scale,
+      f.fit_offset_seconds * 1e6, f.fit_per_request_seconds * 1e6, f.overhead_seconds * 1e6,
+      f.overlap_overhead_seconds * 1e6, f.draft_scale);
 }
 
 void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
@@ -1760,357 +1260,8 @@ void LlmEngine::RecordOutputToken(Sequence* seq, int32_t token) {
   }
 }
 
-int64_t LlmEngine::CatchUpExcess(int64_t lag) const {
-  const SpecOptions& so = options_.speculative;
-  const int64_t steady =
-      2 * static_cast<int64_t>(std::max(so.draft_upkeep_tokens, 0)) + so.num_speculative_tokens + 1;
-  return std::max<int64_t>(lag - steady, 0);
-}
-
-bool LlmEngine::CatchesUpOnPrompt(int64_t lag) const { return CatchUpExcess(lag) > 0; }
-
-void LlmEngine::ObserveCatchUpTokenSeconds(double seconds_per_token) {
-  if (!(seconds_per_token > 0.0) || !std::isfinite(seconds_per_token)) return;
-  catch_up_token_seconds_ = catch_up_token_seconds_ > 0.0
-                                ? BoundedEmaStep(catch_up_token_seconds_, seconds_per_token, 0.0)
-                                : seconds_per_token;
-}
-
-bool LlmEngine::CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int mode) const {
-  if (!options_.speculative.catch_up_gate || model_drafter_ == nullptr || !selector_.has_value() ||
-      cost_ == nullptr || mode < 0 || decoding < 1) {
-    return true;
-  }
-  const int64_t excess = CatchUpExcess(lag);
-  if (excess <= 0) return true;
-  // A step without drafts, per sequence: the forward pass as the plan predicts it.
-  const double step_seconds =
-      forward_fit_.Predict(cost_->StepSeconds(static_cast<double>(decoding), decoding), decoding);
-  const int64_t remaining = seq.sampling.max_tokens - seq.generated() - seq.pending_samples;
-  return spec::CatchUpPays(static_cast<double>(excess), catch_up_token_seconds_,
-                           static_cast<double>(remaining), step_seconds / decoding,
-                           selector_->DraftingGain(decoding, mode));
-}
-
-void LlmEngine::UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step) {
-  const int64_t lag_min = options_.speculative.draft_upkeep_tokens;
-  model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
-  std::vector<spec::DraftRequest> requests;
-  int64_t lags = 0;
-  int64_t excess = 0;  // beyond what steady drafting or upkeep leaves behind (CatchUpExcess)
-  int64_t skipped = 0;
-  const int n = static_cast<int>(decodes.size());
-  for (const Sequence* seq : decodes) {
-    // Feeding stops before the last known token (the next proposal feeds it for its logits).
-    const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(seq->id),
-                                            static_cast<int64_t>(seq->tokens.size()) - 1);
-    if (lag < lag_min) continue;
-    if (!catch_up && CatchesUpOnPrompt(lag)) continue;
-    if (!CatchUpPays(*seq, lag, n, step->spec_mode)) {
-      ++skipped;
-      continue;
-    }
-    if (CatchesUpOnPrompt(lag)) {
-      step->spec_prompt_catch_up = true;
-      excess += CatchUpExcess(lag);
-    }
-    lags += lag;
-    spec::DraftRequest r;
-    r.seq_id = static_cast<int64_t>(seq->id);
-    r.context = seq->tokens;
-    requests.push_back(r);
-  }
-  if (requests.empty()) {
-    if (skipped > 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.spec_catch_up_skipped += skipped;
-    }
-    return;
-  }
-  const int64_t fed_before = model_drafter_->computed_tokens();
-  const auto t0 = Clock::now();
-  absl::Status fed = model_drafter_->Feed(requests);
-  const double seconds = Seconds(t0, Clock::now());
-  if (!fed.ok()) spdlog::debug("speculative: draft model upkeep: {}", fed.ToString());
-  const int64_t fed_tokens = model_drafter_->computed_tokens() - fed_before;
-  if (excess > 0 && fed_tokens > 0) ObserveCatchUpTokenSeconds(seconds / fed_tokens);
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.spec_catch_up_skipped += skipped;
-  stats_.spec_draft_upkeep_tokens += model_drafter_->computed_tokens() - fed_before;
-  stats_.spec_draft_upkeep_seconds += seconds;
-  stats_.spec_draft_skipped_tokens = model_drafter_->skipped_tokens();
-  step->spec_upkeep_seconds += seconds;
-  // A catch-up fed here (a drafting mode's step whose drafter left sequences behind, or one
-  // after steps without upkeep) is part of the catch-up the selector charges drafting for.
-  if (excess > 0 && lags > 0) {
-    step->spec_catch_up_seconds +=
-        seconds * static_cast<double>(excess) / static_cast<double>(lags);
-  }
-}
-
-void LlmEngine::Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-                      int step_requests, bool probe, int fixed_length, Step* step) {
-  const SpecOptions& so = options_.speculative;
-  // A fixed-length mode of the selector drafts and verifies like the non-adaptive engine.
-  const int k = fixed_length > 0 ? std::min(fixed_length, so.num_speculative_tokens)
-                                 : so.num_speculative_tokens;
-  const bool adaptive = so.adaptive && cost_ != nullptr && fixed_length < 0;
-  // Every decision below (draft length, budget, probe: PlanDrafting) uses only estimates and
-  // times from earlier steps and the step count, never the drafts themselves: lossless
-  // (budget.h).
-  spec::StepShape shape =
-      SyncStepShape(static_cast<int>(decodes.size()), step_tokens, step_requests);
-  probe = probe && adaptive;
-  if (model_drafter_ != nullptr) model_drafter_->set_decoding(static_cast<int64_t>(decodes.size()));
-  std::vector<int> caps(decodes.size());
-  for (size_t i = 0; i < decodes.size(); ++i) {
-    // Never draft past max_tokens: the step emits up to drafts + 1 tokens.
-    const Sequence* seq = decodes[i];
-    const int64_t room = seq->sampling.max_tokens - seq->generated() - 1;
-    caps[i] = static_cast<int>(std::clamp<int64_t>(room, 0, k));
-  }
-  int64_t skipped = 0;  // far behind, their catch-up not worth it (SpecOptions::catch_up_gate)
-  if (model_drafter_ != nullptr && so.catch_up_gate) {
-    for (size_t i = 0; i < decodes.size(); ++i) {
-      if (caps[i] <= 0) continue;
-      const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(decodes[i]->id),
-                                              static_cast<int64_t>(decodes[i]->tokens.size()));
-      if (!CatchUpPays(*decodes[i], lag, static_cast<int>(decodes.size()), step->spec_mode)) {
-        caps[i] = 0;
-        ++skipped;
-      }
-    }
-  }
-  if (spare <= 0) {
-    // No room left in the step's token budget: nothing drafted could be verified.
-    std::fill(caps.begin(), caps.end(), 0);
-  }
-  bool no_draft = false;
-  bool length_vetoed = false;
-  double keep_threshold = -1.0;  // >= 0: draft-model drafts stop by confidence (below)
-  int probe_seq = -1;            // a probe's sequence (index into decodes), if any
-  if (adaptive && calibration_ != nullptr && spare > 0) {
-    // A draft model pays for every token it drafts, verified or not: one draft length for the
-    // step, chosen before drafting from the prior rows and the target's and the draft's costs.
-    std::vector<std::vector<double>> priors(decodes.size());
-    for (size_t i = 0; i < decodes.size(); ++i) {
-      CalibrationFor(decodes[i]->draft_history)->PositionPrior(caps[i], &priors[i]);
-    }
-    absl::StatusOr<spec::DraftLengthPlan> length = spec::PlanDraftLength(
-        shape, priors, cost_.get(), draft_cost_.get(), draft_scale_, kDraftLengthMinGain);
-    int l = length.ok() ? length->length : k;
-    if (!probe && length.ok() && model_drafter_ != nullptr &&
-        static_cast<int>(decodes.size()) >= so.draft_stop_extend_min_decoding) {
-      // Up to the longest L nearly as good as the best: the confidence stop below cuts each
-      // sequence's draft where the next token is not worth it (SpecOptions::draft_stop_extend).
-      l = spec::ExtendDraftLength(*length, so.draft_stop_extend);
-    }
-    if (l >= 2 && !probe && so.draft_length_check &&
-        !length_check_.DraftingPays(static_cast<int>(decodes.size()))) {
-      // Measured: at this many decoding sequences, steps that drafted 2 or more tokens emitted
-      // fewer tokens per second than steps that drafted 1 (spec::DraftingRateCheck).
-      l = 1;
-      length_vetoed = true;
-    }
-    if (!probe && l >= 1) step->spec_long_draft = l >= 2 ? 1 : 0;
-    no_draft = l == 0 && *std::max_element(caps.begin(), caps.end()) > 0;
-    // A probe drafts one token more for one sequence: the one whose draft cache lags least (a
-    // sequence not drafted for a while first feeds everything since into the draft model, which
-    // for a whole batch would cost more than the probe learns). Chosen from the contexts only.
-    if (probe && model_drafter_ != nullptr) {
-      int64_t least = 0;
-      for (size_t i = 0; i < decodes.size(); ++i) {
-        if (caps[i] <= 0) continue;
-        const int64_t lag = model_drafter_->Lag(static_cast<int64_t>(decodes[i]->id),
-                                                static_cast<int64_t>(decodes[i]->tokens.size()));
-        if (probe_seq < 0 || lag < least) {
-          probe_seq = static_cast<int>(i);
-          least = lag;
-        }
-      }
-    }
-    for (size_t i = 0; i < caps.size(); ++i) {
-      const int allowed = static_cast<int>(i) == probe_seq || (probe && model_drafter_ == nullptr)
-                              ? std::min(k, l + 1)
-                              : l;
-      caps[i] = std::min(caps[i], allowed);
-    }
-    if ((probe ? so.probe_past_stop && l >= 1 : l > 1) && length.ok() && length->adaptive &&
-        model_drafter_ != nullptr) {
-      // Within the plan's L, each sequence stops drafting early once the draft's own confidence
-      // (known before each token is drawn) says the next token is not worth its time: position
-      // j >= 1 is drafted (and then verified) while its calibrated survival a_j is at least the
-      // plan's rate x (one more verified token + its share of a draft round). A probe's sequence
-      // drafts one position past its stop (spec::ConfidenceStop).
-      const double t0 = static_cast<double>(shape.step_tokens + length->budget);
-      const double verify_token =
-          shape.cost_scale * (cost_->StepSeconds(t0 + 1.0, shape.step_requests) -
-                              cost_->StepSeconds(t0, shape.step_requests));
-      const int n = static_cast<int>(decodes.size());
-      const double draft_token =
-          draft_cost_ != nullptr ? draft_scale_ * draft_cost_->StepSeconds(n, n) / n : 0.0;
-      keep_threshold = spec::ConfidenceStopThreshold(
-          length->tokens_per_second, so.draft_stop_measured_rate ? &rate_check_ : nullptr, n,
-          verify_token + draft_token);
-    }
-  }
-  double draft_profiled = 0.0;  // the round-cost table's prediction, unscaled
-  if (calibration_ != nullptr && draft_cost_ != nullptr) {
-    draft_profiled = spec::DraftSeconds(*draft_cost_, caps, k);
-  }
-  double draft_predicted = draft_scale_ * draft_profiled;
-  step->spec_draft_predicted = draft_predicted;
-  for (Sequence* seq : decodes) {
-    seq->draft.clear();
-    seq->draft_match = 0;
-    seq->draft_probs.clear();
-    seq->draft_confidence.clear();
-  }
-  // All decoding sequences are drafted together (a draft model batches its forward passes).
-  std::vector<spec::DraftRequest> requests;
-  std::vector<Sequence*> asked;
-  for (size_t i = 0; i < decodes.size(); ++i) {
-    if (caps[i] <= 0) continue;
-    Sequence* seq = decodes[i];
-    spec::DraftRequest r;
-    r.seq_id = static_cast<int64_t>(seq->id);
-    r.context = seq->tokens;
-    r.k = caps[i];
-    r.temperature = seq->sampling.temperature;
-    if (keep_threshold >= 0.0) {
-      // a_j = prod_{i<=j} c(confidence_i): the first token is always drafted (the catch-up
-      // round that computes it is paid once drafting is on), later ones while a_j is worth it.
-      r.keep_drafting = spec::ConfidenceStop(CalibrationFor(seq->draft_history), keep_threshold,
-                                             static_cast<int>(i) == probe_seq ? 1 : 0);
-    }
-    requests.push_back(r);
-    asked.push_back(seq);
-  }
-  double draft_seconds = 0.0;
-  int64_t drafted = 0;
-  if (!requests.empty()) {
-    std::vector<spec::DraftProposal> proposals;
-    const int64_t fed_before = model_drafter_ != nullptr ? model_drafter_->computed_tokens() : 0;
-    if (model_drafter_ != nullptr) {
-      for (const spec::DraftRequest& r : requests) {
-        const int64_t lag =
-            model_drafter_->Lag(r.seq_id, static_cast<int64_t>(r.context.size()));
-        if (CatchesUpOnPrompt(lag)) step->spec_prompt_catch_up = true;
-      }
-    }
-    const auto t0 = Clock::now();
-    absl::Status proposed = drafter_->ProposeBatch(requests, &proposals);
-    draft_seconds = Seconds(t0, Clock::now());
-    if (calibration_ != nullptr) step->spec_draft_model_seconds = draft_seconds;
-    step->spec_draft_seconds = draft_seconds;
-    // What a steady round feeds: per sequence the tokens accepted since its last draft (at most
-    // its previous draft length + the bonus token) and its new drafts. More means the draft
-    // cache caught up on a whole new prompt (a new request, or one drafted after steps without
-    // drafts or after eviction): a one-off prefill the per-round profile does not describe.
-    int64_t steady_tokens = 0;
-    for (const spec::DraftRequest& r : requests) steady_tokens += 2 * r.k + 2;
-    const int64_t fed =
-        model_drafter_ != nullptr ? model_drafter_->computed_tokens() - fed_before : 0;
-    const bool caught_up = fed > steady_tokens;
-    if (caught_up) {
-      // The catch-up's share of the drafting time, by tokens fed (the selector's catch-up
-      // charge, spec::DraftModeSelector).
-      step->spec_catch_up_seconds =
-          draft_seconds * static_cast<double>(fed - steady_tokens) / static_cast<double>(fed);
-      ObserveCatchUpTokenSeconds(draft_seconds / static_cast<double>(fed));
-    }
-    if (keep_threshold >= 0.0 && draft_cost_ != nullptr) {
-      // Drafts stopped by confidence ran fewer rounds than the caps: predict from the rounds
-      // each sequence took part in (its tokens, plus the round whose token it declined).
-      std::vector<int> rounds(requests.size(), 0);
-      for (size_t i = 0; i < requests.size() && i < proposals.size(); ++i) {
-        const int m = static_cast<int>(proposals[i].tokens.size());
-        rounds[i] = std::min(requests[i].k, m + 1);
-      }
-      draft_profiled = spec::DraftSeconds(*draft_cost_, rounds, k);
-      draft_predicted = draft_scale_ * draft_profiled;
-      step->spec_draft_predicted = draft_predicted;
-    }
-    if (caught_up && selector_.has_value() && step->spec_mode >= 0 && !step->spec_mode_measured) {
-      // Right after a change of mode: the draft model is still catching up on the steps it
-      // skipped, which belongs to the change, not to the new mode's steady rate.
-      selector_->StillWarming();
-    }
-    if (adaptive && !probe && !caught_up && draft_profiled > 0.0 && draft_seconds > 0.0) {
-      // Learn how far real drafting (choosing tokens, real contexts) is from the profile. Probes
-      // and catch-up rounds are left out: they also prefill the draft cache.
-      draft_scale_ = BoundedEmaStep(draft_scale_, draft_seconds / draft_profiled, 0.0);
-    }
-    if (!proposed.ok()) spdlog::debug("speculative: drafter: {}", proposed.ToString());
-    for (size_t i = 0; i < asked.size() && i < proposals.size(); ++i) {
-      Sequence* seq = asked[i];
-      spec::DraftProposal& proposal = proposals[i];
-      seq->draft = std::move(proposal.tokens);
-      seq->draft_match = proposal.match_length;
-      seq->draft_probs = std::move(proposal.probs);
-      seq->draft_confidence = std::move(proposal.confidence);
-      drafted += static_cast<int64_t>(seq->draft.size());
-    }
-  }
-  std::vector<int> verify_len(decodes.size());
-  for (size_t i = 0; i < decodes.size(); ++i) {
-    verify_len[i] = static_cast<int>(decodes[i]->draft.size());
-  }
-  if (adaptive && drafted > 0 && keep_threshold < 0.0) {
-    // (Drafts stopped by confidence are verified whole: each token was drafted only because its
-    // survival, known before it was drawn, paid for its verification.)
-    // The budget comes from earlier steps' acceptance estimates (keyed by match length and
-    // position), never from the drafted tokens themselves: lossless (budget.h). The drafting
-    // just done is part of the step's time.
-    std::vector<spec::VerifyCandidate> candidates(decodes.size());
-    for (size_t i = 0; i < decodes.size(); ++i) {
-      const Sequence* seq = decodes[i];
-      if (calibration_ != nullptr) {
-        // Prior from per-position rates sizes B; the current row (confidences known before
-        // each token was chosen) hands out the slots.
-        const spec::DraftCalibration* calibration = CalibrationFor(seq->draft_history);
-        calibration->PositionPrior(verify_len[i], &candidates[i].prior);
-        if (seq->draft_confidence.size() == static_cast<size_t>(verify_len[i])) {
-          calibration->Survival(seq->draft_confidence, &candidates[i].current);
-        }
-      } else {
-        survival_->Survival(seq->draft_match, seq->draft_history, verify_len[i],
-                            &candidates[i].prior);
-      }
-    }
-    shape.extra_seconds += draft_predicted;
-    absl::StatusOr<spec::VerifyPlan> plan = spec::PlanVerification(shape, candidates, cost_.get());
-    if (plan.ok()) {
-      // A probe verifies one draft more than the plan per sequence: whether d_j is verified
-      // still depends only on a_1..a_{j-1} of its own row.
-      for (size_t i = 0; i < decodes.size(); ++i) {
-        verify_len[i] = std::min(verify_len[i], plan->verify_len[i] + (probe ? 1 : 0));
-      }
-    }
-  }
-  // Whatever the plan, the step's token budget has the last word (in running order).
-  for (size_t i = 0; i < decodes.size(); ++i) {
-    const int64_t len = std::min<int64_t>(verify_len[i], spare);
-    decodes[i]->draft.resize(len);
-    spare -= len;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.spec_drafted_tokens += drafted;
-  stats_.spec_draft_seconds += draft_seconds;
-  stats_.spec_draft_predicted_seconds += draft_predicted;
-  if (no_draft) ++stats_.spec_no_draft_steps;
-  if (length_vetoed) ++stats_.spec_length_vetoed_steps;
-  stats_.spec_catch_up_skipped += skipped;
-  stats_.spec_draft_cost_scale = draft_scale_;
-  if (model_drafter_ != nullptr) {
-    stats_.spec_draft_evictions = model_drafter_->evictions();
-    stats_.spec_draft_reused_tokens = model_drafter_->reused_tokens();
-    stats_.spec_draft_skipped_tokens = model_drafter_->skipped_tokens();
-  }
-  if (probe) ++stats_.spec_probe_steps;
-}
-
 void LlmEngine::PublishQueueStats() {
+  ExportSpecStats();
   stats_.running = static_cast<int64_t>(running_.size());
   stats_.waiting = static_cast<int64_t>(waiting_.size());
   stats_.awaiting_kv = static_cast<int64_t>(awaiting_kv_.size());
@@ -2203,15 +1354,15 @@ void LlmEngine::SchedulerLoop() {
 
     // Speculative decoding: a step that may draft needs every sequence's latest token, so the
     // step in flight is processed first; one that may not is prepared while it runs.
-    const DraftGate gate = stopping ? DraftGate() : PlanDrafting();
-    if (gate.may_draft && in_flight) {
+    const speculative::StepPlan plan = stopping ? speculative::StepPlan() : PlanDrafting();
+    if (plan.may_draft && in_flight) {
       complete_in_flight();
       release();
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.spec_synced_steps;
     }
     const auto sched_start = Clock::now();
-    std::unique_ptr<Step> next = stopping ? std::make_unique<Step>() : Schedule(gate);
+    std::unique_ptr<Step> next = stopping ? std::make_unique<Step>() : Schedule(plan);
     const auto sched_end = Clock::now();
     {
       std::lock_guard<std::mutex> lock(mu_);

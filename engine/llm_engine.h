@@ -19,24 +19,22 @@
 //   blocks: their full-attention layers read every key; their sliding layers share the table.)
 // - Abort at any point frees every block the request held (after the step that may be using
 //   them has finished).
-// - Speculative decoding (EngineOptions::speculative, off by default): a decoding sequence's
-//   drafter (engine/spec) proposes up to k tokens; the step feeds the last accepted token plus
-//   the k' drafts it verifies and gets logits for all 1 + k' positions; the verifier (greedy, or
-//   rejection sampling: lossless) emits 1..k'+1 tokens. The KV of rejected positions is rolled
-//   back (the sequence's length returns to the accepted count and blocks needed only by
-//   rejected positions are freed); only blocks whose tokens are all accepted are published to
-//   the prefix cache. EOS, stop token ids, max_tokens and stop strings apply per emitted token.
-//   Overlap with speculation: a step that verifies drafts runs synchronously (the next step's
-//   positions depend on how many drafts it accepts, and drafting needs every sequence's latest
-//   token). Before scheduling a step the engine decides, from earlier steps only (the adaptive
-//   planner's inputs: cost tables, overhead estimates, acceptance estimates, the probe counter;
-//   without `adaptive`: always), whether it may draft. If it may, the step in flight is waited
+// - Speculative decoding (EngineOptions::speculative, off by default; engine/speculative, driven
+//   through speculative::SpeculativeController): a decoding sequence's drafter proposes up to k
+//   tokens; the step feeds the last accepted token plus the k' drafts it verifies and gets logits
+//   for all 1 + k' positions; the verifier (greedy, or rejection sampling: lossless) emits 1..k'+1
+//   tokens. The KV of rejected positions is rolled back (the sequence's length returns to the
+//   accepted count and blocks needed only by rejected positions are freed); only blocks whose
+//   tokens are all accepted are published to the prefix cache. EOS, stop token ids, max_tokens and
+//   stop strings apply per emitted token. Overlap with speculation: a step that verifies drafts
+//   runs synchronously (the next step's positions depend on how many drafts it accepts, and
+//   drafting needs every sequence's latest token). Before scheduling a step the controller decides
+//   (Plan), from earlier steps only, whether it may draft. If it may, the step in flight is waited
 //   for and processed first; if not (adaptive draft length 0 / verification budget 0, and not a
 //   probe), the step is scheduled while the previous one runs, exactly as without speculation.
-//   Drafts share the step's token budget with what one token per decode and the running
-//   prefills leave.
-//   Greedy outputs are token-identical to decoding without speculation; sampled outputs have the
-//   same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
+//   Drafts share the step's token budget with what one token per decode and the running prefills
+//   leave. Greedy outputs are token-identical to decoding without speculation; sampled outputs have
+//   the same distribution, but a seed reproduces a run only under the same non-adaptive SpecOptions
 //   (rejection sampling draws differently; an adaptive budget depends on measured step times).
 //
 // Thread-safety: Submit, Abort and GetStats are thread-safe. Output callbacks run on the engine's
@@ -71,255 +69,17 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "engine/spec/budget.h"
-#include "engine/spec/mode_selector.h"
+#include "engine/speculative/controller.h"
+#include "engine/speculative/options.h"
+#include "engine/speculative/stats.h"
 #include "engine/text_stream.h"
 #include "nlohmann/json.hpp"
 
 namespace deepinfer::engine {
 class ChatTemplate;
-namespace spec {
-class DraftCalibration;
-class Drafter;
-class ModelDrafter;
-class NgramSurvivalStats;
-}  // namespace spec
 }  // namespace deepinfer::engine
 
 namespace deepinfer::engine {
-
-// Speculative decoding. The decode node (node/worker_runtime.cc, where it builds EngineOptions)
-// should fill this from its flags; a prefill-only node has no use for it.
-struct SpecOptions {
-  bool enabled = false;
-  // "ngram": prompt lookup (engine/spec/ngram_drafter.h). "draft_model": a small checkpoint with
-  // the target's vocabulary (engine/spec/model_drafter.h), loaded by Create from
-  // `draft_model_path`; its drafts are sampled at each request's temperature (arg-max at 0) and
-  // carry their distribution, so rejection sampling stays lossless.
-  std::string drafter = "ngram";
-  int min_n = 1;                   // n-gram drafter: shortest suffix matched, >= 1
-  int max_n = 4;                   // longest suffix matched, in [min_n, 64]
-  int num_speculative_tokens = 4;  // k: drafts proposed per sequence and step, in [1, 64]
-  // Draft model: Hugging Face checkpoint directory (required with drafter "draft_model"), the
-  // blocks of its own KV cache (EngineOptions::block_size tokens each; 0: as many as the target's
-  // cache, EngineOptions::num_blocks, so every sequence the target holds fits in the draft cache
-  // too; the least recently used sequence's draft KV is evicted when full and recomputed on its
-  // next draft) and its forward-pass threads (<= 0: all).
-  std::string draft_model_path;
-  int draft_num_blocks = 0;
-  int draft_threads = 0;
-  // Draft model: at most this many not-yet-cached context tokens are fed to the draft model per
-  // sequence and step (a new request's prompt catches up over several steps, drafting once it
-  // has, instead of stalling one step for the whole prompt); 0: no limit.
-  int draft_catch_up_tokens = 128;
-  // Draft model: a sequence whose draft KV lags its context by more than this many tokens skips
-  // ahead instead of catching up (spec::ModelDrafterOptions::catch_up_window): the draft model
-  // keeps what it holds and is fed only the context's last this-many tokens, so drafting after a
-  // stretch without it (a bucket the selector froze on no drafting, a new request's prompt) costs
-  // a bounded catch-up, not a prefill of everything since. Lossless (drafts are verified); 0: every
-  // token is fed.
-  int draft_catch_up_window = 0;
-  // Draft model: the window applies only while at least this many sequences decode (fewer: every
-  // token is fed; spec::ModelDrafterOptions::catch_up_window_min_sequences). >= 1.
-  int draft_catch_up_window_min_sequences = 1;
-  // Draft model, adaptive: on steps that draft nothing (no drafting mode of the selector, or the
-  // plan's L = 0), every decoding sequence whose draft KV lags its context by this many tokens or
-  // more is fed (spec::ModelDrafter::Feed, at most draft_catch_up_tokens each), so the draft
-  // model stays within this many tokens of every sequence. A step that drafts after steps that
-  // did not then feeds only that little, so switching drafting back on costs one short catch-up,
-  // not a prefill of everything since the last draft (a new request's whole prompt, for every
-  // running sequence): without it the selector measured a drafting epoch after one without as
-  // mostly catch-up, and non-drafting epochs did not pay for the work they left behind. The
-  // feeding runs in the step's period, so non-drafting modes' measured rates include it. Not in
-  // the epochs of a bucket the selector froze (no drafting mode comes within its freeze_below of
-  // not drafting there: spec::DraftModeSelector), whose rare trials catch up instead. 0: no
-  // feeding (the draft model catches up when it next drafts).
-  int draft_upkeep_tokens = 16;
-  // Adaptive verification (engine/spec/budget.h): each step verifies the number of drafts that
-  // maximises expected tokens per second, from online per-position acceptance estimates (keyed by
-  // n-gram match length, or for a draft model calibrated from its confidence: DraftCalibration in
-  // budget.h) and a cost table profiled on the model when the engine is created. The step time in
-  // the objective is the forward time the table predicts, corrected by an online fit of measured
-  // against predicted forward passes (spec::ForwardCostFit: scale x table + offset + per-request
-  // cost, forgetting at 0.99 per step), plus the measured per-step overhead: an exponential average
-  // (weight 0.1 per step) of each adaptive step's period (from processing the previous step's
-  // outputs, or from its scheduling after an idle engine, through processing its own) minus its
-  // measured forward pass (and minus a draft model's measured drafting time), clamped >= 0; so
-  // under load, when a step's fixed cost is large, verifying more drafts pays, and when forward
-  // passes run slower than profiled, it pays less. Synchronous steps (those that may draft) and
-  // overlapped ones (EngineOptions::overlap, no drafts) keep separate averages: drafting is weighed
-  // at the first against not drafting at the second (until a synchronous step was measured, the
-  // overlapped average stands in for it). A draft model pays for every token it drafts, so before
-  // drafting the step chooses one draft length L in [0, k] for its decoding sequences
-  // (PlanDraftLength) from the prior acceptance rows, the target's cost, the overhead and the draft
-  // model's cost per round (n sequences x 1 token, profiled at creation, scaled by the average
-  // ratio of measured to profiled drafting time); a longer L must promise 3% more tokens per second
-  // than the best shorter one; L = 0 skips drafting and verification for the step (which then
-  // overlaps with the previous one). With L >= 2 each sequence may stop early: before drawing draft
-  // token j >= 1 the drafter asks (spec::DraftRequest::keep_drafting) whether its calibrated
-  // survival a_j, from the draft's confidences so far, is at least the plan's tokens per second x
-  // (the forward time of one more verified token + its share of a draft round); the drafted tokens
-  // are then all verified (lossless: each decision precedes its token's draw). The n-gram drafter
-  // (nearly free) drafts k, unless even the most optimistic acceptance rows (the best over match
-  // lengths) would verify none: then it is not asked. Probes count steps with decoding sequences;
-  // one falls due at the next that can draft. Probing: every `probe_interval`-th adaptive step
-  // verifies one draft more per sequence than the plan (a draft model drafts one more for the one
-  // sequence whose draft cache lags least, one position past its confidence stop, so after a run
-  // of L = 0 one sequence catches up and verifies one token), so that positions the plan stopped
-  // verifying keep being observed and estimates can recover; 0 turns probing off. While no plan
-  // between two probes drafts, the gap doubles (up to 16 x probe_interval), and it returns to
-  // probe_interval once a plan drafts again.
-  // A measured check overrules the plan's "draft": where the steps it drafted in (probes aside)
-  // emitted fewer tokens per second than those it did not, at the same number of decoding
-  // sequences (bucketed by powers of two), the step does not draft, until that measurement fades
-  // (spec::DraftingRateCheck); likewise a draft model's planned length L >= 2 becomes 1 where
-  // steps drafting 2 or more tokens measured slower than steps drafting 1. Still lossless: the
-  // draft length, the budget and probes depend only on earlier steps (and the step count). With a
-  // flat or missing cost table every draft is verified (and a warning is logged once).
-  bool adaptive = false;
-  // Adaptive: measure the plan above against fixed draft lengths (1, 2, 4, ... up to k) and no
-  // drafting, and run whichever realises the most tokens per second at the current number of
-  // decoding sequences (spec::DraftModeSelector: epochs of >= 16 steps, or 4 of many sequences, and
-  // 0.25 s; each losing mode revisited, at a cost of about 0.2% of the run, in a trial whose steps
-  // alternate with the incumbent's; draft lengths past a clear loser pruned; buckets where no
-  // drafting mode pays frozen, without draft-model upkeep). Off: the plan decides every step.
-  bool select_mode = true;
-  // With select_mode: the longest fixed draft length measured against the plan (lengths 1, 2,
-  // 4, ... up to it, and it); 0: num_speculative_tokens. The plan itself may still draft and
-  // verify up to num_speculative_tokens. An n-gram drafter costs nothing per proposed token, so a
-  // long cap lets the plan verify long runs where its estimates say they pay (a request copying
-  // text: at one decoding sequence 65% of 8-token verifications were accepted whole, issue 12,
-  // session 21), while a fixed length that long pays its verification everywhere: at 8
-  // concurrent requests a fixed 16 took the 5-8 bucket (its trials rated it 96-100% of the plan)
-  // and ran a third of the node's time at 76% of the plan's tokens per second (session 22).
-  // On the CPU the lengths also hold the one whose single sequence fills a pass of the
-  // projections over the weights (kernels::LinearRowsPerPass - 1, where above 1 and below the
-  // longest: 3 on AVX-512 BF16): a fourth token in a pass costs little and a fifth starts the
-  // next. At one decoding request a draft model's fixed 3 ran 1.81 tokens/ms where 2 ran 1.69 and
-  // the selector, choosing among the plan, 1, 2, 4 and 8, 1.58 (issue 12, session 40). Under the
-  // selector's draft catch-up window (16 tokens, node/worker_flags.h) its 3 emitted 2.31-2.33
-  // tokens a step where the fixed node's emitted 2.62 (the later positions copy from earlier turns,
-  // which the window hides), and two full sweeps measured no clear gain at one request (1.40 and
-  // 1.48 of no speculation against sweeps before at 1.37 and 1.49); a node with the window off lost
-  // 2-12% at every concurrency. The selector runs 3 where it measures fastest.
-  int select_max_length = 0;                        // in [0, num_speculative_tokens]
-  spec::DraftModeSelector::Options select_options;  // the selector's epochs and exploration
-  // Adaptive, n-gram drafts: key the acceptance estimates by what the request's previous verified
-  // draft did as well (accepted whole, or not: spec::DraftHistory), not by match length alone.
-  // Off by default: in an A/B on the coding workload (issue 12, session 15) it measured no better
-  // (within the noise; 2 of 3 concurrencies a few percent behind), its estimates split three ways.
-  bool ngram_history = false;
-  // Adaptive, draft model: calibrate the draft's confidences apart for sequences whose previous
-  // verified draft was accepted whole and for the others (rejected, or none yet). Known before
-  // the step drafts: lossless. At one decoding sequence (issue 12, session 22) a step after a draft
-  // accepted whole emitted 35-45% more tokens than one after a rejection at the same
-  // confidence-chosen length (3.36 against 2.46 at 3 verified), so one calibration stops drafts
-  // too early after accepted ones and too late after rejected ones. Off by default: in an A/B on
-  // the coding workload it measured no better (+5% at 1 concurrent request, -4% at 8, level at
-  // 32; the plan's own rate at 5-8 decoding sequences 3% lower, within the noise).
-  bool draft_model_history = false;
-  // Adaptive, draft model: the rate in the confidence stop's threshold (each sequence drafts
-  // position j while a_j >= rate x (one more verified token + its share of a draft round)). True:
-  // the tokens per second the plan's drafting steps realised at this many decoding sequences
-  // (spec::DraftingRateCheck, once it has data there), else (default) the plan's predicted rate.
-  // Stopping where a_j falls below the achievable rate x its cost maximises tokens per second,
-  // and re-deciding at the realised rate is Dinkelbach's iteration for a ratio; the predicted rate
-  // comes from prior rows observed only where earlier drafts were confident enough to be
-  // verified. At one decoding sequence the plan verified 2.6-2.8 tokens a step where k = 4's 4
-  // emitted 0.3 tokens more for 0.2 ms, 1.5 tokens/ms at the margin against 1.07 on average
-  // (issue 12, session 22's traces), which suggested the predicted rate stopped drafts early.
-  // Off by default: measured beside it in the same rounds (session 23) the realised rate drafted
-  // longer and worse (at one decoding sequence 2.9 verified, 0.7 accepted a step, against 2.4
-  // and 1.3; the node 1.731 / 1.144 / 0.883 of no speculation at 1 / 8 / 32 concurrent requests
-  // against 1.716 / 1.210 / 0.944): the calibrated survival of low-confidence positions, which
-  // the threshold then reaches, is optimistic, and a lower realised rate lowers the threshold
-  // further.
-  bool draft_stop_measured_rate = false;
-  // Adaptive, draft model: how far below the best draft length's predicted rate (relative, in
-  // [0, 1)) a longer length may be and still be drafted, for the confidence stop to cut. The plan
-  // scores each L as if every sequence drafted all L tokens, so where the prior rows rate L = 1
-  // and L = 2 about alike (ties and near-ties go to the shorter) it drafts 1, and with L = 1 no
-  // confidence stop runs (it decides positions j >= 1): no second token is drafted, not even
-  // where the draft is confident. At one decoding sequence the plan drafted 1 token in 92% of its
-  // steps (issue 12, session 31: a node running the plan at about k = 1's rate). With a slack s
-  // > 0 the step drafts up to the longest L whose rate is at least (1 - s) x the best L's, and each
-  // sequence stops once its calibrated survival is not worth the next token (the threshold from
-  // the best L's rate and budget, as before): the stop drafts a position only where it raises
-  // the expected rate, so L with the stop does at least as well as without. The measured check on
-  // long drafts (steps drafting 2 or more against steps drafting 1) overrules it where on (below).
-  // Still lossless: L comes from earlier steps' estimates. 0: the best L.
-  // Default 0.25 from at least draft_stop_extend_min_decoding decoding sequences (0 until issue
-  // 12, session 36). Measured beside the plan without it (and without the length check) in the
-  // same rounds, draft model, decode tokens/s per ms of step period by decoding count: 1.97
-  // against 1.75 at 5-8 (2.35 tokens a sequence-step for 2.0 verified; a node running k = 1
-  // alone 1.79) and 2.08 against 1.90 at 17-32 (2.33 for 1.88; k = 1 alone 2.01), but 1.24
-  // against 1.40 at one sequence, where the stop's lower threshold reaches positions whose
-  // calibrated survival is optimistic (3 verified, 1 accepted, in a third of its steps), and
-  // 1.30 against 1.42 at 2. From 5 instead (issue 12, session 38, beside 3 in the same 6 rounds):
-  // 1.097 / 1.093 of no speculation at 8 / 32 concurrent requests against 1.143 / 1.135.
-  double draft_stop_extend = 0.25;
-  int draft_stop_extend_min_decoding = 3;  // >= 1: fewer decoding sequences draft the best L
-  // Adaptive, draft model: the measured check on long drafts (length_check_ in LlmEngine; see
-  // spec::DraftingRateCheck): where the plan's steps that drafted 2 or more tokens per sequence
-  // realised fewer tokens per second than its steps that drafted 1, the planned length is cut to
-  // 1. It only sees the plan's own steps, so once it vetoes, long drafts are no longer measured
-  // until its data fades (about 140 of the plan's steps in the bucket). Default off (on until
-  // issue 12, session 36): it held the plan to one drafted token at every count while drafts
-  // of 2 where the draft model was confident measured faster (above).
-  bool draft_length_check = false;
-  // Adaptive with select_mode, draft model: a sequence whose draft KV is far behind (a new
-  // prompt, or tokens decoded while its bucket drafted nothing and skipped the upkeep) is caught
-  // up, for drafting or by the upkeep, only where drafting's steady gain in that bucket
-  // (DraftModeSelector::DraftingGain) over the tokens it may still emit (max_tokens) saves more
-  // time than the catch-up costs at the measured time per token (spec::CatchUpPays); else it goes
-  // on without drafts. As a round of 8 concurrent requests winds down, the count falls from 5-8
-  // sequences (frozen on no drafting) into buckets held by drafting modes, and their first steps
-  // fed every sequence's prompt and answer so far to the draft model: a quarter of the 3-4
-  // bucket's time at 0.23 tokens per ms, against 0.88 without speculation (issue 12, session 32).
-  // Lossless: the decision uses counts and earlier steps' estimates only. Default off: measured
-  // beside the same node without it (issue 12, session 32, draft model only, two cold and three
-  // measured rounds), decode tokens/s over no speculation 1.307 / 0.914 / 0.922 at 1 / 8 / 32
-  // concurrent requests against 1.272 / 0.950 / 0.847: no clear gain, and a cost in what the
-  // selector sees. Drafting modes' steps then carry sequences that draft nothing, so their rates
-  // look like no drafting's and buckets do not freeze: at 8 concurrent requests the plan held the
-  // 5-8 bucket at 0.61 tokens per ms of step period, against 0.78 without the gate and 0.78 in a
-  // node without speculation.
-  bool catch_up_gate = false;
-  int profile_runs = 5;     // adaptive: forward passes per profiled shape (median), >= 5
-  // Adaptive: the context (tokens already cached) of every sequence in the profiled steps, >= 1;
-  // less where the KV cache or the model's positions do not fit it (LlmEngine::ProfileCost). A
-  // verified draft token attends over its sequence's context like any other, so the table's price
-  // of one token more grows with it: at 32 (until issue 12, session 40) the table priced a token
-  // at 8 requests at 0.10 ms where steps in service at ~600 cached tokens paid 0.15, and the plan
-  // verified 1.9 drafts a sequence at 5-8 decoding requests, 7% slower than drafting one.
-  int profile_context = 512;
-  // Adaptive, on a CPU backend whose projections multiply several tokens per pass: the start-up
-  // profile also measures the edges where one token more starts a pass (spec::CostProfileShapes)
-  // in its rows of at most this many requests, >= 0; 0 (auto): 8 where a pass takes
-  // kAutoEdgeRowsPerPass tokens or more (AMX), else 1. With 1 (as until issue 12, session 42)
-  // only the one-request row holds them, so at 2-8 decoding sequences the table spreads a pass's
-  // cost evenly between its powers of two: with AMX (16 rows a pass, one token past a pass 0.8
-  // ms at 8 requests, where the 15 tokens before it cost 0.9) an n-gram node's plan at 3-4
-  // sequences verified 5.7 drafts a sequence, as many as a fixed length of 8, for 2.7 tokens/ms
-  // where a node drafting 4 ran 3.2; with 8 it ran 3.0, and 4% faster at 8 concurrent requests
-  // (session 42). On 4-row passes (AVX-512 BF16) a pass's jump is close to the profile's noise,
-  // and edges at 8 and 32 requests drove the plan with it (session 39).
-  int profile_edge_requests = 0;
-  static constexpr int kAutoEdgeRowsPerPass = 16;
-  int probe_interval = 16;  // adaptive: steps between probes, >= 0
-  // Adaptive, draft model: a probe's sequence drafts one position past its confidence stop
-  // (spec::ConfidenceStop). False (as until issue 12, session 37): it drafts the plan's length + 1
-  // without the stop.
-  bool probe_past_stop = true;
-  // Adaptive: use this table (copied by Create; e.g. profiled once per node, or a fixed one in
-  // tests) instead of profiling. Unset: Create profiles the model, running forward passes on it
-  // (so no other thread may be running the model then).
-  const spec::CostTable* cost_table = nullptr;
-  // Adaptive with a draft model: the draft round cost (StepSeconds(n, n): one pass of n
-  // sequences x 1 token) to use instead of profiling the draft model
-  // (spec::ModelDrafter::ProfileRoundCost); copied by Create.
-  const spec::CostTable* draft_cost_table = nullptr;
-};
 
 struct EngineOptions {
   int num_blocks = 1024;
@@ -330,9 +90,8 @@ struct EngineOptions {
   bool enable_prefix_cache = true;
   bool chunked_prefill = true;
   // Prepare step N+1 on the scheduler thread while step N runs on the executor thread. Worth it
-  // with a CPU for each; on one (a pinned process) the two threads only take turns: a
-  // no-speculation decode node measured 6-8% slower with it (issue 12, session 12, A/B in the same
-  // rounds), so workers turn it off there (--overlap).
+  // with a CPU for each; on one (a pinned process) the two threads only take turns and it is
+  // slower, so workers turn it off there (--overlap).
   bool overlap = true;
   uint64_t hash_seed = 0;
   std::vector<int32_t> eos_token_ids;
@@ -434,7 +193,9 @@ struct PrefillResult {
 };
 using PrefillCallback = std::function<void(absl::StatusOr<PrefillResult>)>;
 
-struct EngineStats {
+// Queue, step and block figures; the speculative-decoding ones (spec_*) come from
+// speculative::SpecStats.
+struct EngineStats : speculative::SpecStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t awaiting_kv = 0;  // reserved for a remote prefill (ReserveForRemotePrefill)
@@ -455,88 +216,11 @@ struct EngineStats {
   int64_t finished = 0;
   int64_t window_released_blocks = 0;  // blocks given back early by sliding-window models
   int64_t kv_events_dropped = 0;
-  // Speculative decoding (0 when off).
-  int64_t spec_steps = 0;             // steps that verified at least one draft token
-  int64_t spec_drafted_tokens = 0;    // tokens the drafter proposed (capped by k and max_tokens)
-  int64_t spec_verified_tokens = 0;   // of those, fed to the model for verification
-  int64_t spec_accepted_tokens = 0;   // of those, accepted
-  // Draft model: verifications (one per sequence and step) fed to the confidence calibration of
-  // sequences whose previous verified draft was accepted whole (SpecOptions::draft_model_history;
-  // 0 without it) and to the other calibration.
-  int64_t spec_calibrated_after_accepted = 0;
-  int64_t spec_calibrated_other = 0;
-  bool spec_adaptive_active = false;  // adaptive budget in use (a usable cost table exists)
-  int64_t spec_cost_context = 0;      // the context the cost table was profiled at; 0: given
-  // Adaptive steps with decoding sequences: their predicted time (forward scale x cost table +
-  // overhead + predicted drafting, with the estimates before the step), their measured time
-  // (period through output processing; SpecOptions::adaptive), and the current per-step overhead
-  // estimate of synchronous steps in the objective (average of the period - the measured forward
-  // pass - measured draft-model drafting, clamped >= 0).
-  int64_t spec_timed_steps = 0;
-  double spec_predicted_step_seconds = 0.0;
-  double spec_measured_step_seconds = 0.0;
-  double spec_overhead_seconds = 0.0;
-  // Drafting time: measured (the drafter's calls) and, for a draft model, predicted.
-  double spec_draft_seconds = 0.0;
-  double spec_draft_predicted_seconds = 0.0;
-  double spec_draft_cost_scale = 1.0;  // draft model: measured / profiled drafting, averaged
-  // Measured target forward time ~= scale x profiled + offset + per_request x requests
-  // (spec::ForwardCostFit).
-  double spec_forward_scale = 1.0;
-  double spec_forward_offset_seconds = 0.0;
-  double spec_forward_per_request_seconds = 0.0;
-  int64_t spec_no_draft_steps = 0;  // draft model, adaptive: steps that chose L = 0
-  // Draft model: sequences whose draft KV was evicted to make room (SpecOptions::draft_num_blocks)
-  int64_t spec_draft_evictions = 0;
-  // Draft model: context tokens whose draft KV a new request adopted from a finished one's
-  int64_t spec_draft_reused_tokens = 0;
-  // Draft model: context tokens never fed to it, skipped by SpecOptions::draft_catch_up_window
-  int64_t spec_draft_skipped_tokens = 0;
-  // Draft model, adaptive: context tokens fed to the draft model on steps that drafted nothing
-  // (SpecOptions::draft_upkeep_tokens), and the time spent feeding them.
-  int64_t spec_draft_upkeep_tokens = 0;
-  double spec_draft_upkeep_seconds = 0.0;
-  // Adaptive with select_mode and a draft model: steps in which the draft model caught up on a
-  // whole prompt, left out of the selector's measurements (a per-request cost of every mode).
-  int64_t spec_prompt_catch_up_steps = 0;
-  int64_t spec_probe_steps = 0;  // adaptive steps that probed (probe_interval)
-  // Adaptive: steps the plan would have drafted in but did not, because drafting steps measured
-  // fewer tokens/s than non-drafting ones at that many decoding sequences (DraftingRateCheck).
-  int64_t spec_rate_vetoed_steps = 0;
-  // Draft model, adaptive: steps whose planned draft length >= 2 was cut to 1 because such steps
-  // measured fewer tokens/s than steps drafting 1 token (DraftingRateCheck).
-  int64_t spec_length_vetoed_steps = 0;
-  // Adaptive with select_mode (spec::DraftModeSelector): steps run by the plan, at a fixed draft
-  // length and without drafting; epochs; epochs given to a mode that was not the best measured;
-  // the current epoch's mode (-1: the plan, else its fixed draft length, 0: none).
-  int64_t spec_select_plan_steps = 0;
-  int64_t spec_select_fixed_steps = 0;
-  int64_t spec_select_off_steps = 0;
-  // Steps of the selector's modes that also computed prompt tokens (a local prefill's chunk):
-  // left out of its measurements.
-  int64_t spec_select_prompt_steps = 0;
-  int64_t spec_select_epochs = 0;
-  int64_t spec_select_explorations = 0;
-  int64_t spec_select_mode = -1;
-  // The longest fixed draft length a selector step ran (0: none), and the most draft tokens one
-  // sequence verified in one step (any mode).
-  int64_t spec_select_longest_fixed = 0;
-  int64_t spec_longest_verified = 0;
-  // The fixed draft lengths the selector measures against the plan, ascending (empty: no
-  // selector; SpecOptions::select_max_length).
-  std::vector<int> spec_select_lengths;
-  // Draft model, SpecOptions::catch_up_gate: sequence-steps in which a sequence far behind was
-  // neither drafted for nor caught up, its catch-up not worth what it had left to emit.
-  int64_t spec_catch_up_skipped = 0;
   // Overlap (EngineOptions::overlap): steps handed to the executor thread while the scheduler
   // prepared the next one, and (speculation) steps that first waited for the step in flight
   // because they were allowed to draft.
   int64_t overlapped_steps = 0;
   int64_t spec_synced_steps = 0;
-  // Adaptive with overlap: the per-step overhead of overlapped steps (no drafts), averaged as
-  // spec_overhead_seconds but over the time between consecutive steps' completions; the plan
-  // compares drafting (synchronous, spec_overhead_seconds) against not drafting at this cost.
-  double spec_overlap_overhead_seconds = 0.0;
 };
 
 class LlmEngine {
@@ -609,37 +293,31 @@ class LlmEngine {
 
   LlmEngine(Model* model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
 
-  // Speculative decoding: whether the next step may draft (then the step in flight is processed
-  // before it is scheduled) and whether it probes. Decided from earlier steps only.
-  struct DraftGate {
-    bool may_draft = false;
-    bool probe = false;
-    // The mode selector's choice (selector_): its mode index (-1 without one), whether the step
-    // is measured, and for a fixed-length mode that length (-1: the plan decides).
-    int mode = -1;
-    bool mode_measured = false;
-    int fixed_length = -1;
-    // Whether a step that drafts nothing feeds the draft model (UpkeepDrafter): not in a bucket
-    // the selector froze (spec::DraftModeSelector::Choice::upkeep), and whether that feeding
-    // also catches up sequences far behind (Choice::catch_up).
-    bool upkeep = true;
-    bool upkeep_catch_up = true;
-  };
-
   void SchedulerLoop();
   // Scheduler thread, mu_ held: the queue and block figures of stats_ (running, waiting, awaiting
   // KV, held, pending prefill, blocks) from the scheduler's lists, and the block manager's new KV
   // events into kv_events_. After every loop iteration and every RunOnScheduler command.
   void PublishQueueStats();
   void ExecutorLoop();
-  // Plans the next step. With speculation, `gate.may_draft` requires that no step is in flight.
-  std::unique_ptr<Step> Schedule(const DraftGate& gate);
-  DraftGate PlanDrafting();
-  // The per-step overhead (seconds, >= 0) of a synchronous step, for the adaptive plans.
-  double SyncOverheadSeconds() const;
-  // The planner's view of a synchronous (drafting) step: the counts given, the fitted forward
-  // cost (forward_fit_) and the synchronous overhead.
-  spec::StepShape SyncStepShape(int sampling_requests, int step_tokens, int step_requests) const;
+  // Plans the next step. With speculation, `plan.may_draft` requires that no step is in flight.
+  std::unique_ptr<Step> Schedule(const speculative::StepPlan& plan);
+  // Plans `seq` for up to `*budget` tokens of `step` (with the drafts in its `draft`); sets
+  // `*preempting` when it had to ask another sequence to give its blocks back.
+  void PlanSequence(Sequence* seq, Step* step, int64_t* budget, bool* preempting);
+  // Admits the first waiting sequence (its blocks, the prefix cache) into running_; false when
+  // its blocks cannot be allocated now.
+  bool AdmitWaiting();
+  // Speculative decoding: the next step's decoding sequences (one known token to feed, counting
+  // samples in flight; `views` for the controller, parallel to `decodes`), and the tokens and
+  // sequences of the prompts it continues.
+  void CollectDecodes(std::vector<Sequence*>* decodes,
+                      std::vector<speculative::DecodeView>* views, int64_t* prefill_tokens,
+                      int* prefills);
+  // Whether the next step may draft (controller_->Plan); no drafting without a controller.
+  speculative::StepPlan PlanDrafting();
+  // Speculative decoding in Schedule: drafts for the decoding sequences (or the draft model's
+  // upkeep) within `budget`, into each sequence's `draft`.
+  void PrepareSpeculation(const speculative::StepPlan& plan, int64_t budget, Step* step);
   // Fills step inputs from the now-known tokens and runs it (inline without overlap or with
   // drafts, else on the executor). Returns true when the step was handed to the executor; else
   // sets `*executed_at` to when its execution ended (if it ran).
@@ -660,7 +338,30 @@ class LlmEngine {
   // Runs `fn` on the scheduler thread and waits for it. kFailedPrecondition when not running.
   absl::Status RunOnScheduler(std::function<absl::Status()> fn);
   Sequence* FindIn(std::list<std::unique_ptr<Sequence>>& list, const std::string& id);
+  // Per-step counts Process gathers over a step's items.
+  struct StepTally {
+    int64_t tokens = 0;            // tokens the step computed
+    int64_t emitted_tokens = 0;    // sequences that sampled (one token each before drafts)
+    int64_t verified = 0;          // draft tokens verified
+    int64_t accepted = 0;          // of those, accepted
+    int64_t generated_before = 0;  // the sampled sequences' output tokens before the step
+  };
+  // Processes a finished step's outputs: every item (ProcessItem), then the step's figures
+  // (FinishStep).
   void Process(Step& step);
+  // One item of a processed step: its KV and blocks, its verified drafts, its emitted tokens.
+  void ProcessItem(const Step& step, Planned& p, StepTally* tally);
+  // A prefill-only sequence sampled its first token: hold its blocks for the transfer.
+  void HoldPrefilled(Sequence* seq, SampleResult& first, int64_t kv_end);
+  // Emits a sampling sequence's tokens up to the first stop condition; its KV is valid up to
+  // `kv_end`; `drafted`: the step verified drafts for it (blocks of rejected positions freed).
+  void EmitTokens(Sequence* seq, bool drafted, std::vector<SampleResult>* emitted,
+                  int64_t kv_end);
+  // The step's timing and counters (stats_, the controller's OnStepProcessed).
+  void FinishStep(const Step& step, const StepTally& tally);
+  // The debug-level "step-trace" line (tools/bench/step_trace_summary.py reads it).
+  void LogStepTrace(const Step& step, const StepTally& tally,
+                    std::chrono::steady_clock::time_point processed_at) const;
   void Finish(Sequence* seq, FinishReason reason, absl::Status status);
   void HandleAborts();
   void Preempt(Sequence* seq);
@@ -668,36 +369,13 @@ class LlmEngine {
   // Sliding-window models: gives back blocks no future step will read.
   void ReleaseOutOfWindow(Sequence* seq);
   void ExecuteStep(Step& step);
-  // Speculative decoding: the drafts each decoding sequence in `decodes` verifies this step
-  // (adaptive or all), within `spare` extra tokens of the step's budget. `step_tokens` and
-  // `step_requests` estimate the step's shape before drafts, for the cost table.
-  // Records the step's predicted drafting time in `step`.
-  // `fixed_length` >= 1: draft that many tokens per sequence (capped by max_tokens and the
-  // budget) and verify all, as without adaptive verification; -1: the adaptive plan.
-  // Draft model, adaptive, a step that drafts nothing: feeds the draft model the decoding
-  // sequences whose draft KV lags by SpecOptions::draft_upkeep_tokens or more; with `catch_up`
-  // false only those within the steady bound (not CatchesUpOnPrompt).
-  void UpkeepDrafter(const std::vector<Sequence*>& decodes, bool catch_up, Step* step);
-  // Draft model: whether a sequence whose draft KV lags its context by `lag` tokens is catching
-  // up on a whole prompt (Step::spec_prompt_catch_up), beyond what steady drafting or the upkeep
-  // leaves behind (2 x draft_upkeep_tokens + k + 1).
-  bool CatchesUpOnPrompt(int64_t lag) const;
-  // Of such a lag, the tokens beyond that bound (0 when within it).
-  int64_t CatchUpExcess(int64_t lag) const;
-  // Draft model with the mode selector (SpecOptions::catch_up_gate): whether `seq`, whose draft
-  // KV lags by `lag` tokens, is worth catching up in a step of `decoding` sequences in selector
-  // mode `mode` (spec::CatchUpPays, with DraftModeSelector::DraftingGain and the measured
-  // catch-up time per token). True when nothing beyond a steady round is behind, without the
-  // gate, and while anything it needs is unknown.
-  bool CatchUpPays(const Sequence& seq, int64_t lag, int decoding, int mode) const;
-  // One step's draft-model seconds per token fed while it caught up (catch_up_token_seconds_).
-  void ObserveCatchUpTokenSeconds(double seconds_per_token);
-  void Draft(const std::vector<Sequence*>& decodes, int64_t spare, int step_tokens,
-             int step_requests, bool probe, int fixed_length, Step* step);
   // Records a sampled or verified token in the sequence's sampler state.
   void RecordOutputToken(Sequence* seq, int32_t token);
-  // Profiles the model's step cost for the adaptive budget (called by Create).
-  absl::Status ProfileCost();
+  // The cost profile's forward pass (speculative::ProfileStepFn): `requests` sequences at
+  // `context` cached tokens feed `tokens` new ones into scratch blocks; returns its seconds.
+  absl::StatusOr<double> ProfileStep(int tokens, int requests, int64_t context);
+  // Speculative decoding: the controller's counters into stats_ (mu_ held).
+  void ExportSpecStats();
   // Tokens the backend's projections multiply per pass over the weights (kernels::
   // LinearRowsPerPass on the CPU; 0 for another backend, whose passes are not the CPU's).
   int RowsPerPass() const;
@@ -742,56 +420,12 @@ class LlmEngine {
   std::thread scheduler_;
   std::thread executor_;
 
-  // Speculative decoding (scheduler thread only).
-  std::unique_ptr<spec::Drafter> drafter_;
-  spec::ModelDrafter* model_drafter_ = nullptr;  // drafter_ when it is a draft model
-  std::unique_ptr<spec::NgramSurvivalStats> survival_;
-  std::unique_ptr<spec::DraftCalibration> calibration_;  // draft model: instead of survival_
-  // Draft model with SpecOptions::draft_model_history: sequences whose last verified draft was
-  // accepted whole (calibration_ keeps the others).
-  std::unique_ptr<spec::DraftCalibration> calibration_accepted_;
-  // The calibration for a sequence whose last verified draft did `history` (null without a draft
-  // model; the same one for every history without SpecOptions::draft_model_history).
-  spec::DraftCalibration* CalibrationFor(spec::DraftHistory history) const {
-    return history == spec::DraftHistory::kAccepted && calibration_accepted_ != nullptr
-               ? calibration_accepted_.get()
-               : calibration_.get();
-  }
-  std::unique_ptr<spec::CostTable> cost_;                // null: verify every draft
-  int64_t cost_context_ = 0;  // the context ProfileCost profiled at; 0: a given table
-  std::unique_ptr<spec::CostTable> draft_cost_;  // draft model round cost; null: drafting free
-  // The step period outside the target's forward pass and the draft model's drafting, averaged
-  // (synchronous steps).
-  double overhead_ema_ = 0.0;
-  bool have_overhead_ = false;
-  // Measured forward time against the cost table's prediction and the request count: the
-  // planner's StepShape::cost_scale and an offset added to its extra_seconds.
-  spec::ForwardCostFit forward_fit_;
-  // Adaptive: measured tokens/s of drafting and non-drafting steps by batch size; vetoes the
-  // plan's drafting where it measured slower (PlanDrafting).
-  spec::DraftingRateCheck rate_check_;
-  // Draft model: the same check for drafts of 2 or more tokens against drafts of 1 (Draft).
-  spec::DraftingRateCheck length_check_;
-  // Adaptive with SpecOptions::select_mode: chooses between the plan, fixed lengths and no
-  // drafting by measured tokens per second (scheduler thread only).
-  std::optional<spec::DraftModeSelector> selector_;
-  int64_t logged_trial_epoch_ = -1;  // the selector's last trial already logged
-  double overlap_overhead_ema_ = 0.0;  // the same for overlapped steps (no drafts)
-  bool have_overlap_overhead_ = false;
-  // When the last step's outputs were processed (scheduler thread); the period of an overlapped
-  // step starts there. Unset after the engine idled.
+  // Speculative decoding (scheduler thread only; null when off).
+  std::unique_ptr<speculative::SpeculativeController> controller_;
+  // When the last step's outputs were processed (scheduler thread); a step's period starts there.
+  // Unset after the engine idled.
   std::chrono::steady_clock::time_point last_processed_at_;
   bool have_last_processed_ = false;
-  int steps_since_probe_ = 0;
-  // Steps between probes now (probe_interval, doubled while no plan drafted in between), and
-  // whether a plan drafted since the last probe.
-  static constexpr int kMaxProbeBackoff = 16;
-  int probe_gap_ = 0;
-  bool planned_draft_since_probe_ = false;
-  double draft_scale_ = 1.0;  // measured / profiled drafting time of the draft model, averaged
-  // Seconds per token the draft model spent in steps that caught up (CatchUpPays), averaged; 0
-  // before the first.
-  double catch_up_token_seconds_ = 0.0;
 };
 
 }  // namespace deepinfer::engine

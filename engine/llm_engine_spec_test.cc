@@ -21,7 +21,7 @@
 #include "engine/kv_copy_test_util.h"
 #include "engine/llm_engine.h"
 #include "engine/output_collector.h"
-#include "engine/spec/budget.h"
+#include "engine/speculative/budget.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_features.h"
@@ -117,15 +117,15 @@ EngineOptions BaseOptions() {
 
 // A cost table of base + slope x tokens seconds per step, for 1 and 8 requests and 1 and 64
 // tokens (5 runs each).
-spec::CostTable LinearCostTable(double base, double slope) {
-  std::vector<spec::CostTable::Sample> samples;
+speculative::CostTable LinearCostTable(double base, double slope) {
+  std::vector<speculative::CostTable::Sample> samples;
   for (int requests : {1, 8}) {
     for (int tokens : {1, 64}) {
       for (int run = 0; run < 5; ++run)
         samples.push_back({tokens, requests, base + slope * tokens});
     }
   }
-  return spec::CostTable::FromSamples(samples).value();
+  return speculative::CostTable::FromSamples(samples).value();
 }
 
 EngineOptions WithSpec(EngineOptions o, int k, bool adaptive) {
@@ -169,7 +169,7 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
   int64_t accepted = 0;
   // The selector needs an adaptive plan: a fixed table, as a profile taken while the machine is
   // busy can come out flat (every draft verified, no selector).
-  const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable table = LinearCostTable(1e-3, 1e-5);
   for (int k : {1, 2, 4, 8}) {
     for (int mode : {0, 1, 2}) {  // fixed k, the adaptive plan, the plan under the selector
       const bool adaptive = mode >= 1;
@@ -179,8 +179,6 @@ TEST_P(SpecEngineTest, GreedyIsTokenIdenticalWithSpeculation) {
         o = WithSelector(o);
         o.speculative.cost_table = &table;
       }
-      // The n-gram estimates keyed by the previous draft's outcome as well: still exact.
-      if (mode == 1 && (k == 2 || k == 8)) o.speculative.ngram_history = true;
       const RunResult got = RunAll(model.get(), o, reqs);
       int64_t usage_drafts = 0, usage_accepted = 0;
       for (const EngineRequest& r : reqs) {
@@ -276,7 +274,7 @@ TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
   const auto reqs = GreedyRequests(prompts, 24);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   auto table = [](double slope) {
-    std::vector<spec::CostTable::Sample> samples;
+    std::vector<speculative::CostTable::Sample> samples;
     for (int requests : {1, 8}) {
       for (int tokens : {1, 2, 8, 64}) {
         for (int run = 0; run < 5; ++run) {
@@ -284,10 +282,10 @@ TEST(SpecEngineLlamaTest, AdaptiveBudgetFollowsTheCostTable) {
         }
       }
     }
-    return spec::CostTable::FromSamples(samples).value();
+    return speculative::CostTable::FromSamples(samples).value();
   };
-  const spec::CostTable steep = table(1.0), flat = table(0.0), cheap = table(1e-5);
-  for (const spec::CostTable* cost : {&steep, &flat, &cheap}) {
+  const speculative::CostTable steep = table(1.0), flat = table(0.0), cheap = table(1e-5);
+  for (const speculative::CostTable* cost : {&steep, &flat, &cheap}) {
     EngineOptions o = WithSpec(BaseOptions(), 4, /*adaptive=*/true);
     o.speculative.cost_table = cost;
     const RunResult got = RunAll(model.get(), o, reqs);
@@ -336,7 +334,7 @@ TEST(SpecEngineLlamaTest, CostProfileRunsAtTheConfiguredContextWhereTheCacheHold
   EXPECT_EQ(profiled_context(o), 256 / 32 * 4 - 5);  // 32 requests of 27 + 5 tokens fill 256
   o.max_running = 8;
   EXPECT_EQ(profiled_context(o), 256 / 8 * 4 - 5);
-  const spec::CostTable table = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable table = LinearCostTable(1e-3, 1e-5);
   o.speculative.cost_table = &table;
   EXPECT_EQ(profiled_context(o), 0);
   o.speculative.profile_context = 0;
@@ -432,7 +430,7 @@ TEST(SpecEngineLlamaTest, SeededSamplingIsReproducible) {
 
 TEST(SpecEngineLlamaTest, RandomAbortsLeakNoBlocks) {
   auto model = Model::Load(kLlama, ModelOptions{2}).value();
-  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable cheap = LinearCostTable(1e-3, 1e-5);
   for (bool select : {false, true}) {
     SCOPED_TRACE(::testing::Message() << "selector " << select);
     // Fixed k, or the selector switching modes (drafting or not) every two steps.
@@ -677,14 +675,13 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 59);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  // Fixed k, the adaptive plan, the plan under the selector, that with the catch-up gate
-  // (sequences far behind may go on without drafts and catch up later; whether any does depends
-  // on measured times, and outputs never change), and the selector with a catch-up window of 5
-  // tokens (the draft model skips the rest of every prompt and of every stretch without drafts).
-  for (int mode : {0, 1, 2, 3, 4}) {
+  // Fixed k, the adaptive plan, the plan under the selector, and the selector with a catch-up
+  // window of 5 tokens (the draft model skips the rest of every prompt and of every stretch
+  // without drafts).
+  for (int mode : {0, 1, 2, 4}) {
     const bool adaptive = mode >= 1;
     // A cost table where drafts are cheap, so the adaptive plan verifies some of them.
-    const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+    const speculative::CostTable cheap = LinearCostTable(1e-3, 1e-5);
     EngineOptions o =
         WithDraftModel(BaseOptions(), "engine/testdata/models/llama_tied", 3, adaptive);
     o.speculative.cost_table = &cheap;
@@ -692,7 +689,6 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
       o = WithSelector(o);
       // A prompt lagging by more than 2 x 4 + k + 1 = 12 tokens is a whole-prompt catch-up.
       o.speculative.draft_upkeep_tokens = 4;
-      o.speculative.catch_up_gate = mode == 3;
       if (mode == 4) o.speculative.draft_catch_up_window = 5;
     }
     const RunResult got = RunAll(model.get(), o, reqs);
@@ -709,9 +705,7 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
     } else {
       EXPECT_EQ(got.stats.spec_draft_skipped_tokens, 0);
     }
-    if (mode == 3) {
-      EXPECT_GT(got.stats.spec_select_plan_steps, 0);
-    } else if (mode == 2) {
+    if (mode == 2) {
       // The draft model's cache survives modes that skip it (no drafting) and catches up.
       EXPECT_GT(got.stats.spec_select_plan_steps, 0);
       EXPECT_GT(got.stats.spec_select_fixed_steps, 0);
@@ -728,47 +722,6 @@ TEST(SpecEngineDraftModelTest, OtherDraftKeepsGreedyOutputsAndIsSometimesRejecte
   }
 }
 
-// A draft model's confidences are calibrated apart for sequences whose previous verified draft
-// was accepted whole and for the others (SpecOptions::draft_model_history): every verification
-// lands in exactly one of the two; with the target's own weights as the draft (every draft
-// accepted) only each sequence's first lands in the other one, and with a draft that is never
-// accepted (llama_tied on these prompts) all do. Without the option one calibration takes them
-// all. Outputs never change.
-TEST(SpecEngineDraftModelTest, DraftCalibrationIsKeptApartByWhatThePreviousDraftDid) {
-  auto model = Model::Load(kLlama, ModelOptions{2}).value();
-  const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 61);
-  const auto reqs = GreedyRequests(prompts, 16);
-  const auto n = static_cast<int64_t>(reqs.size());
-  const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
-  for (const char* draft : {kLlama, "engine/testdata/models/llama_tied"}) {
-    for (bool history : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << draft << " history " << history);
-      // The other draft drafts one token a step at a fixed length (an adaptive plan soon stops
-      // drafting with it); a selector's fixed modes feed the calibrations the same way.
-      const bool same = std::string(draft) == kLlama;
-      EngineOptions o = WithDraftModel(BaseOptions(), draft, same ? 3 : 1, /*adaptive=*/same);
-      o.speculative.cost_table = &cheap;
-      o.speculative.draft_model_history = history;
-      const RunResult got = RunAll(model.get(), o, reqs);
-      ExpectSameTokens(got, ref, reqs);
-      const EngineStats& st = got.stats;
-      ASSERT_GT(st.spec_steps, n);
-      EXPECT_EQ(st.spec_calibrated_after_accepted + st.spec_calibrated_other, st.spec_steps);
-      if (same) {
-        ASSERT_EQ(st.spec_accepted_tokens, st.spec_verified_tokens);
-      } else {
-        ASSERT_EQ(st.spec_accepted_tokens, 0);
-      }
-      if (history && same) {
-        EXPECT_EQ(st.spec_calibrated_other, n);  // each sequence's first draft
-      } else {
-        EXPECT_EQ(st.spec_calibrated_after_accepted, 0);
-      }
-    }
-  }
-}
-
 // A node that prefills locally runs prompt chunks beside its decodes; such a step's period is
 // mostly the prompt's, so the selector leaves it out of its measurements (counted in
 // spec_select_prompt_steps). A lone request's prompt never runs beside a decode: none there.
@@ -777,7 +730,7 @@ TEST(SpecEngineSelectorTest, StepsThatComputePromptTokensAreLeftOutOfTheSelector
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 8, 41);
   const auto reqs = GreedyRequests(prompts, 24);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable cheap = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable cheap = LinearCostTable(1e-3, 1e-5);
   EngineOptions o = WithSelector(WithSpec(BaseOptions(), 4, /*adaptive=*/true));
   o.speculative.cost_table = &cheap;
   o.max_running = 3;  // the others are admitted, and prefilled, while these decode
@@ -805,10 +758,11 @@ TEST(SpecEngineDraftModelTest, AdaptiveDraftLengthFollowsTheDraftCost) {
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 6, 67);
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-5);
-  const spec::CostTable expensive = LinearCostTable(1.0, 0.0), cheap = LinearCostTable(1e-6, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-5);
+  const speculative::CostTable expensive = LinearCostTable(1.0, 0.0),
+                               cheap = LinearCostTable(1e-6, 0.0);
   struct Case {
-    const spec::CostTable* draft;
+    const speculative::CostTable* draft;
     int probe_interval;
   };
   for (const Case& c : {Case{&expensive, 0}, Case{&expensive, 4}, Case{&cheap, 4}}) {
@@ -856,7 +810,8 @@ TEST(SpecEngineSelectorTest, FixedLengthsStopAtSelectMaxLengthWhileThePlanVerifi
   const auto prompts = RepetitivePrompts(model->config().vocab_size, 4, 29);
   const auto reqs = GreedyRequests(prompts, 200);  // enough steps to tour every mode
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-6), cheap = LinearCostTable(1e-6, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-6),
+                               cheap = LinearCostTable(1e-6, 0.0);
   for (int select_max_length : {2, 0}) {
     SCOPED_TRACE(::testing::Message() << "select_max_length " << select_max_length);
     EngineOptions o = WithSelector(WithDraftModel(BaseOptions(), kLlama, 8, /*adaptive=*/true));
@@ -924,7 +879,8 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsOverlap) {
   const auto reqs = GreedyRequests(prompts, 16);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
   EXPECT_GT(ref.stats.overlapped_steps, 0);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-5), expensive = LinearCostTable(1.0, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-5),
+                               expensive = LinearCostTable(1.0, 0.0);
   for (bool overlap : {true, false}) {
     SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
     EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);
@@ -958,7 +914,8 @@ TEST(SpecEngineDraftModelTest, StepsWithoutDraftsKeepTheDraftModelFed) {
   constexpr int kMaxTokens = 16, kUpkeep = 4;
   const auto reqs = GreedyRequests(prompts, kMaxTokens);
   const RunResult ref = RunAll(model.get(), BaseOptions(), reqs);
-  const spec::CostTable target = LinearCostTable(1e-3, 1e-5), expensive = LinearCostTable(1.0, 0.0);
+  const speculative::CostTable target = LinearCostTable(1e-3, 1e-5),
+                               expensive = LinearCostTable(1.0, 0.0);
   for (int upkeep : {0, kUpkeep}) {
     SCOPED_TRACE(::testing::Message() << "upkeep " << upkeep);
     EngineOptions o = WithDraftModel(BaseOptions(), kLlama, 3, /*adaptive=*/true);

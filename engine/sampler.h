@@ -58,7 +58,7 @@ struct SampleResult {
 
 // The next-token distribution a request samples from: penalties over the request's history,
 // then temperature, top-k, top-p and min-p. The Sampler draws from it; speculative verification
-// (engine/spec) uses the very same object, so both see one distribution.
+// (engine/speculative) uses the very same object, so both see one distribution.
 class LogitsProcessor {
  public:
   // `params` must be valid (ValidateSamplingParams).

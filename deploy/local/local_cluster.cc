@@ -181,7 +181,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterCo
 
     // Prefill and encoder nodes load their models in parallel; decode nodes start once those
     // have loaded (a worker writes its port file once it serves), then load theirs in parallel.
-    // An adaptive decode node profiles its step cost at start-up (engine/spec/budget.h): it
+    // An adaptive decode node profiles its step cost at start-up (engine/speculative/budget.h): it
     // should not share the cores with another node's model loading (a local cluster often runs
     // every process on the same few cores).
     std::vector<std::shared_ptr<Process>> all = {cluster->router_};

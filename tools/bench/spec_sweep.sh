@@ -28,7 +28,7 @@
 #   and "x/off", the medians of the per-round ratios to "off", with dec/off's min-max as "range".
 #   SWEEP_WARMUP_ROUNDS=3: rounds run first (every concurrency, prompts of their own) and left out
 #   of the table: a serving node runs for hours, and an adaptive node's first thousands of steps
-#   measure its modes (spec::DraftModeSelector: every mode compared 3 times in every bucket); their
+#   measure its modes (speculative::DraftModeSelector: every mode compared 3 times in every bucket); their
 #   figures are printed apart ("cold rounds"). A round is counted in steps, not minutes: since the
 #   CPU backend's AMX paths a round at 8 concurrent requests is ~550 decode steps (~5 s), and one
 #   cold round left the n-gram node still trialling a quarter of its steps (0.94 of k = 4, two

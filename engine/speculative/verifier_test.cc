@@ -1,4 +1,4 @@
-#include "engine/spec/verifier.h"
+#include "engine/speculative/verifier.h"
 
 #include <chrono>
 #include <cmath>
@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "engine/sampler.h"
-#include "engine/spec/chi_square.h"
-#include "engine/spec/markov_world.h"
+#include "engine/speculative/chi_square.h"
+#include "engine/speculative/markov_world.h"
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 SamplingParams Params(float temperature, uint64_t seed = 11) {
@@ -312,4 +312,4 @@ TEST(VerifierLosslessTest, EveryVerifyLengthWithAndWithoutDraftProbabilities) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,11 +1,11 @@
 // Pearson's chi-square goodness-of-fit test, for statistical tests of samplers (test-only).
-#ifndef DEEPINFER_ENGINE_SPEC_CHI_SQUARE_H_
-#define DEEPINFER_ENGINE_SPEC_CHI_SQUARE_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_CHI_SQUARE_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_CHI_SQUARE_H_
 
 #include <cstdint>
 #include <vector>
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct ChiSquare {
   double statistic = 0.0;
@@ -22,6 +22,6 @@ double UpperRegularizedGamma(double a, double x);
 // expected probability 0 are left out of the statistic and counted in `impossible`.
 ChiSquare ChiSquareTest(const std::vector<int64_t>& counts, const std::vector<double>& expected);
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_CHI_SQUARE_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_CHI_SQUARE_H_

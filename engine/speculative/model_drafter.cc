@@ -1,4 +1,4 @@
-#include "engine/spec/model_drafter.h"
+#include "engine/speculative/model_drafter.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include "engine/model_config.h"
 #include "kernels/softmax_cpu.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct ModelDrafter::Work {
   size_t index = 0;  // into requests / out
@@ -24,8 +24,8 @@ struct ModelDrafter::Work {
   int64_t slot_start = 0;  // cached tokens kept before this proposal (start less the gap)
   bool new_gap = false;    // this call skipped context (catch_up_window)
   const std::function<bool(int, float)>* keep = nullptr;  // DraftRequest::keep_drafting
-  bool stopped = false;                                    // keep declined a position
-  int64_t feed_end = 0;     // round 0 feeds context[start, feed_end)
+  bool stopped = false;                                   // keep declined a position
+  int64_t feed_end = 0;                                   // round 0 feeds context[start, feed_end)
   bool catching_up = false;  // feed_end < context size: no draft this call (max_catch_up)
 };
 
@@ -53,9 +53,9 @@ absl::StatusOr<std::unique_ptr<ModelDrafter>> ModelDrafter::Create(
         options.num_blocks, " and ", options.block_size));
   }
   if (options.catch_up_window_min_sequences < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speculative.draft_catch_up_window_min_sequences: expected >= 1, got ",
-        options.catch_up_window_min_sequences));
+    return absl::InvalidArgumentError(
+        absl::StrCat("speculative.draft_catch_up_window_min_sequences: expected >= 1, got ",
+                     options.catch_up_window_min_sequences));
   }
   if (absl::Status s = CheckVocab(model->config().vocab_size, target_vocab_size); !s.ok()) {
     return s;
@@ -284,13 +284,28 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
                                std::vector<DraftProposal>* out) {
   out->assign(requests.size(), DraftProposal());
   absl::Status first = absl::OkStatus();
-  auto fail = [&](absl::Status s) {
-    if (first.ok()) first = std::move(s);
-  };
   ++clock_;
+  std::vector<int64_t> pinned;
+  std::vector<Work> work = CollectWork(requests, feed_only, &pinned, &first);
+  std::vector<Work> ready;
+  for (Work& w : work) {
+    if (PrepareWork(&w, feed_only, pinned)) ready.push_back(w);
+  }
+  if (ready.empty()) return first;
+  absl::Status fed = RunRounds(&ready, out);
+  if (!fed.ok() && first.ok()) first = std::move(fed);
+  return first;
+}
+
+std::vector<ModelDrafter::Work> ModelDrafter::CollectWork(absl::Span<const DraftRequest> requests,
+                                                          bool feed_only,
+                                                          std::vector<int64_t>* pinned,
+                                                          absl::Status* first) {
+  auto fail = [&](absl::Status s) {
+    if (first->ok()) *first = std::move(s);
+  };
   // Validate and pin the sequences of this proposal (they are never evicted for one another).
   std::vector<Work> work;
-  std::vector<int64_t> pinned;
   absl::flat_hash_set<int64_t> seen;
   for (size_t i = 0; i < requests.size(); ++i) {
     const DraftRequest& r = requests[i];
@@ -322,64 +337,69 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
     w.temperature = r.temperature;
     if (r.keep_drafting) w.keep = &r.keep_drafting;
     work.push_back(w);
-    pinned.push_back(r.seq_id);
+    pinned->push_back(r.seq_id);
   }
+  return work;
+}
+
+bool ModelDrafter::PrepareWork(Work* work, bool feed_only, const std::vector<int64_t>& pinned) {
   // Keep the cached prefix the context still agrees with (rejected drafts are dropped; at least
   // the last context token is fed again so that its logits come out), then reserve blocks for
   // the context and the k - 1 drafts that will be fed.
-  std::vector<Work> ready;
-  for (Work& w : work) {
-    SeqCache& seq = seqs_[w.seq_id];
-    seq.last_used = clock_;
-    if (seq.tokens.empty() && !retired_.empty()) Adopt(w.context, &seq);
-    const int64_t len = static_cast<int64_t>(w.context.size());
-    const Match m = MatchContext(seq, w.context);
-    int64_t slots = m.slots;
-    int64_t covered = m.covered;
-    if (covered > len - 1) {
-      // At least the last context token is fed again, for its logits.
-      const int64_t back = covered - (len - 1);
-      slots -= back;
-      covered -= back;
-    }
-    // Drops a gap with nothing left after it: the cache then covers exactly its slots.
-    Truncate(&seq, slots);
-    if (seq.gap_at < 0) covered = slots;
-    const int64_t end = feed_only ? len - 1 : len;
-    if (covered >= end) continue;  // feeding only: already up to date
-    if (WindowApplies() && end - covered > options_.catch_up_window) {
-      // Skip to the last catch_up_window tokens; one gap at most, so what came after an earlier
-      // one goes first.
-      if (seq.gap_at >= 0) {
-        slots = seq.gap_at;
-        Truncate(&seq, slots);
-      }
-      const int64_t from = end - options_.catch_up_window;
-      skipped_tokens_ += from - covered;
-      covered = from;
-      seq.gap_at = slots;
-      seq.gap_len = from - slots;
-      w.new_gap = true;
-    }
-    w.start = covered;
-    w.slot_start = slots;
-    w.feed_end = end;
-    if (options_.max_catch_up > 0 && end - w.start > options_.max_catch_up) {
-      w.feed_end = w.start + options_.max_catch_up;
-    }
-    // Feeding only stops after round 0 as a catching-up proposal does.
-    w.catching_up = feed_only || w.feed_end < len;
-    const int64_t fed_slots = slots + (w.feed_end - w.start);
-    const int64_t positions = w.catching_up ? fed_slots : fed_slots + w.k - 1;
-    if (!Reserve(w.seq_id, &seq, positions, pinned)) {
-      if (w.new_gap) seq.DropGap();  // nothing fed after it
-      continue;                       // no room: no draft
-    }
-    w.seq = &seq;
-    ready.push_back(w);
+  Work& w = *work;
+  SeqCache& seq = seqs_[w.seq_id];
+  seq.last_used = clock_;
+  if (seq.tokens.empty() && !retired_.empty()) Adopt(w.context, &seq);
+  const int64_t len = static_cast<int64_t>(w.context.size());
+  const Match m = MatchContext(seq, w.context);
+  int64_t slots = m.slots;
+  int64_t covered = m.covered;
+  if (covered > len - 1) {
+    // At least the last context token is fed again, for its logits.
+    const int64_t back = covered - (len - 1);
+    slots -= back;
+    covered -= back;
   }
-  if (ready.empty()) return first;
+  // Drops a gap with nothing left after it: the cache then covers exactly its slots.
+  Truncate(&seq, slots);
+  if (seq.gap_at < 0) covered = slots;
+  const int64_t end = feed_only ? len - 1 : len;
+  if (covered >= end) return false;  // feeding only: already up to date
+  if (WindowApplies() && end - covered > options_.catch_up_window) {
+    // Skip to the last catch_up_window tokens; one gap at most, so what came after an earlier
+    // one goes first.
+    if (seq.gap_at >= 0) {
+      slots = seq.gap_at;
+      Truncate(&seq, slots);
+    }
+    const int64_t from = end - options_.catch_up_window;
+    skipped_tokens_ += from - covered;
+    covered = from;
+    seq.gap_at = slots;
+    seq.gap_len = from - slots;
+    w.new_gap = true;
+  }
+  w.start = covered;
+  w.slot_start = slots;
+  w.feed_end = end;
+  if (options_.max_catch_up > 0 && end - w.start > options_.max_catch_up) {
+    w.feed_end = w.start + options_.max_catch_up;
+  }
+  // Feeding only stops after round 0 as a catching-up proposal does.
+  w.catching_up = feed_only || w.feed_end < len;
+  const int64_t fed_slots = slots + (w.feed_end - w.start);
+  const int64_t positions = w.catching_up ? fed_slots : fed_slots + w.k - 1;
+  if (!Reserve(w.seq_id, &seq, positions, pinned)) {
+    if (w.new_gap) seq.DropGap();  // nothing fed after it
+    return false;                  // no room: no draft
+  }
+  w.seq = &seq;
+  return true;
+}
 
+absl::Status ModelDrafter::RunRounds(std::vector<Work>* ready_work,
+                                     std::vector<DraftProposal>* out) {
+  std::vector<Work>& ready = *ready_work;
   // Round 0 feeds each sequence's uncached context; round r >= 1 feeds draft r.
   std::vector<SequenceInput> inputs;
   std::vector<Work*> active;
@@ -418,8 +438,7 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
         if (w.new_gap) w.seq->DropGap();  // nothing valid after it
         (*out)[w.index] = DraftProposal();
       }
-      fail(s);
-      return first;
+      return s;
     }
     for (size_t j = 0; j < active.size(); ++j) {
       Work& w = *active[j];
@@ -445,11 +464,11 @@ absl::Status ModelDrafter::Run(absl::Span<const DraftRequest> requests, bool fee
       p.tokens.push_back(token);
     }
   }
-  return first;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CostTable> ModelDrafter::ProfileRoundCost(absl::Span<const int> batch_sizes,
-                                                          int runs) {
+                                                         int runs) {
   if (!seqs_.empty() || !retired_.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("draft model profile: expected an empty cache, got ", seqs_.size(),
@@ -509,4 +528,4 @@ void ModelDrafter::Release(int64_t seq_id) {
   seqs_.erase(it);
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,4 +1,4 @@
-#include "engine/spec/verifier.h"
+#include "engine/speculative/verifier.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/softmax_cpu.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 SpecRng::SpecRng(uint64_t seed) {
   for (uint64_t& s : s_) {
@@ -139,4 +139,4 @@ absl::Status Verifier::Verify(const float* rows, int vocab, absl::Span<const int
   return absl::OkStatus();
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

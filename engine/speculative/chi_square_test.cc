@@ -1,10 +1,10 @@
-#include "engine/spec/chi_square.h"
+#include "engine/speculative/chi_square.h"
 
 #include <cmath>
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 TEST(ChiSquareTest, UpperGammaMatchesTables) {
@@ -29,4 +29,4 @@ TEST(ChiSquareTest, Statistic) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,4 +1,4 @@
-#include "engine/spec/mode_selector.h"
+#include "engine/speculative/mode_selector.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 absl::StatusOr<DraftModeSelector> DraftModeSelector::Create(std::vector<int> modes,
                                                             const Options& options) {
@@ -78,12 +78,6 @@ double DraftModeSelector::Spread::MeanVariance(double prior_var) const {
   return var * weight2 / (weight * weight);
 }
 
-void DraftModeSelector::StepStates::Add(StartState from, double emitted, StartState to) {
-  seqs[from] += 1.0;
-  tokens[from] += emitted;
-  ended[from][to] += 1.0;
-}
-
 int DraftModeSelector::Bucket(int decoding) {
   int b = 0;
   for (int cap = 1; cap < decoding && b < 30; cap *= 2) ++b;
@@ -137,10 +131,6 @@ DraftModeSelector::BucketStats& DraftModeSelector::BucketAt(int b) {
         to.has_prior = from.seq_steps > 0.0 || from.has_prior;
         to.prior_log_tps = Score(*near, static_cast<int>(m)) + from.cost;
         to.epoch_seconds = from.epoch_seconds;
-        std::copy(&from.transitions[0][0], &from.transitions[0][0] + kStates * kStates,
-                  &to.transitions[0][0]);
-        std::copy(from.state_seqs, from.state_seqs + kStates, to.state_seqs);
-        std::copy(from.state_tokens, from.state_tokens + kStates, to.state_tokens);
       }
     }
     buckets_[b] = std::move(fresh);
@@ -200,56 +190,6 @@ void DraftModeSelector::ComparePaired(BucketStats& bucket, int mode, double log_
   s.paired.Add(log_ratio, options_.cost_decay, w);
   s.weight = s.paired.weight;
   s.comparisons += w;
-}
-
-double DraftModeSelector::CorrectedTokens(const ModeStats& stats, const Side& side) const {
-  // The mode's transitions between start states, each row with kStatePrior pseudo-counts spread
-  // as the mode's ends overall: a state seen a few times (twice, say, both times ending where it
-  // began) is not taken for an absorbing one, and a state never left takes the overall mix.
-  double ends[kStates] = {};
-  double all = 0.0;
-  for (int from = 0; from < kStates; ++from) {
-    for (int to = 0; to < kStates; ++to) {
-      ends[to] += stats.transitions[from][to];
-      all += stats.transitions[from][to];
-    }
-  }
-  double seqs = 0.0;
-  for (int st = 0; st < kStates; ++st) seqs += side.states.seqs[st];
-  if (all <= 0.0 || seqs <= 0.0) return side.rate_tokens;
-  double p[kStates][kStates];
-  for (int from = 0; from < kStates; ++from) {
-    double total = kStatePrior;
-    for (int to = 0; to < kStates; ++to) total += stats.transitions[from][to];
-    for (int to = 0; to < kStates; ++to) {
-      p[from][to] = (stats.transitions[from][to] + kStatePrior * ends[to] / all) / total;
-    }
-  }
-  // Its stationary mix of start states (power iteration from the side's own mix).
-  double pi[kStates];
-  for (int st = 0; st < kStates; ++st) pi[st] = side.states.seqs[st] / seqs;
-  for (int it = 0; it < 200; ++it) {
-    double next[kStates] = {};
-    for (int from = 0; from < kStates; ++from) {
-      for (int to = 0; to < kStates; ++to) next[to] += pi[from] * p[from][to];
-    }
-    std::copy(next, next + kStates, pi);
-  }
-  // The mode's tokens per sequence-step from each state over its recent epochs, weighted by
-  // that mix against the side's own: the side's tokens scaled by the ratio. States the mode was
-  // seen in fewer than kStateMinSeqs times are left out of both; each mix must keep 90%.
-  double own = 0.0, own_weight = 0.0, met = 0.0, met_weight = 0.0;
-  for (int st = 0; st < kStates; ++st) {
-    if (stats.state_seqs[st] < kStateMinSeqs) continue;
-    const double per = stats.state_tokens[st] / stats.state_seqs[st];
-    own += pi[st] * per;
-    own_weight += pi[st];
-    const double mix = side.states.seqs[st] / seqs;
-    met += mix * per;
-    met_weight += mix;
-  }
-  if (own_weight < 0.9 || met_weight < 0.9 || own <= 0.0 || met <= 0.0) return side.rate_tokens;
-  return side.rate_tokens * (own / own_weight) / (met / met_weight);
 }
 
 double DraftModeSelector::TrialWeight() const {
@@ -337,16 +277,6 @@ void DraftModeSelector::FinishEpoch() {
     stats.seq_steps = stats.seq_steps * options_.content_decay + side.rate_seq_steps;
     stats.content_spread.Add(std::log(std::max(side.rate_tokens / side.rate_seq_steps, 1e-9)),
                              options_.content_decay);
-    for (int from = 0; from < kStates; ++from) {
-      for (int to = 0; to < kStates; ++to) {
-        stats.transitions[from][to] =
-            stats.transitions[from][to] * options_.content_decay + side.states.ended[from][to];
-      }
-      stats.state_seqs[from] =
-          stats.state_seqs[from] * options_.content_decay + side.states.seqs[from];
-      stats.state_tokens[from] =
-          stats.state_tokens[from] * options_.content_decay + side.states.tokens[from];
-    }
   }
   // Time per sequence-step, as tokens are counted: rate = (tokens / sequence-step) / (seconds /
   // sequence-step) exactly, whatever the number of decoding sequences in each epoch.
@@ -356,12 +286,8 @@ void DraftModeSelector::FinishEpoch() {
     if (partner_ >= 0 && partner_ == bucket.incumbent) {
       // The trial: both modes' rates over the same stretch of time and text.
       const Side& theirs = side_[1];
-      double mine_tokens = mine.rate_tokens;
-      double their_tokens = theirs.rate_tokens;
-      if (options_.carry_over_correction) {
-        mine_tokens = CorrectedTokens(bucket.modes[current_], mine);
-        their_tokens = CorrectedTokens(bucket.modes[partner_], theirs);
-      }
+      const double mine_tokens = mine.rate_tokens;
+      const double their_tokens = theirs.rate_tokens;
       const double x = std::log(std::max(mine_tokens, 1e-9) / mine.rate_seconds /
                                 (std::max(their_tokens, 1e-9) / theirs.rate_seconds));
       const double w = TrialWeight();
@@ -678,7 +604,7 @@ void DraftModeSelector::StillWarming() {
 }
 
 void DraftModeSelector::Observe(int decoding, int mode, bool measured, double tokens,
-                                double seconds, double catch_up_seconds, const StepStates* states) {
+                                double seconds, double catch_up_seconds) {
   if (decoding < 1 || mode < 0 || mode >= num_modes() || !(tokens >= 0.0) || !(seconds > 0.0) ||
       !std::isfinite(tokens) || !std::isfinite(seconds)) {
     return;
@@ -718,14 +644,6 @@ void DraftModeSelector::Observe(int decoding, int mode, bool measured, double to
     side->rate_seconds += seconds;
     ++side->rate_steps;
     side->rate_seq_steps += decoding;
-    if (states != nullptr) {
-      for (int from = 0; from < kStates; ++from) {
-        side->states.seqs[from] += states->seqs[from];
-        side->states.tokens[from] += states->tokens[from];
-        for (int to = 0; to < kStates; ++to)
-          side->states.ended[from][to] += states->ended[from][to];
-      }
-    }
   }
 }
 
@@ -741,43 +659,6 @@ double DraftModeSelector::Relative(int decoding, int mode) const {
   }
   if (mode == buckets_[b].incumbent) return 1.0;
   return buckets_[b].modes[mode].weight > 0.0 ? std::exp(Score(buckets_[b], mode)) : 0.0;
-}
-
-double DraftModeSelector::DraftingGain(int decoding, int mode) const {
-  const double unknown = std::numeric_limits<double>::quiet_NaN();
-  const size_t b = static_cast<size_t>(Bucket(std::max(decoding, 1)));
-  if (!options_.interleave || b >= buckets_.size() || buckets_[b].incumbent < 0 || mode < 0 ||
-      mode >= num_modes()) {
-    return unknown;
-  }
-  const BucketStats& bucket = buckets_[b];
-  // log(rate / the incumbent's) from the trials, without the charge; NaN if never compared.
-  auto score = [&](int m) {
-    if (m == bucket.incumbent) return 0.0;
-    const ModeStats& st = bucket.modes[m];
-    return st.weight > 0.0 && st.paired.weight > 0.0 ? st.paired.mean : unknown;
-  };
-  int off = -1;
-  for (int m = 0; m < num_modes(); ++m) {
-    if (lengths_[m] == 0) off = m;
-  }
-  if (off < 0) return unknown;
-  int drafting = -1;
-  if (lengths_[mode] != 0) {
-    drafting = mode;
-  } else if (lengths_[bucket.incumbent] != 0) {
-    drafting = bucket.incumbent;
-  } else {
-    for (int m = 0; m < num_modes(); ++m) {
-      if (lengths_[m] == 0 || !std::isfinite(score(m))) continue;
-      if (drafting < 0 || score(m) > score(drafting)) drafting = m;
-    }
-    if (drafting < 0) return unknown;
-  }
-  const double d = score(drafting);
-  const double o = score(off);
-  if (!std::isfinite(d) || !std::isfinite(o)) return unknown;
-  return std::exp(d - o) - 1.0;
 }
 
 std::string DraftModeSelector::DebugString() const {
@@ -803,4 +684,4 @@ std::string DraftModeSelector::DebugString() const {
   return out;
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

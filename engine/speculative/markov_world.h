@@ -1,18 +1,18 @@
 // Test-only: a small Markov target/draft pair with known per-position distributions, for
 // statistical tests of speculative sampling (verifier_test, adaptive_lossless_test).
-#ifndef DEEPINFER_ENGINE_SPEC_MARKOV_WORLD_H_
-#define DEEPINFER_ENGINE_SPEC_MARKOV_WORLD_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_MARKOV_WORLD_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_MARKOV_WORLD_H_
 
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
 #include "engine/sampler.h"
-#include "engine/spec/chi_square.h"
-#include "engine/spec/verifier.h"
+#include "engine/speculative/chi_square.h"
+#include "engine/speculative/verifier.h"
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // A Markov "model" over a small vocabulary: the target's logits at output position `pos` depend
 // on the previous token; the draft's distribution likewise (with zeros where the target has
@@ -93,6 +93,6 @@ inline double CheckAgainst(const std::vector<std::vector<int64_t>>& counts,
   return min_p;
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_MARKOV_WORLD_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_MARKOV_WORLD_H_

@@ -2,17 +2,17 @@
 // target would generate), corrupting the token at chosen draft positions, and records feedback.
 //
 // Thread-safety: not thread-safe.
-#ifndef DEEPINFER_ENGINE_SPEC_FAKE_DRAFTER_H_
-#define DEEPINFER_ENGINE_SPEC_FAKE_DRAFTER_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_FAKE_DRAFTER_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_FAKE_DRAFTER_H_
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/spec/drafter.h"
+#include "engine/speculative/drafter.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 class FakeDrafter : public Drafter {
  public:
@@ -57,6 +57,6 @@ class FakeDrafter : public Drafter {
   std::vector<int64_t> released_;
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_FAKE_DRAFTER_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_FAKE_DRAFTER_H_

@@ -1,4 +1,4 @@
-#include "engine/spec/mode_selector.h"
+#include "engine/speculative/mode_selector.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 using Options = DraftModeSelector::Options;
@@ -1068,97 +1068,6 @@ TEST(DraftModeSelectorTest, RunsOfStepsSeeThroughAStepsCarryOver) {
   }
 }
 
-// The carry-over of RunsOfStepsSeeThroughAStepsCarryOver between two drafting modes, reported
-// as start states (clean, or dirty after a rejection: 40% of the tokens): k = 2 leaves a dirty
-// state 60% of the time, k = 1 10%, so on its own k = 1 emits 3.76 tokens a step and k = 2 2.82,
-// but alternated k = 2 starts from k = 1's states (4.14) and k = 1 from k = 2's (2.56). Without
-// the correction the trials hand the bucket to k = 2; with it each side is re-weighted to its own
-// mode's states and k = 1 keeps it, rated near the truth (2.82 / 3.76 = 0.75).
-TEST(DraftModeSelectorTest, CarryOverCorrectionRatesEachModeFromItsOwnStates) {
-  for (const bool correct : {false, true}) {
-    SCOPED_TRACE(correct ? "corrected" : "as measured");
-    Options o = Stepped(16, 1);
-    o.carry_over_correction = correct;
-    auto s = DraftModeSelector::Create({1, 2}, o);
-    ASSERT_TRUE(s.ok());
-    std::mt19937 rng(11);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    const double base[2] = {4.0, 4.4};
-    const double leaves_dirty[2] = {0.1, 0.6};
-    bool dirty = false;
-    std::vector<int> ran(2, 0);
-    const int steps = 20000;
-    for (int i = 0; i < steps; ++i) {
-      const DraftModeSelector::Choice c = s->Choose(8);
-      ++ran[c.mode];
-      const double tokens = base[c.mode] * (dirty ? 0.4 : 1.0);
-      const bool next = u(rng) < leaves_dirty[c.mode];
-      DraftModeSelector::StepStates states;
-      for (int q = 0; q < 8; ++q) {
-        states.Add(dirty ? DraftModeSelector::kDirty : DraftModeSelector::kClean, tokens / 8,
-                   next ? DraftModeSelector::kDirty : DraftModeSelector::kClean);
-      }
-      dirty = next;
-      s->Observe(8, c.mode, c.measured, tokens, 0.01, 0.0, &states);
-    }
-    if (correct) {
-      EXPECT_EQ(s->Incumbent(8), 0) << s->DebugString();
-      EXPECT_LT(ran[1], steps * 0.1);
-      EXPECT_NEAR(s->Relative(8, 1), 2.816 / 3.76, 0.08) << s->DebugString();
-    } else {
-      EXPECT_EQ(s->Incumbent(8), 1) << s->DebugString();
-    }
-  }
-}
-
-// A drafting mode's steps after no drafting's start from "none", where its drafts are accepted
-// less than from its own states: k = 1 emits 1.9 tokens a sequence from clean, 1.5 from dirty
-// (20% of its steps end dirty) and 1.6 from none, in steps of 17.33 ms against no drafting's 1 in
-// 10 ms: on its own 5% faster (1.82 / 17.33 against 1 / 10), in a trial 8% slower. Corrected,
-// k = 1 keeps the bucket and no drafting is rated near the truth (0.952); as measured, no drafting
-// takes it.
-TEST(DraftModeSelectorTest, CarryOverCorrectionSeesThroughAStartAfterNoDrafting) {
-  for (const bool correct : {false, true}) {
-    SCOPED_TRACE(correct ? "corrected" : "as measured");
-    Options o = Stepped(16, 1);
-    o.carry_over_correction = correct;
-    o.freeze_below = 0.0;
-    auto s = DraftModeSelector::Create({1, 0}, o);
-    ASSERT_TRUE(s.ok());
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    using Selector = DraftModeSelector;
-    std::vector<Selector::StartState> state(8, Selector::kNone);
-    const int steps = 30000;
-    std::vector<int> ran(2, 0);
-    for (int i = 0; i < steps; ++i) {
-      const Selector::Choice c = s->Choose(8);
-      ++ran[c.mode];
-      Selector::StepStates states;
-      double tokens = 0.0;
-      for (Selector::StartState& st : state) {
-        Selector::StartState end = Selector::kNone;
-        double emitted = 1.0;
-        if (c.mode == 0) {
-          emitted = st == Selector::kClean ? 1.9 : (st == Selector::kDirty ? 1.5 : 1.6);
-          end = u(rng) < 0.2 ? Selector::kDirty : Selector::kClean;
-        }
-        states.Add(st, emitted, end);
-        tokens += emitted;
-        st = end;
-      }
-      s->Observe(8, c.mode, c.measured, tokens, c.mode == 0 ? 0.01733 : 0.01, 0.0, &states);
-    }
-    if (correct) {
-      EXPECT_EQ(s->Incumbent(8), 0) << s->DebugString();
-      EXPECT_NEAR(s->Relative(8, 1), 1.0 / 1.05, 0.02) << s->DebugString();
-      EXPECT_LT(ran[1], steps * 0.2);
-    } else {
-      EXPECT_EQ(s->Incumbent(8), 1) << s->DebugString();
-    }
-  }
-}
-
 // The drift of MachineNoiseDoesNotHandTheBucketAround, and the same six modes: a trial's steps
 // run a step apart, at (nearly) one speed, so its observation is off by little and the selector
 // realises nearly all the best mode's rate, more than adjacent epochs with either averaging.
@@ -1377,8 +1286,8 @@ TEST(DraftModeSelectorTest, CatchUpsOfMeasuredOrNonDraftingStepsAreNotCharged) {
 
 // Interleaved trials: a new bucket inherits its neighbour's scores (mode 1 at 70% of the plan at
 // one sequence) where mode 1 is in fact level with the plan (at 8). After the bucket's first own
-// trial of it, the inherited figure still weighs 0.7 (cost_decay 0.7) against the trial's 1 with inherit_weight 1
-// (87%), 0.07 with 0.1 (98%).
+// trial of it, the inherited figure still weighs 0.7 (cost_decay 0.7) against the trial's 1 with
+// inherit_weight 1 (87%), 0.07 with 0.1 (98%).
 TEST(DraftModeSelectorTest, InheritWeightBoundsWhatANewBucketCarriesOver) {
   for (double w : {1.0, 0.1}) {
     Options o = Stepped(4, 0);
@@ -1744,34 +1653,6 @@ TEST(DraftModeSelectorTest, OffEpochsOfNoDraftingSkipTheCatchUpWhenAsked) {
   }
 }
 
-// DraftingGain: drafting's rate over no drafting's, minus 1, from the trials (no catch-up
-// charge). Mode 1 emits twice mode 0's tokens per second at one sequence: about 1 there, for mode
-// 1, for mode 0 (the drafting incumbent stands in) and for mode 2 (its own estimate, 1.5 x 100
-// over 100: 0.5). Unknown before any epoch of a bucket's, without a mode that drafts nothing,
-// and with interleave off.
-TEST(DraftModeSelectorTest, DraftingGainComesFromTheTrials) {
-  Options o = Stepped(4, 0);
-  o.prune_below = 0.0;
-  auto s = DraftModeSelector::Create({0, 1, 2}, o);
-  ASSERT_TRUE(s.ok());
-  EXPECT_TRUE(std::isnan(s->DraftingGain(1, 1)));
-  RunSteps(*s, 1, {100.0, 200.0, 150.0}, 2000);
-  ASSERT_EQ(s->Incumbent(1), 1);
-  EXPECT_NEAR(s->DraftingGain(1, 1), 1.0, 0.05);
-  EXPECT_NEAR(s->DraftingGain(1, 0), 1.0, 0.05);
-  EXPECT_NEAR(s->DraftingGain(1, 2), 0.5, 0.05);
-  EXPECT_TRUE(std::isnan(s->DraftingGain(32, 1)));  // no epoch at 17-32 yet
-  auto no_off = DraftModeSelector::Create({1, 2}, o);
-  ASSERT_TRUE(no_off.ok());
-  RunSteps(*no_off, 1, {200.0, 150.0}, 400);
-  EXPECT_TRUE(std::isnan(no_off->DraftingGain(1, 0)));
-  Options adjacent = Adjacent();
-  auto old = DraftModeSelector::Create({0, 1}, adjacent);
-  ASSERT_TRUE(old.ok());
-  RunSteps(*old, 1, {100.0, 200.0}, 400);
-  EXPECT_TRUE(std::isnan(old->DraftingGain(1, 1)));
-}
-
 // catch_up_delay_steps: a frozen bucket's incumbent epoch (no drafting, no upkeep) runs on,
 // unmeasured, through a dip of the count into a bucket held by a drafting mode, which takes over
 // only once the count has stayed there catch_up_delay_steps steps in a row; 0: at once.
@@ -1834,4 +1715,4 @@ TEST(DraftModeSelectorTest, AShortDipOutOfAFrozenBucketKeepsItsMode) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

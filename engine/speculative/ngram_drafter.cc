@@ -1,10 +1,10 @@
-#include "engine/spec/ngram_drafter.h"
+#include "engine/speculative/ngram_drafter.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 // splitmix64 finaliser: a cheap, well-mixed step for the n-gram hash.
@@ -41,7 +41,7 @@ void NgramDrafter::Extend(absl::Span<const int32_t> context, SeqIndex* index) co
     const int64_t end = i - 1;
     uint64_t h = 0;
     for (int n = 1; n <= options_.max_n && end - n + 1 >= 0; ++n) {
-      h = spec::Extend(h, context[end - n + 1]);
+      h = speculative::Extend(h, context[end - n + 1]);
       if (n >= options_.min_n) index->by_n[n - options_.min_n][h] = end;
     }
   }
@@ -69,7 +69,7 @@ absl::Status NgramDrafter::Propose(int64_t seq_id, absl::Span<const int32_t> con
   uint64_t suffix_hash[65];
   const int max_n = static_cast<int>(std::min<int64_t>(options_.max_n, len - 1));
   uint64_t h = 0;
-  for (int n = 1; n <= max_n; ++n) suffix_hash[n] = h = spec::Extend(h, context[len - n]);
+  for (int n = 1; n <= max_n; ++n) suffix_hash[n] = h = speculative::Extend(h, context[len - n]);
 
   for (int n = max_n; n >= options_.min_n; --n) {
     const auto& map = index.by_n[n - options_.min_n];
@@ -93,4 +93,4 @@ absl::Status NgramDrafter::Propose(int64_t seq_id, absl::Span<const int32_t> con
 
 void NgramDrafter::Release(int64_t seq_id) { index_.erase(seq_id); }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -5,12 +5,12 @@
 #include <map>
 #include <vector>
 
-#include "engine/spec/budget.h"
-#include "engine/spec/markov_world.h"
-#include "engine/spec/verifier.h"
+#include "engine/speculative/budget.h"
+#include "engine/speculative/markov_world.h"
+#include "engine/speculative/verifier.h"
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 SamplingParams Params(float temperature) {
@@ -178,8 +178,7 @@ void RunMarkovChiSquare(bool stop_by_confidence) {
     }
     for (int r = 0; r < kRequests; ++r) {
       Request& q = requests[r];
-      const int len =
-          stop_by_confidence ? static_cast<int>(q.draft.size()) : plan.verify_len[r];
+      const int len = stop_by_confidence ? static_cast<int>(q.draft.size()) : plan.verify_len[r];
       ++lengths[len];
       q.rows.assign(w.TargetLogits(q.pos, q.prev), w.TargetLogits(q.pos, q.prev) + V);
       for (int j = 0; j < len; ++j) {
@@ -221,9 +220,7 @@ void RunMarkovChiSquare(bool stop_by_confidence) {
 
 TEST(AdaptiveLosslessTest, MarkovChiSquareWithAdaptiveBudget) { RunMarkovChiSquare(false); }
 
-TEST(AdaptiveLosslessTest, MarkovChiSquareWithConfidenceStoppedDrafts) {
-  RunMarkovChiSquare(true);
-}
+TEST(AdaptiveLosslessTest, MarkovChiSquareWithConfidenceStoppedDrafts) { RunMarkovChiSquare(true); }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

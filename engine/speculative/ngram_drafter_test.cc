@@ -1,11 +1,11 @@
-#include "engine/spec/ngram_drafter.h"
+#include "engine/speculative/ngram_drafter.h"
 
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 std::unique_ptr<NgramDrafter> Make(int min_n, int max_n) {
@@ -140,4 +140,4 @@ TEST(NgramDrafterTest, SequencesAreIndependent) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

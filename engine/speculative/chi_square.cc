@@ -1,8 +1,8 @@
-#include "engine/spec/chi_square.h"
+#include "engine/speculative/chi_square.h"
 
 #include <cmath>
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 double UpperRegularizedGamma(double a, double x) {
   if (x <= 0.0) return 1.0;
@@ -56,4 +56,4 @@ ChiSquare ChiSquareTest(const std::vector<int64_t>& counts, const std::vector<do
   return r;
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,4 +1,4 @@
-#include "engine/spec/budget.h"
+#include "engine/speculative/budget.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // --- Estimators -----------------------------------------------------------------------------
 
@@ -43,35 +43,29 @@ void ForOutcomes(int verified, int accepted, Fn fn) {
 NgramSurvivalStats::NgramSurvivalStats(int max_match_length, const SurvivalOptions& options)
     : max_match_length_(std::max(1, max_match_length)),
       options_(options),
-      cells_(static_cast<size_t>(kDraftHistories) * max_match_length_ *
-                 std::max(1, options.max_positions),
+      cells_(static_cast<size_t>(max_match_length_) * std::max(1, options.max_positions),
              RateEstimator(options.prior_mean, options.prior_weight, options.decay)) {
   options_.max_positions = std::max(1, options_.max_positions);
 }
 
-RateEstimator& NgramSurvivalStats::Cell(int match_length, DraftHistory history, int position) {
-  const int h = std::clamp(static_cast<int>(history), 0, kDraftHistories - 1);
+RateEstimator& NgramSurvivalStats::Cell(int match_length, int position) {
   const int m = std::clamp(match_length, 1, max_match_length_) - 1;
   const int p = std::clamp(position, 0, options_.max_positions - 1);
-  return cells_[(h * max_match_length_ + m) * options_.max_positions + p];
+  return cells_[m * options_.max_positions + p];
 }
 
-const RateEstimator& NgramSurvivalStats::Cell(int match_length, DraftHistory history,
-                                              int position) const {
-  return const_cast<NgramSurvivalStats*>(this)->Cell(match_length, history, position);
+const RateEstimator& NgramSurvivalStats::Cell(int match_length, int position) const {
+  return const_cast<NgramSurvivalStats*>(this)->Cell(match_length, position);
 }
 
-void NgramSurvivalStats::Survival(int match_length, DraftHistory history, int k,
-                                  std::vector<double>* a) const {
+void NgramSurvivalStats::Survival(int match_length, int k, std::vector<double>* a) const {
   a->resize(std::max(0, k));
-  for (int j = 0; j < k; ++j) (*a)[j] = Cell(match_length, history, j).Mean();
+  for (int j = 0; j < k; ++j) (*a)[j] = Cell(match_length, j).Mean();
   Cumulate(a);
 }
 
-void NgramSurvivalStats::Observe(int match_length, DraftHistory history, int verified,
-                                 int accepted) {
-  ForOutcomes(verified, accepted,
-              [&](int j, bool ok) { Cell(match_length, history, j).Observe(ok); });
+void NgramSurvivalStats::Observe(int match_length, int verified, int accepted) {
+  ForOutcomes(verified, accepted, [&](int j, bool ok) { Cell(match_length, j).Observe(ok); });
 }
 
 DraftCalibration::DraftCalibration(const CalibrationOptions& options)
@@ -529,15 +523,6 @@ absl::StatusOr<VerifyPlan> PlanVerification(const StepShape& shape,
   return plan;
 }
 
-double ConfidenceStopThreshold(double planned_rate, const DraftingRateCheck* measured, int decoding,
-                               double marginal_seconds, double min_weight) {
-  double rate = planned_rate;
-  if (measured != nullptr && measured->Weight(decoding, /*drafted=*/true) >= min_weight) {
-    rate = measured->Rate(decoding, /*drafted=*/true);
-  }
-  return rate * marginal_seconds;
-}
-
 bool ConfidenceStop::operator()(int position, float confidence) {
   survival_ *= calibration_->Conditional(confidence);
   if (!declined_ && (position == 0 || survival_ >= threshold_)) return true;
@@ -622,20 +607,6 @@ int ExtendDraftLength(const DraftLengthPlan& plan, double slack) {
   return plan.length;
 }
 
-bool CatchUpPays(double excess_tokens, double token_seconds, double remaining_tokens,
-                 double sequence_step_seconds, double gain) {
-  if (!(excess_tokens > 0.0)) return true;
-  if (!std::isfinite(excess_tokens) || !std::isfinite(token_seconds) || !(token_seconds > 0.0) ||
-      !std::isfinite(remaining_tokens) || !std::isfinite(sequence_step_seconds) ||
-      !std::isfinite(gain)) {
-    return true;
-  }
-  const double saving = gain > 0.0 ? std::max(remaining_tokens, 0.0) *
-                                         std::max(sequence_step_seconds, 0.0) * gain / (1.0 + gain)
-                                   : 0.0;
-  return saving >= excess_tokens * token_seconds;
-}
-
 DraftingRateCheck::DraftingRateCheck(const Options& options) : options_(options) {}
 
 int DraftingRateCheck::Bucket(int decoding) {
@@ -687,4 +658,4 @@ bool DraftingRateCheck::DraftingPays(int decoding) const {
   return b >= buckets_.size() || !buckets_[b].vetoing;
 }
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

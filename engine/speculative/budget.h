@@ -42,8 +42,8 @@
 //
 // Thread-safety: none of these classes is thread-safe; CostTable is immutable after creation and
 // may be read from any thread.
-#ifndef DEEPINFER_ENGINE_SPEC_BUDGET_H_
-#define DEEPINFER_ENGINE_SPEC_BUDGET_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_BUDGET_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_BUDGET_H_
 
 #include <array>
 #include <cstdint>
@@ -55,7 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // --- Survival estimators --------------------------------------------------------------------
 
@@ -80,36 +80,22 @@ struct SurvivalOptions {
   double decay = 0.999;
 };
 
-// What a request's previous verified draft did: every token accepted, or one rejected (kNone:
-// no draft of the request verified yet). Known before the current draft is chosen, so keying
-// estimates by it keeps verification lossless. For n-gram drafts it separates a request that is
-// copying from its context (a long run of drafts accepted whole) from one whose last draft went
-// astray, which the match length alone does not: the same match length then predicts both.
-enum class DraftHistory : int { kNone = 0, kAccepted = 1, kRejected = 2 };
-inline constexpr int kDraftHistories = 3;
-
-// Survival rows for n-gram drafts keyed by the request's DraftHistory and the match length
-// (clamped to [1, max_match_length]).
+// Survival rows for n-gram drafts keyed by the match length (clamped to [1, max_match_length]).
 class NgramSurvivalStats {
  public:
   explicit NgramSurvivalStats(int max_match_length = 8, const SurvivalOptions& options = {});
-  // Fills `a` with k survival values for a draft that matched `match_length` tokens, of a request
-  // whose previous draft did `history`.
-  void Survival(int match_length, DraftHistory history, int k, std::vector<double>* a) const;
+  // Fills `a` with k survival values for a draft that matched `match_length` tokens.
+  void Survival(int match_length, int k, std::vector<double>* a) const;
   // Records a verification: tokens 1..accepted were accepted; token accepted + 1 was rejected
   // when accepted < verified; later ones are unobserved.
-  void Observe(int match_length, DraftHistory history, int verified, int accepted);
-  // The history a verification leaves its request with (verified >= 1).
-  static DraftHistory After(int verified, int accepted) {
-    return accepted >= verified ? DraftHistory::kAccepted : DraftHistory::kRejected;
-  }
+  void Observe(int match_length, int verified, int accepted);
 
  private:
-  RateEstimator& Cell(int match_length, DraftHistory history, int position);
-  const RateEstimator& Cell(int match_length, DraftHistory history, int position) const;
+  RateEstimator& Cell(int match_length, int position);
+  const RateEstimator& Cell(int match_length, int position) const;
   int max_match_length_;
   SurvivalOptions options_;
-  std::vector<RateEstimator> cells_;  // [history][match_length - 1][position]
+  std::vector<RateEstimator> cells_;  // [match_length - 1][position]
 };
 
 struct CalibrationOptions {
@@ -149,10 +135,6 @@ class DraftCalibration {
 // 16 -> 17 tokens, measures noise, not a slope), linear between measured request counts (clamped
 // outside). Non-decreasing in tokens and, at the measured points, in requests where the fewer
 // requests' row was measured (at more tokens than a row measured, its last point is the bound).
-// Issue 12, session 23: with k = 16 the one-request row ended 16 -> 17 tokens at 0.47 ms a token,
-// and raising the 8- and 32-request rows to that extrapolation priced 32 tokens at 8 requests at
-// 7.6-17.8 ms (3.3 ms in a k = 15 profile), so the plan verified 1.2 drafts a sequence where it
-// verified 4.4 at k = 8.
 class CostTable {
  public:
   struct Sample {
@@ -188,20 +170,15 @@ class CostTable {
 // the same shape, `warm_runs` (>= 0) of them or fewer once they took `warm_seconds` (but at least
 // one when warm_runs > 0): a step costs more right after steps of another shape (a larger one
 // evicted the weights and the smaller one's buffers from the caches), and the plan must price
-// steps as a node serving that shape step after step sees them. Measured on the demo model, one
-// core (issue 12, session 30): right after a 256-token step, 1 / 2 / 4 / 8 tokens cost 2.26 /
-// 2.62 / 2.77 / 5.22 ms against 0.97 / 1.02 / 1.62 / 3.92 back to back (engine bench
-// --after_tokens 256); the start-up profile, whose rounds go from 512 tokens at 32 requests
-// back to 1 token, priced 1, 2 and 4 tokens alike (2.4 ms, made monotone) without warm-up runs and
-// with one, and 1.03 / 1.20 / 1.71 / 3.56 ms with four, so the plan verified 4 tokens where 1 or
-// 2 were worth it. Shapes of 20 ms or more recover in one run. The runs go round the shapes (every
+// steps as a node serving that shape step after step sees them. Shapes of 20 ms or more recover
+// in one run. The runs go round the shapes (every
 // shape once, then again, `runs` times), so each shape's runs spread over the whole profile and a
 // burst of other work shorter than about half of it slows fewer than half of any shape's runs,
 // which the median ignores; consecutive runs per shape put a burst into every run of the shapes it
 // covered (a cluster's other processes starting on the same cores, say). A table that comes out
 // flat (CostTable::IsFlat) is profiled once more and the second one kept: one slow first shape (a
 // busy machine), made monotone, flattens the whole table, and a flat table turns adaptive
-// verification off (seen in a test run on 2 busy cores: every shape at the first one's 180 us).
+// verification off.
 // Errors from run_step are returned as they are.
 absl::StatusOr<CostTable> ProfileCostTable(
     const std::function<absl::StatusOr<double>(int tokens, int requests)>& run_step,
@@ -218,10 +195,8 @@ absl::StatusOr<CostTable> ProfileCostTable(
 // each row of at most `edge_requests` requests also holds the edges (a multiple of rows_per_pass
 // and one token more) from its fewest tokens up, at most `max_edges` of them. Not every row: each
 // profiled point carries its own noise (+-10% between shapes), and the plan's global search finds
-// every point that happens to be cheap. With edges up to 53 tokens at 8 requests and 77 at 32
-// (issue 12, session 39), a draft-model node verified 2.2-2.9 drafts a sequence at 5, 7, ..., 15
-// decoding sequences against 1.1-1.3 at the even counts (1.5-2 at all of them without edges). A
-// row ends before its first shape that `fits` refuses (the engine's step and KV budgets).
+// every point that happens to be cheap. A row ends before its first shape that `fits` refuses
+// (the engine's step and KV budgets).
 std::vector<std::pair<int, int>> CostProfileShapes(int k, int max_requests, int rows_per_pass,
                                                    int max_edges, int edge_requests,
                                                    const std::function<bool(int, int)>& fits);
@@ -393,42 +368,18 @@ absl::StatusOr<DraftLengthPlan> PlanDraftLength(const StepShape& shape,
                                                 double min_gain = 0.0);
 
 // The longest L whose rate (plan.length_rates) is at least (1 - slack) x the chosen L's, for a
-// confidence stop to cut (SpecOptions::draft_stop_extend in engine/llm_engine.h); plan.length
+// confidence stop to cut (SpecOptions::draft_stop_extend); plan.length
 // when none is, when slack <= 0, when plan.length is 0 (no drafting stays no drafting) or when
 // the plan is not adaptive.
 int ExtendDraftLength(const DraftLengthPlan& plan, double slack);
-
-// Whether a draft model should catch a sequence up before drafting for it again: the catch-up
-// feeds `excess_tokens` (what it is behind beyond a steady round) at `token_seconds` each, and
-// drafting then saves, over the `remaining_tokens` the sequence may still emit, the time a step
-// without drafts takes per sequence (`sequence_step_seconds`) x gain / (1 + gain), where `gain`
-// is drafting's steady rate over no drafting's, minus 1 (the time per token falls from t to
-// t / (1 + gain)). True when the saving is at least the cost, when nothing is behind, and when an
-// input is unknown (not finite, or token_seconds <= 0: no catch-up measured yet); a gain <= 0
-// saves nothing. The remaining tokens are an upper bound (max_tokens; a stop string or EOS may
-// end the sequence sooner), so the test leans toward catching up.
-bool CatchUpPays(double excess_tokens, double token_seconds, double remaining_tokens,
-                 double sequence_step_seconds, double gain);
-
-// A draft model's confidence stop: position j is drafted while its survival a_j is at least
-// rate x `marginal_seconds` (one more verified token and its share of a draft round), which
-// maximises tokens per second when rate is the best achievable one. `rate` is the tokens per
-// second that `measured`'s drafting steps realised at `decoding` sequences once they weigh at
-// least `min_weight`, else `planned_rate` (null `measured`: always planned). Re-deciding at the
-// realised rate is Dinkelbach's iteration for a ratio: it converges to the best rate, where a
-// predicted rate carries its estimates' bias.
-double ConfidenceStopThreshold(double planned_rate, const DraftingRateCheck* measured, int decoding,
-                               double marginal_seconds, double min_weight = 8.0);
 
 // A draft model's confidence stop for one sequence (DraftRequest::keep_drafting's predicate):
 // position 0 is always drafted, position j >= 1 while its survival a_j = prod_{i<=j}
 // calibration.Conditional(confidence_i) is at least `threshold`. With `past` > 0 the stop lets
 // that many positions more through after the first one it declines, then none: a probe's
 // sequence, which verifies one draft more than the stop would (the positions just past the stop
-// are the ones whose calibration decides it; drafting past them, to the plan's length + 1 as
-// probes did until issue 12, session 37, verified 4 drafts at one sequence in 6% of the plan's
-// steps at 1.2 tokens/ms, where its other steps ran 1.45). Lossless: each answer precedes its
-// token's draw. `calibration` must outlive the stop.
+// are the ones whose calibration decides it). Lossless: each answer precedes its token's draw.
+// `calibration` must outlive the stop.
 class ConfidenceStop {
  public:
   ConfidenceStop(const DraftCalibration* calibration, double threshold, int past = 0)
@@ -448,6 +399,6 @@ class ConfidenceStop {
 // with none cost nothing).
 double DraftSeconds(const CostTable& draft_cost, absl::Span<const int> caps, int length);
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_BUDGET_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_BUDGET_H_

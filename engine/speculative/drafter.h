@@ -9,8 +9,8 @@
 //
 // Thread-safety: a Drafter is used from one thread (the engine's scheduler thread); methods are
 // not thread-safe unless an implementation says otherwise.
-#ifndef DEEPINFER_ENGINE_SPEC_DRAFTER_H_
-#define DEEPINFER_ENGINE_SPEC_DRAFTER_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_DRAFTER_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_DRAFTER_H_
 
 #include <cstdint>
 #include <functional>
@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct DraftProposal {
   // Proposed continuation, at most the `k` asked for; empty when the drafter has no guess.
@@ -89,6 +89,6 @@ class Drafter {
   virtual void Release(int64_t seq_id) {}
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_DRAFTER_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_DRAFTER_H_

@@ -1,4 +1,4 @@
-#include "engine/spec/model_drafter.h"
+#include "engine/speculative/model_drafter.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 constexpr char kLlama[] = "engine/testdata/models/llama";
@@ -385,14 +385,12 @@ TEST(ModelDrafterTest, CatchUpWindowSkipsToTheRecentText) {
   ASSERT_TRUE(d.Propose(2, later, 3, &p).ok());
   EXPECT_EQ(p.tokens, Reference(Spliced(prompt, later, later.size() - 4, later.size()), 3));
   // The cache covered `next` (the draft after it was rejected): the rest but 4 is skipped.
-  EXPECT_EQ(d.skipped_tokens(),
-            skipped + static_cast<int64_t>(later.size() - 4 - next.size()));
+  EXPECT_EQ(d.skipped_tokens(), skipped + static_cast<int64_t>(later.size() - 4 - next.size()));
   // A context that disagrees before the gap drops the gap: its new text is fed (the last 4).
   std::vector<int32_t> other = later;
   other[1] = (other[1] + 1) % SharedModel()->config().vocab_size;
   ASSERT_TRUE(d.Propose(2, other, 2, &p).ok());
-  EXPECT_EQ(p.tokens,
-            Reference(Spliced({other[0]}, other, other.size() - 4, other.size()), 2));
+  EXPECT_EQ(p.tokens, Reference(Spliced({other[0]}, other, other.size() - 4, other.size()), 2));
 }
 
 TEST(ModelDrafterTest, FeedKeepsTheCacheOneTokenBehindWithoutDrafting) {
@@ -623,4 +621,4 @@ TEST(ModelDrafterTest, ProfilesOneDraftRoundPerBatchSize) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

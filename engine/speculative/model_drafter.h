@@ -35,12 +35,9 @@
 // The window applies only while at least `catch_up_window_min_sequences` sequences decode (the
 // engine says how many with set_decoding before each call); with fewer, every token is fed: a
 // lone request's prompt then costs the draft model a short prefill, and its drafts see the whole
-// conversation. Measured (issue 12, session 41; demo pair, one request at a time, a CPU with AMX):
-// an adaptive node drafting 4 tokens with the window emitted 2.43 tokens a step where a fixed-4
-// node feeding everything emitted 2.81 (1.135 against 1.219 tokens/ms). At many sequences the
-// window pays: each catch-up is a prefill for a few steps of drafting, and every later round
-// attends to the whole conversation (at 17-32 sequences 4.28 ms a k = 1 round without it, 1.46
-// with it; session 35).
+// conversation. At many sequences the window pays: each catch-up is a prefill for a few steps of
+// drafting, and every later round attends to the whole conversation (figures in
+// docs/speculative-decoding.md).
 //
 // Drafts. With temperature 0 a draft token is the arg-max of the draft logits (lowest id on
 // ties) and `probs` stays empty: the verifier treats it as a point mass, which keeps rejection
@@ -64,8 +61,8 @@
 //
 // Thread-safety: not thread-safe; use from one thread (the engine's scheduler thread). The
 // drafter runs the draft model's Forward, so nobody else may run that model concurrently.
-#ifndef DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
-#define DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_MODEL_DRAFTER_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_MODEL_DRAFTER_H_
 
 #include <cstdint>
 #include <functional>
@@ -78,11 +75,11 @@
 #include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
-#include "engine/spec/budget.h"
-#include "engine/spec/drafter.h"
-#include "engine/spec/verifier.h"
+#include "engine/speculative/budget.h"
+#include "engine/speculative/drafter.h"
+#include "engine/speculative/verifier.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct ModelDrafterOptions {
   int num_blocks = 256;  // drafter KV blocks, >= 1
@@ -155,7 +152,7 @@ class ModelDrafter : public Drafter {
   // context_length - 1.
   int64_t Lag(int64_t seq_id, int64_t context_length) const;
   int64_t skipped_tokens() const { return skipped_tokens_; }  // never fed (catch_up_window)
-  int64_t evictions() const { return evictions_; }  // live sequences evicted for room
+  int64_t evictions() const { return evictions_; }            // live sequences evicted for room
   // Blocks held by retired entries (reusable; dropped before anything is evicted).
   int reusable_blocks() const;
   // Context tokens whose KV a new sequence adopted from a retired entry instead of computing.
@@ -194,6 +191,14 @@ class ModelDrafter : public Drafter {
   // ProposeBatch, or with `feed_only` Feed (`out` then stays empty proposals).
   absl::Status Run(absl::Span<const DraftRequest> requests, bool feed_only,
                    std::vector<DraftProposal>* out);
+  // Run's parts: the valid requests as work (their sequences appended to `pinned`; the first
+  // invalid one's error in `*first`); one work item's cache matched to its context and its blocks
+  // reserved (false: nothing to feed, or no room); the forward rounds over the prepared items
+  // (on a forward error their KV is rolled back and the error returned).
+  std::vector<Work> CollectWork(absl::Span<const DraftRequest> requests, bool feed_only,
+                                std::vector<int64_t>* pinned, absl::Status* first);
+  bool PrepareWork(Work* work, bool feed_only, const std::vector<int64_t>& pinned);
+  absl::Status RunRounds(std::vector<Work>* ready, std::vector<DraftProposal>* out);
   // Gives `seq` (no cached tokens) the retired entry sharing the longest prefix (>= one block)
   // with `context`, if any.
   void Adopt(absl::Span<const int32_t> context, SeqCache* seq);
@@ -234,6 +239,6 @@ class ModelDrafter : public Drafter {
   std::vector<double> weights_;  // workspace
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_MODEL_DRAFTER_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_MODEL_DRAFTER_H_

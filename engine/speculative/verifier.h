@@ -20,8 +20,8 @@
 // caller keeps the first `accepted + 1` tokens' KV and rolls back the rest.
 //
 // Thread-safety: one Verifier per request, used from one thread at a time.
-#ifndef DEEPINFER_ENGINE_SPEC_VERIFIER_H_
-#define DEEPINFER_ENGINE_SPEC_VERIFIER_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_VERIFIER_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_VERIFIER_H_
 
 #include <cstdint>
 #include <unordered_map>
@@ -31,7 +31,7 @@
 #include "absl/types/span.h"
 #include "engine/sampler.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 // xoshiro256** seeded through splitmix64: fast, small state, the same stream on every platform.
 class SpecRng {
@@ -58,7 +58,6 @@ class SpecRng {
 
 // The target distribution p_t: the serving sampler's own processing (engine/sampler.h).
 using TargetProcessor = ::deepinfer::engine::LogitsProcessor;
-
 
 struct VerifyResult {
   int accepted = 0;  // draft tokens accepted, 0..k
@@ -100,6 +99,6 @@ class Verifier {
   std::vector<double> p_;  // workspace: target distribution of the current row
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_VERIFIER_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_VERIFIER_H_

@@ -12,8 +12,8 @@
 // can only hide a match, never produce a wrong one.
 //
 // Thread-safety: not thread-safe; use from one thread.
-#ifndef DEEPINFER_ENGINE_SPEC_NGRAM_DRAFTER_H_
-#define DEEPINFER_ENGINE_SPEC_NGRAM_DRAFTER_H_
+#ifndef DEEPINFER_ENGINE_SPECULATIVE_NGRAM_DRAFTER_H_
+#define DEEPINFER_ENGINE_SPECULATIVE_NGRAM_DRAFTER_H_
 
 #include <cstdint>
 #include <memory>
@@ -21,9 +21,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "engine/spec/drafter.h"
+#include "engine/speculative/drafter.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 
 struct NgramDrafterOptions {
   int min_n = 1;  // >= 1
@@ -58,6 +58,6 @@ class NgramDrafter : public Drafter {
   absl::flat_hash_map<int64_t, SeqIndex> index_;
 };
 
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-#endif  // DEEPINFER_ENGINE_SPEC_NGRAM_DRAFTER_H_
+#endif  // DEEPINFER_ENGINE_SPECULATIVE_NGRAM_DRAFTER_H_

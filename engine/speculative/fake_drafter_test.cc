@@ -1,8 +1,8 @@
-#include "engine/spec/fake_drafter.h"
+#include "engine/speculative/fake_drafter.h"
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 TEST(FakeDrafterTest, ProposesTheOracleWithCorruptionsAndRecordsFeedback) {
@@ -21,4 +21,4 @@ TEST(FakeDrafterTest, ProposesTheOracleWithCorruptionsAndRecordsFeedback) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative

@@ -1,4 +1,4 @@
-#include "engine/spec/budget.h"
+#include "engine/speculative/budget.h"
 
 #include <cmath>
 #include <limits>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 CostTable Table(const std::vector<std::pair<int, double>>& points, int requests = 1) {
@@ -285,24 +285,6 @@ TEST(BudgetTest, ExtendDraftLengthReachesTheLongestNearlyAsGoodLength) {
   auto untabled = PlanDraftLength({1, 1, 1}, {{0.8}}, nullptr, nullptr);
   ASSERT_TRUE(untabled.ok());
   EXPECT_EQ(ExtendDraftLength(*untabled, 0.5), 1);
-}
-
-// A catch-up of 500 tokens at 40 us costs 20 ms. At gain 0.25 a sequence-step of 1.1 ms saves
-// 1.1 x 0.25 / 1.25 = 0.22 ms per remaining token: 60 tokens save 13.2 ms (not worth it), 100
-// save 22 ms (worth it). At gain 0.5 (0.3667 ms per token) 60 tokens save 22 ms. Nothing behind,
-// or an unknown figure (no catch-up measured, no gain estimate): caught up; no gain: not.
-TEST(BudgetTest, CatchUpPaysWhenItsSavingCoversItsCost) {
-  EXPECT_FALSE(CatchUpPays(500, 40e-6, 60, 1.1e-3, 0.25));
-  EXPECT_TRUE(CatchUpPays(500, 40e-6, 100, 1.1e-3, 0.25));
-  EXPECT_TRUE(CatchUpPays(500, 40e-6, 60, 1.1e-3, 0.5));
-  EXPECT_FALSE(CatchUpPays(500, 40e-6, 1000, 1.1e-3, 0.0));
-  EXPECT_FALSE(CatchUpPays(500, 40e-6, 1000, 1.1e-3, -0.1));
-  EXPECT_FALSE(CatchUpPays(1, 40e-6, 0, 1.1e-3, 0.5));  // nothing left to emit
-  EXPECT_TRUE(CatchUpPays(0, 40e-6, 0, 1.1e-3, 0.0));
-  EXPECT_TRUE(CatchUpPays(500, 0.0, 60, 1.1e-3, 0.25));
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_TRUE(CatchUpPays(500, 40e-6, 60, 1.1e-3, nan));
-  EXPECT_TRUE(CatchUpPays(500, 40e-6, 60, nan, 0.25));
 }
 
 TEST(BudgetTest, DraftSecondsCountsTheRequestsOfEachRound) {
@@ -659,51 +641,20 @@ TEST(SurvivalTest, NgramStatsLearnPerMatchLengthAndPosition) {
   for (int i = 0; i < 20000; ++i) {
     int accepted = 0;
     while (accepted < 4 && u(rng) < (accepted == 0 ? 0.9 : 0.5)) ++accepted;
-    stats.Observe(3, DraftHistory::kNone, 4, accepted);
+    stats.Observe(3, 4, accepted);
   }
   std::vector<double> a;
-  stats.Survival(3, DraftHistory::kNone, 5, &a);
+  stats.Survival(3, 5, &a);
   ASSERT_EQ(a.size(), 5u);
   EXPECT_NEAR(a[0], 0.9, 0.01);
   EXPECT_NEAR(a[1], 0.45, 0.015);
   EXPECT_NEAR(a[2], 0.225, 0.015);
   for (int j = 1; j < 5; ++j) EXPECT_LE(a[j], a[j - 1]);
-  stats.Survival(1, DraftHistory::kNone, 2, &a);  // untouched key: the prior
+  stats.Survival(1, 2, &a);  // untouched key: the prior
   EXPECT_DOUBLE_EQ(a[0], 0.5);
   EXPECT_DOUBLE_EQ(a[1], 0.25);
-  stats.Survival(99, DraftHistory::kNone, 1, &a);  // clamps to the longest key (4), also untouched
+  stats.Survival(99, 1, &a);  // clamps to the longest key (4), also untouched
   EXPECT_DOUBLE_EQ(a[0], 0.5);
-}
-
-// The same match length predicts differently after a draft accepted whole (the request copies
-// from its context) and after a rejection: the estimates are kept apart by DraftHistory, and
-// an unseen history has the prior.
-TEST(SurvivalTest, NgramStatsLearnPerDraftHistory) {
-  NgramSurvivalStats stats(
-      4, {.max_positions = 4, .prior_mean = 0.5, .prior_weight = 2.0, .decay = 0.9999});
-  std::mt19937_64 rng(3);
-  std::uniform_real_distribution<double> u(0, 1);
-  for (int i = 0; i < 20000; ++i) {
-    for (DraftHistory h : {DraftHistory::kAccepted, DraftHistory::kRejected}) {
-      const double c = h == DraftHistory::kAccepted ? 0.95 : 0.4;
-      int accepted = 0;
-      while (accepted < 4 && u(rng) < c) ++accepted;
-      stats.Observe(2, h, 4, accepted);
-    }
-  }
-  std::vector<double> a;
-  stats.Survival(2, DraftHistory::kAccepted, 3, &a);
-  EXPECT_NEAR(a[0], 0.95, 0.01);
-  EXPECT_NEAR(a[2], 0.95 * 0.95 * 0.95, 0.02);
-  stats.Survival(2, DraftHistory::kRejected, 3, &a);
-  EXPECT_NEAR(a[0], 0.4, 0.015);
-  EXPECT_NEAR(a[1], 0.16, 0.015);
-  stats.Survival(2, DraftHistory::kNone, 2, &a);  // never observed: the prior
-  EXPECT_DOUBLE_EQ(a[0], 0.5);
-  EXPECT_DOUBLE_EQ(a[1], 0.25);
-  EXPECT_EQ(NgramSurvivalStats::After(3, 3), DraftHistory::kAccepted);
-  EXPECT_EQ(NgramSurvivalStats::After(3, 2), DraftHistory::kRejected);
-  EXPECT_EQ(NgramSurvivalStats::After(1, 0), DraftHistory::kRejected);
 }
 
 TEST(SurvivalTest, DraftCalibrationIsMonotoneAndTracksTheTruth) {
@@ -733,9 +684,9 @@ TEST(SurvivalTest, DraftCalibrationIsMonotoneAndTracksTheTruth) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 TEST(DraftingRateCheckTest, BucketsArePowersOfTwo) {
@@ -789,9 +740,9 @@ TEST(DraftingRateCheckTest, VetoesMeasuredSlowerDraftingUntilItFades) {
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
 
-namespace deepinfer::engine::spec {
+namespace deepinfer::engine::speculative {
 namespace {
 
 // The confidence stop: position 0 always, then while the product of calibrated conditionals
@@ -827,52 +778,65 @@ TEST(ConfidenceStopTest, StopsAtTheThresholdAndAProbeGoesOnePositionPast) {
   for (int j = 0; j < 8; ++j) EXPECT_TRUE(open(j, 0.2f)) << j;
 }
 
-// The confidence stop's threshold: the planned rate until the drafting steps at that count weigh
-// min_weight, then their realised tokens per second; other counts' buckets and steps that did not
-// draft do not count; without a check, always the planned rate.
-TEST(ConfidenceStopThresholdTest, TakesTheRealisedRateOnceMeasured) {
-  DraftingRateCheck check;  // decay 0.99
-  EXPECT_DOUBLE_EQ(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4), 0.2);
-  for (int i = 0; i < 5; ++i) check.Observe(1, /*drafted=*/true, 3.0, 0.002);  // 1500 tokens/s
-  for (int i = 0; i < 20; ++i) check.Observe(8, /*drafted=*/true, 24.0, 0.004);
-  for (int i = 0; i < 20; ++i) check.Observe(1, /*drafted=*/false, 1.0, 0.001);
-  EXPECT_LT(check.Weight(1, true), 8.0);
-  EXPECT_DOUBLE_EQ(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4), 0.2);
-  for (int i = 0; i < 5; ++i) check.Observe(1, /*drafted=*/true, 3.0, 0.002);
-  ASSERT_GE(check.Weight(1, true), 8.0);
-  EXPECT_NEAR(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4), 0.15, 1e-12);
-  EXPECT_NEAR(ConfidenceStopThreshold(2000.0, &check, 8, 1e-4), 0.6, 1e-12);  // 6000 tokens/s
-  EXPECT_DOUBLE_EQ(ConfidenceStopThreshold(2000.0, nullptr, 1, 1e-4), 0.2);
-  EXPECT_NEAR(ConfidenceStopThreshold(2000.0, &check, 1, 1e-4, /*min_weight=*/20.0), 0.2, 1e-12);
-}
-
 // The profile's rows: powers of two per request up to k + 1 at 1, 8 and 32 requests, plus the
 // edges of the backend's passes over the weights from each row's fewest tokens up.
 TEST(CostProfileShapesTest, RowsHoldPowersOfTwoAndThePassEdges) {
   using Shapes = std::vector<std::pair<int, int>>;
   auto all = [](int, int) { return true; };
   // No passes to see (a GPU, or one row a pass): 1, 2, 4, 8 and 9 tokens per request.
-  EXPECT_EQ(CostProfileShapes(8, 32, 1, 24, 32, all),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {8, 1}, {9, 1}, {8, 8}, {16, 8}, {32, 8}, {64, 8},
-                    {72, 8}, {32, 32}, {64, 32}, {128, 32}, {256, 32}, {288, 32}}));
+  EXPECT_EQ(CostProfileShapes(8, 32, 1, 24, 32, all), (Shapes{{1, 1},
+                                                              {2, 1},
+                                                              {4, 1},
+                                                              {8, 1},
+                                                              {9, 1},
+                                                              {8, 8},
+                                                              {16, 8},
+                                                              {32, 8},
+                                                              {64, 8},
+                                                              {72, 8},
+                                                              {32, 32},
+                                                              {64, 32},
+                                                              {128, 32},
+                                                              {256, 32},
+                                                              {288, 32}}));
   // Passes of 4 rows, at most 6 edges a row: one request adds 5 tokens (4, 8 and 9 are powers of
   // two or k + 1 already); 8 requests add 9, 12, 13 and 17. At most 8 requests: no third row.
-  EXPECT_EQ(CostProfileShapes(8, 8, 4, 6, 32, all),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {9, 8}, {12, 8},
-                    {13, 8}, {16, 8}, {17, 8}, {32, 8}, {64, 8}, {72, 8}}));
+  EXPECT_EQ(CostProfileShapes(8, 8, 4, 6, 32, all), (Shapes{{1, 1},
+                                                            {2, 1},
+                                                            {4, 1},
+                                                            {5, 1},
+                                                            {8, 1},
+                                                            {9, 1},
+                                                            {8, 8},
+                                                            {9, 8},
+                                                            {12, 8},
+                                                            {13, 8},
+                                                            {16, 8},
+                                                            {17, 8},
+                                                            {32, 8},
+                                                            {64, 8},
+                                                            {72, 8}}));
   // Passes of 16 from 32 requests: the edges start at the row's fewest tokens (32), not at 16.
   const Shapes amx = CostProfileShapes(2, 32, 16, 4, 32, all);
   EXPECT_EQ(Shapes(amx.end() - 6, amx.end()),
             (Shapes{{32, 32}, {33, 32}, {48, 32}, {49, 32}, {64, 32}, {96, 32}}));
   // Edges only in the rows of at most edge_requests requests (here the one-request row's 5).
-  EXPECT_EQ(CostProfileShapes(8, 8, 4, 24, 1, all),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {16, 8}, {32, 8},
-                    {64, 8}, {72, 8}}));
+  EXPECT_EQ(CostProfileShapes(8, 8, 4, 24, 1, all), (Shapes{{1, 1},
+                                                            {2, 1},
+                                                            {4, 1},
+                                                            {5, 1},
+                                                            {8, 1},
+                                                            {9, 1},
+                                                            {8, 8},
+                                                            {16, 8},
+                                                            {32, 8},
+                                                            {64, 8},
+                                                            {72, 8}}));
   // A row ends at its first shape that does not fit.
-  EXPECT_EQ(CostProfileShapes(8, 8, 4, 24, 32, [](int tokens, int) { return tokens <= 13; }),
-            (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {9, 8}, {12, 8},
-                    {13, 8}}));
+  EXPECT_EQ(
+      CostProfileShapes(8, 8, 4, 24, 32, [](int tokens, int) { return tokens <= 13; }),
+      (Shapes{{1, 1}, {2, 1}, {4, 1}, {5, 1}, {8, 1}, {9, 1}, {8, 8}, {9, 8}, {12, 8}, {13, 8}}));
 }
 
 }  // namespace
-}  // namespace deepinfer::engine::spec
+}  // namespace deepinfer::engine::speculative
