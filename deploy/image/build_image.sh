@@ -166,7 +166,8 @@ umoci repack --refresh-bundle --image "$layout:$ref" --history.created "$created
 
 # --- 4. deepinfer layer -------------------------------------------------------------------------
 cp -a "$stage/." "$rootfs/"
-echo "deepinfer:x:65532:65532:deepinfer:/var/lib/deepinfer:/usr/sbin/nologin" >> "$rootfs/etc/passwd"
+echo "deepinfer:x:65532:65532:deepinfer:/var/lib/deepinfer:/usr/sbin/nologin" \
+  >> "$rootfs/etc/passwd"
 echo "deepinfer:x:65532:" >> "$rootfs/etc/group"
 echo "deepinfer:*:19000:0:99999:7:::" >> "$rootfs/etc/shadow"
 install -d -o 65532 -g 65532 -m 0750 "$rootfs/var/lib/deepinfer"
@@ -181,10 +182,18 @@ if [ "$cuda" = 1 ]; then
     soname=${soname:-$(basename "$lib")}
     [ -e "$rootfs/usr/local/cuda/lib64/$soname" ] && continue
     cp -L "$lib" "$rootfs/usr/local/cuda/lib64/$soname"
+    # Its licence: the toolkit's EULA, or (a toolkit assembled from NVIDIA's wheels) the licence
+    # of the wheel it came from (libcublasLt -> nvidia_cublas-*, libnccl -> nvidia_nccl_*).
+    component=$(echo "$soname" | sed -E 's/^lib//; s/\.so.*//; s/Lt$//' | tr 'A-Z' 'a-z')
+    for lic in "$cuda_home"/dist-info/nvidia_"$component"[-_]*/licenses; do
+      [ -d "$lic" ] || continue
+      dest="$rootfs/usr/local/cuda/licenses/$(basename "$(dirname "$lic")")"
+      mkdir -p "$dest" && cp -r "$lic/." "$dest/"
+    done
   done
+  [ -f "$cuda_home/EULA.txt" ] && cp "$cuda_home/EULA.txt" "$rootfs/usr/local/cuda/EULA.txt"
   echo /usr/local/cuda/lib64 > "$rootfs/etc/ld.so.conf.d/deepinfer-cuda.conf"
   ldconfig -r "$rootfs"
-  cp "$cuda_home/EULA.txt" "$rootfs/usr/local/cuda/EULA.txt" 2>/dev/null || true
 fi
 find "$rootfs" -xdev -newermt "@$SOURCE_DATE_EPOCH" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 umoci repack --image "$layout:$ref" --history.created "$created" \
@@ -194,6 +203,8 @@ umoci repack --image "$layout:$ref" --history.created "$created" \
 # --- 5. Image configuration, docker-archive ----------------------------------------------------
 # Default command: the whole cluster in one container (router + 1 prefill + 1 decode) on the
 # model mounted at /models/model; the manifests run each binary on its own with `command:`.
+kind=CPU
+[ "$cuda" = 1 ] && kind=CUDA
 cfg=(
   --config.user 65532:65532
   --config.workingdir /var/lib/deepinfer
@@ -203,7 +214,7 @@ cfg=(
   --config.cmd --model=/models/model
   --config.cmd --router_listen=0.0.0.0:50051
   --config.label "org.opencontainers.image.title=deepinfer$suffix"
-  --config.label "org.opencontainers.image.description=deepinfer disaggregated prefill/decode LLM serving ($([ "$cuda" = 1 ] && echo CUDA || echo CPU))"
+  --config.label "org.opencontainers.image.description=deepinfer LLM serving ($kind)"
   --config.label "org.opencontainers.image.version=$version"
   --config.label "org.opencontainers.image.revision=$commit"
   --config.label "org.opencontainers.image.created=$created"
@@ -212,7 +223,8 @@ cfg=(
   --created "$created" --os linux --architecture amd64
 )
 if [ "$cuda" = 1 ]; then
-  cfg+=(--config.env NVIDIA_VISIBLE_DEVICES=all --config.env NVIDIA_DRIVER_CAPABILITIES=compute,utility)
+  cfg+=(--config.env NVIDIA_VISIBLE_DEVICES=all
+        --config.env NVIDIA_DRIVER_CAPABILITIES=compute,utility)
 fi
 umoci config --image "$layout:$ref" --history.created "$created" "${cfg[@]}" \
   --manifest.annotation "org.opencontainers.image.version=$version" \
@@ -226,11 +238,16 @@ rm -f "$archive"
 skopeo copy --quiet "oci:$layout:$ref" "docker-archive:$archive:$tag"
 
 # Compressed size: the gzipped layers plus the config, as a registry stores and a pull moves them.
-manifest=$(python3 -c 'import json,sys; i=json.load(open(sys.argv[1]))
-print(next(m["digest"] for m in i["manifests"] if m.get("annotations",{}).get("org.opencontainers.image.ref.name")==sys.argv[2]))' \
-  "$layout/index.json" "$ref")
-compressed=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))
-print(m["config"]["size"] + sum(l["size"] for l in m["layers"]))' "$layout/blobs/sha256/${manifest#sha256:}")
+compressed=$(python3 - "$layout" "$ref" <<'EOF'
+import json, sys
+layout, ref = sys.argv[1], sys.argv[2]
+index = json.load(open(layout + "/index.json"))
+digest = next(m["digest"] for m in index["manifests"]
+              if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == ref)
+m = json.load(open(layout + "/blobs/sha256/" + digest.split(":")[1]))
+print(m["config"]["size"] + sum(layer["size"] for layer in m["layers"]))
+EOF
+)
 echo "$tag" > "$out/TAG"
 awk -v t="$tag" -v c="$compressed" -v a="$(stat -c %s "$archive")" -v f="$archive" 'BEGIN {
   printf "build_image: %s: compressed %.1f MB (layers + config), docker-archive %.1f MB (%s)\n",

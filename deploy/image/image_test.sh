@@ -42,11 +42,15 @@ rootfs="$work/bundle/rootfs"
 
 # --- 1. Contents ------------------------------------------------------------------------------
 for cc in gcc cc g++ c++ cpp clang ld as x86_64-linux-gnu-gcc-12 x86_64-linux-gnu-g++-12; do
-  [ ! -e "$rootfs/usr/bin/$cc" ] && [ ! -e "$rootfs/usr/local/bin/$cc" ] || fail "compiler $cc in the image"
+  [ ! -e "$rootfs/usr/bin/$cc" ] && [ ! -e "$rootfs/usr/local/bin/$cc" ] ||
+    fail "compiler $cc in the image"
 done
 [ -z "$(find "$rootfs/usr/lib/gcc" -name cc1\* 2>/dev/null)" ] || fail "cc1 in the image"
-[ -z "$(find "$rootfs/var/lib/apt/lists" "$rootfs/var/cache/apt" -type f 2>/dev/null)" ] ||
-  fail "apt lists or caches: $(find "$rootfs/var/lib/apt/lists" "$rootfs/var/cache/apt" -type f | head)"
+toolchain=$(grep -E '^Package: (gcc|g\+\+|cpp|clang|binutils|make)(-[0-9.]+)?$' \
+  "$rootfs/var/lib/dpkg/status" || true)
+[ -z "$toolchain" ] || fail "toolchain packages installed: $toolchain"
+apt_files=$(find "$rootfs/var/lib/apt/lists" "$rootfs/var/cache/apt" -type f 2>/dev/null)
+[ -z "$apt_files" ] || fail "apt lists or caches: $(echo "$apt_files" | head)"
 # /root: only base-files' .bashrc and .profile (no history, SSH or cloud credentials, netrc...).
 extra=$(find "$rootfs/root" -mindepth 1 ! -name .bashrc ! -name .profile 2>/dev/null)
 [ -z "$extra" ] || fail "/root holds more than the base-files skeleton: $extra"
@@ -55,8 +59,8 @@ extra=$(find "$rootfs/root" -mindepth 1 ! -name .bashrc ! -name .profile 2>/dev/
 keys=$(grep -rlsI -e "PRIVATE KEY-----" "$rootfs"/{etc,root,home,opt,var,usr/local} || true)
 [ -z "$keys" ] || fail "private keys: $keys"
 grep -q '^deepinfer:x:65532:65532:' "$rootfs/etc/passwd" || fail "no user deepinfer (65532)"
-cuda_found=$(find "$rootfs" -xdev \( -name 'libcuda*.so*' -o -name 'libcublas*' -o -name 'libnccl*' \
-  -o -name 'libcudnn*' -o -name 'libcufft*' -o -name 'libcurand*' -o -name 'libcusparse*' \
+cuda_found=$(find "$rootfs" -xdev \( -name 'libcuda*.so*' -o -name 'libcublas*' \
+  -o -name 'libnccl*' -o -name 'libcudnn*' -o -name 'libcufft*' -o -name 'libcurand*' -o -name 'libcusparse*' \
   -o -name 'libcusolver*' -o -name 'libnvrtc*' \) -print)
 [ -z "$cuda_found" ] || fail "CUDA libraries in the CPU image: $cuda_found"
 echo "image_test: contents ok (no compiler, apt caches or secrets; user 65532)"
@@ -83,12 +87,14 @@ for b in router prefill_node decode_node vision_encoder launcher chat bench; do
   # absl's --help exits 1 after printing the flags; a missing library exits 127 before that.
   grep -q -- "--help" "$work/help.$b.out" || grep -qi "flags" "$work/help.$b.out" ||
     fail "$b --help (exit $rc): $(head -5 "$work/help.$b.out")"
-  grep -q "error while loading shared libraries" "$work/help.$b.out" && fail "$b: $(cat "$work/help.$b.out")"
+  ! grep -q "error while loading shared libraries" "$work/help.$b.out" ||
+    fail "$b: $(cat "$work/help.$b.out")"
 done
 echo "image_test: --help of router prefill_node decode_node vision_encoder launcher chat bench ok"
 
 # --- 3. The cluster from the image ------------------------------------------------------------
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
 # The image's default command (build_image.sh), with a free loopback port and a ready file.
 t0=$(date +%s.%N)
 in_image sh -c "exec /usr/local/bin/launcher --model=/models/model --router_listen=127.0.0.1:$port \
@@ -97,8 +103,8 @@ in_image sh -c "exec /usr/local/bin/launcher --model=/models/model --router_list
   for i in \$(seq 1 1200); do [ -s /tmp/ready ] && break; kill -0 \$pid || break; sleep 0.05; done
   [ -s /tmp/ready ] || { cat /tmp/launcher.out /tmp/logs/*.log; exit 1; }
   date +%s.%N > /tmp/serving
-  /usr/local/bin/chat --router 127.0.0.1:$port --message Hello --max_tokens 8 > /tmp/chat.out 2>&1 || {
-    cat /tmp/chat.out; exit 1; }
+  /usr/local/bin/chat --router 127.0.0.1:$port --message Hello --max_tokens 8 \
+    > /tmp/chat.out 2>&1 || { cat /tmp/chat.out; exit 1; }
   cat /tmp/chat.out; echo SERVING_AT \$(cat /tmp/serving)
   kill -INT \$pid; wait \$pid" >"$work/cluster.out" 2>&1 || fail "cluster in the image"
 t1=$(grep -Eo 'SERVING_AT [0-9.]+' "$work/cluster.out" | awk '{print $2}')
