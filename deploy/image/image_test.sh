@@ -60,8 +60,8 @@ keys=$(grep -rlsI -e "PRIVATE KEY-----" "$rootfs"/{etc,root,home,opt,var,usr/loc
 [ -z "$keys" ] || fail "private keys: $keys"
 grep -q '^deepinfer:x:65532:65532:' "$rootfs/etc/passwd" || fail "no user deepinfer (65532)"
 cuda_found=$(find "$rootfs" -xdev \( -name 'libcuda*.so*' -o -name 'libcublas*' \
-  -o -name 'libnccl*' -o -name 'libcudnn*' -o -name 'libcufft*' -o -name 'libcurand*' -o -name 'libcusparse*' \
-  -o -name 'libcusolver*' -o -name 'libnvrtc*' \) -print)
+  -o -name 'libnccl*' -o -name 'libcudnn*' -o -name 'libcufft*' -o -name 'libcurand*' \
+  -o -name 'libcusparse*' -o -name 'libcusolver*' -o -name 'libnvrtc*' \) -print)
 [ -z "$cuda_found" ] || fail "CUDA libraries in the CPU image: $cuda_found"
 echo "image_test: contents ok (no compiler, apt caches or secrets; user 65532)"
 
