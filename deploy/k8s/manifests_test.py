@@ -638,6 +638,7 @@ class OverlaysTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tree = copy_tree()
+        cls.addClassCleanup(shutil.rmtree, cls.tree)
         cls.rendered = {name: kubectl_kustomize(os.path.join(cls.tree, "overlays", name))
                         for name in sorted(os.listdir(OVERLAYS))}
 
@@ -703,6 +704,7 @@ class OverlaysTest(unittest.TestCase):
         # The overlays' JSON patches `test` the argument they replace: a base whose --device
         # argument moved must fail the render, not patch the wrong argument.
         tree = copy_tree()
+        self.addCleanup(shutil.rmtree, tree)
         path = os.path.join(tree, "base", "decode.yaml")
         with open(path) as f:
             text = f.read()
