@@ -67,6 +67,20 @@ if [ -n "$missing" ]; then
   fi
 fi
 
+# kubectl renders the Kubernetes overlays (`kubectl kustomize`, //deploy/k8s:manifests_test). The
+# base uses kustomize v4+ fields, which Debian's kubernetes-client (1.20, kustomize v2.0.3) cannot
+# render; the `kubectl` package of the Kubernetes/Google Cloud apt repository can. Installed by that
+# name when no kubectl is on PATH; without one only that test fails, naming why.
+if ! command -v kubectl >/dev/null; then
+  echo "setup: installing kubectl"
+  SUDO=""
+  [ "$(id -u)" != 0 ] && command -v sudo >/dev/null && SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends kubectl \
+    >/tmp/deepinfer-apt.log 2>&1 ||
+    echo "setup: no kubectl package in the apt sources: //deploy/k8s:manifests_test needs a" \
+      "kubectl (1.21 or later) on PATH" >&2
+fi
+
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 for f in bin/nvcc lib64/libcudart_static.a lib64/libcublas.so lib64/libnccl.so include/cuda_runtime.h; do
   if [ ! -e "$CUDA_HOME/$f" ]; then

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Validates deploy/k8s offline: every object against the JSON schema of its kind (Kubernetes
-and the ServiceMonitor CRD, committed under schemas/), the objects against each other (selectors,
-ports, probes, RBAC, shutdown timing, GPU requests, downward API), the Prometheus scrape config
-and the Grafana dashboard. Each check is also shown to fail on a deliberately broken copy.
+"""Validates deploy/k8s offline: every object of the kustomize base (base/) against the JSON
+schema of its kind (Kubernetes and the ServiceMonitor CRD, committed under schemas/), the objects
+against each other (selectors, ports, probes, RBAC, shutdown timing, GPU requests and --device,
+downward API), the Prometheus scrape config and the Grafana dashboard; then every overlay under
+overlays/, rendered by `kubectl kustomize`, through the same schema and consistency checks. Each
+check is also shown to fail on a deliberately broken copy.
 
-Runs with Debian's python3, python3-yaml and python3-jsonschema (scripts/setup.sh).
+Runs with Debian's python3, python3-yaml and python3-jsonschema and a kubectl with kustomize v4 or
+later built in (scripts/setup.sh).
 """
 
 import copy
@@ -12,18 +15,43 @@ import glob
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import unittest
 
 import jsonschema
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+BASE = os.path.join(HERE, "base")
+OVERLAYS = os.path.join(HERE, "overlays")
 WORKER_POOLS = ("prefill", "decode", "encoder")
 # Pools whose pods run on a GPU (one each); the vision encoder runs its tower on the CPU.
 GPU_POOLS = ("prefill", "decode")
-# Deployments whose binary serves Prometheus /metrics (--metrics_listen): all of them.
-METRICS_POOLS = ("router",) + WORKER_POOLS
+
+# What each overlay must render: the worker pools it deploys, those on a GPU, the image, the
+# starting replicas per pool, kinds it must not contain, and the ReadWriteMany claims mounted on
+# the given pools.
+OVERLAYS_EXPECTED = {
+    "cpu-demo": {
+        "worker_pools": ("prefill", "decode"),
+        "gpu_pools": (),
+        "image": "deepinfer:latest",
+        "replicas": {"router": 1, "prefill": 1, "decode": 1},
+        "absent_kinds": {"ServiceMonitor", "PersistentVolumeClaim"},
+        "rwx_claims": {},
+    },
+    "gpu": {
+        "worker_pools": WORKER_POOLS,
+        "gpu_pools": GPU_POOLS,
+        "image": "registry.example.com/deepinfer:latest-cuda",
+        "replicas": {"router": 1, "prefill": 2, "decode": 4, "encoder": 1},
+        "absent_kinds": set(),
+        "rwx_claims": {"deepinfer-store": ("prefill", "decode")},
+    },
+}
 
 # The metric names the dashboard may use (and must all use): what the binaries are to export.
 HISTOGRAMS = {
@@ -48,7 +76,7 @@ def read_yaml_docs(path):
 
 
 def load_kustomization():
-    with open(os.path.join(HERE, "kustomization.yaml")) as f:
+    with open(os.path.join(BASE, "kustomization.yaml")) as f:
         return yaml.safe_load(f)
 
 
@@ -56,7 +84,7 @@ def load_objects():
     """(file, object) for every object of every resource listed in kustomization.yaml."""
     out = []
     for res in load_kustomization()["resources"]:
-        for doc in read_yaml_docs(os.path.join(HERE, res)):
+        for doc in read_yaml_docs(os.path.join(BASE, res)):
             out.append((res, doc))
     return out
 
@@ -72,6 +100,50 @@ def load_schemas():
 
 
 SCHEMAS = load_schemas()
+
+
+def kubectl_kustomize(directory):
+    """The objects `kubectl kustomize directory` renders. Raises AssertionError with kubectl's
+    message when it fails (or is missing, or too old for the base's kustomization fields)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise AssertionError("kubectl not on PATH (%s): scripts/setup.sh installs one" %
+                             os.environ.get("PATH"))
+    run = subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True)
+    if run.returncode != 0:
+        version = subprocess.run([kubectl, "version", "--client"], capture_output=True,
+                                 text=True).stdout.strip()
+        raise AssertionError("kubectl kustomize %s failed (%s; needs kustomize v4 or later):\n%s"
+                             % (directory, version, run.stderr.strip()))
+    return [d for d in yaml.safe_load_all(run.stdout) if d is not None]
+
+
+def copy_tree():
+    """A real copy of base/ and overlays/ in a new temporary directory (Bazel's runfiles are
+    symlinks, which kustomize's load restrictions reject); returns its path."""
+    tmp = tempfile.mkdtemp(prefix="k8s.", dir=os.environ.get("TEST_TMPDIR"))
+    for sub in ("base", "overlays"):
+        shutil.copytree(os.path.join(HERE, sub), os.path.join(tmp, sub), symlinks=False)
+    return tmp
+
+
+def replica_errors(objects, worker_pools):
+    """Each pool's starting replicas must lie within the router's --<pool>_min/max_replicas (else
+    its scaler resizes the pool as soon as it starts)."""
+    errs = []
+    deployments = by_kind(objects, "Deployment")
+    router = deployments.get("deepinfer-router")
+    args = router["spec"]["template"]["spec"]["containers"][0].get("args", []) if router else []
+    for pool in worker_pools:
+        d = deployments.get("deepinfer-" + pool)
+        lo, hi = flag(args, pool + "_min_replicas"), flag(args, pool + "_max_replicas")
+        if d is None or lo is None or hi is None:
+            continue
+        n = d["spec"].get("replicas", 1)
+        if not int(lo) <= n <= int(hi):
+            errs.append("Deployment/deepinfer-%s: replicas %d outside the router's "
+                        "--%s_min/max_replicas %s..%s" % (pool, n, pool, lo, hi))
+    return errs
 
 
 def schema_errors(obj):
@@ -118,9 +190,11 @@ def matches(selector, labels):
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def consistency_errors(objects):
-    """Cross-object problems, one line each."""
+def consistency_errors(objects, worker_pools=WORKER_POOLS, gpu_pools=GPU_POOLS):
+    """Cross-object problems, one line each. worker_pools: the pools that must be deployed;
+    gpu_pools: those whose pods take one GPU each and run --device=cuda (the others must not)."""
     errs = []
+    metrics_pools = ("router",) + tuple(worker_pools)
     deployments = by_kind(objects, "Deployment")
     services = by_kind(objects, "Service")
     roles = by_kind(objects, "Role")
@@ -128,7 +202,7 @@ def consistency_errors(objects):
     accounts = by_kind(objects, "ServiceAccount")
     claims = by_kind(objects, "PersistentVolumeClaim")
 
-    for pool in ("router",) + WORKER_POOLS:
+    for pool in ("router",) + tuple(worker_pools):
         if "deepinfer-" + pool not in deployments:
             errs.append("Deployment/deepinfer-%s: missing" % pool)
     if "deepinfer-router" not in services:
@@ -175,7 +249,7 @@ def consistency_errors(objects):
                 elif ports[probe["grpc"]["port"]] != "grpc":
                     errs.append("%s: %s probes port %s, not the grpc port" % (
                         cw, probe_name, probe["grpc"]["port"]))
-            has_metrics = name in ["deepinfer-" + p for p in METRICS_POOLS]
+            has_metrics = name in ["deepinfer-" + p for p in metrics_pools]
             if has_metrics and ("metrics" not in port_names or ports.get(9090) != "metrics"):
                 errs.append("%s: expected containerPort 9090 named metrics" % cw)
             args = c.get("args", [])
@@ -212,13 +286,19 @@ def consistency_errors(objects):
             # Workers.
             gpu_req = c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu")
             gpu_lim = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
-            if name in ["deepinfer-" + p for p in GPU_POOLS]:
+            device = flag(args, "device")
+            if name in ["deepinfer-" + p for p in gpu_pools]:
                 if gpu_req != 1 or gpu_lim != 1:
                     errs.append("%s: expected nvidia.com/gpu 1 in requests and limits, got "
                                 "%s/%s" % (cw, gpu_req, gpu_lim))
-            elif gpu_req is not None or gpu_lim is not None:
-                errs.append("%s: runs on the CPU; expected no nvidia.com/gpu, got %s/%s" % (
-                    cw, gpu_req, gpu_lim))
+                if device != "cuda":
+                    errs.append("%s: has a GPU but --device=%s, not cuda" % (cw, device))
+            else:
+                if gpu_req is not None or gpu_lim is not None:
+                    errs.append("%s: runs on the CPU; expected no nvidia.com/gpu, got %s/%s" % (
+                        cw, gpu_req, gpu_lim))
+                if device not in (None, "cpu"):
+                    errs.append("%s: has no GPU but --device=%s" % (cw, device))
             env = {e["name"]: e for e in c.get("env", [])}
             if flag(args, "advertise_host") != "$(POD_IP)":
                 errs.append("%s: expected --advertise_host=$(POD_IP)" % cw)
@@ -252,11 +332,11 @@ def consistency_errors(objects):
                     errs.append("%s: port %s targets %s, not a containerPort of "
                                 "Deployment/%s" % (where, p.get("name"), target,
                                                    d["metadata"]["name"]))
-        if name in ["deepinfer-" + p for p in METRICS_POOLS] and \
+        if name in ["deepinfer-" + p for p in metrics_pools] and \
                 "metrics" not in {p.get("name") for p in s["spec"]["ports"]}:
             errs.append("%s: no port named metrics" % where)
 
-    for pool in WORKER_POOLS:
+    for pool in worker_pools:
         svc = services.get("deepinfer-" + pool)
         if svc is not None and svc["spec"].get("clusterIP") != "None":
             errs.append("Service/deepinfer-%s: expected headless (clusterIP: None)" % pool)
@@ -283,7 +363,7 @@ def consistency_errors(objects):
             for verb in rule.get("verbs", []):
                 for n in names:
                     granted.add((verb, n))
-    for pool in WORKER_POOLS:
+    for pool in worker_pools:
         for verb in ("get", "patch", "update"):
             if (verb, "deepinfer-" + pool) not in granted and (verb, "*") not in granted:
                 errs.append("RBAC: ServiceAccount %s may not %s deployments/scale of "
@@ -293,13 +373,13 @@ def consistency_errors(objects):
     for sm in by_kind(objects, "ServiceMonitor").values():
         sel = sm["spec"]["selector"].get("matchLabels", {})
         picked = [s for s in services.values() if matches(sel, s["metadata"].get("labels", {}))]
-        for pool in METRICS_POOLS:
+        for pool in metrics_pools:
             if "deepinfer-" + pool not in [s["metadata"]["name"] for s in picked]:
                 errs.append("ServiceMonitor/%s: does not select Service/deepinfer-%s" % (
                     sm["metadata"]["name"], pool))
         for ep in sm["spec"]["endpoints"]:
             for s in [s for s in picked
-                      if s["metadata"]["name"] in ["deepinfer-" + p for p in METRICS_POOLS]]:
+                      if s["metadata"]["name"] in ["deepinfer-" + p for p in metrics_pools]]:
                 if ep.get("port") not in {p.get("name") for p in s["spec"]["ports"]}:
                     errs.append("ServiceMonitor/%s: endpoint port %s not on Service/%s" % (
                         sm["metadata"]["name"], ep.get("port"), s["metadata"]["name"]))
@@ -346,12 +426,12 @@ class ManifestsTest(unittest.TestCase):
     def test_kustomization_lists_every_manifest(self):
         kust = load_kustomization()
         listed = set(kust["resources"])
-        on_disk = {os.path.basename(p) for p in glob.glob(os.path.join(HERE, "*.yaml"))}
+        on_disk = {os.path.basename(p) for p in glob.glob(os.path.join(BASE, "*.yaml"))}
         on_disk.discard("kustomization.yaml")
         self.assertEqual(listed, on_disk)
         for gen in kust.get("configMapGenerator", []):
             for f in gen.get("files", []):
-                self.assertTrue(os.path.isfile(os.path.join(HERE, f)), f)
+                self.assertTrue(os.path.isfile(os.path.join(BASE, f)), f)
 
     def test_every_object_matches_its_kind_schema(self):
         kinds = set()
@@ -491,6 +571,8 @@ class ManifestsTest(unittest.TestCase):
             ("Deployment", "deepinfer-encoder",
              lambda d: container(d)["resources"]["limits"].update({"nvidia.com/gpu": 1}),
              "runs on the CPU; expected no nvidia.com/gpu"),
+            ("Deployment", "deepinfer-decode",
+             lambda d: set_arg(d, "device", "cpu"), "has a GPU but --device=cpu, not cuda"),
             ("Deployment", "deepinfer-encoder",
              lambda d: set_arg(d, "router", "deepinfer-router:9091"),
              "--router=deepinfer-router:9091 is not a Service port"),
@@ -529,7 +611,7 @@ class ManifestsTest(unittest.TestCase):
             self.assertEqual(labels["app.kubernetes.io/name"], "deepinfer")
 
     def test_grafana_dashboard(self):
-        with open(os.path.join(HERE, "grafana", "deepinfer.json")) as f:
+        with open(os.path.join(BASE, "grafana", "deepinfer.json")) as f:
             dash = json.load(f)
         self.assertEqual(dashboard_errors(dash), [])
         broken = copy.deepcopy(dash)
@@ -548,6 +630,88 @@ class ManifestsTest(unittest.TestCase):
         self.assertRegex(index["kubernetes_version"], r"^\d+\.\d+\.\d+$")
         self.assertIn("kubernetes_validate", index["source"])
         self.assertIn("prometheus-operator", index["servicemonitor_source"])
+
+
+class OverlaysTest(unittest.TestCase):
+    """Every overlay rendered by `kubectl kustomize`, validated as the base is."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tree = copy_tree()
+        cls.addClassCleanup(shutil.rmtree, cls.tree)
+        cls.rendered = {name: kubectl_kustomize(os.path.join(cls.tree, "overlays", name))
+                        for name in sorted(os.listdir(OVERLAYS))}
+
+    def test_every_overlay_has_expectations(self):
+        self.assertEqual(set(self.rendered), set(OVERLAYS_EXPECTED))
+
+    def test_base_renders_to_its_files(self):
+        rendered = kubectl_kustomize(os.path.join(self.tree, "base"))
+        for obj in rendered:
+            self.assertEqual(schema_errors(obj), [])
+            self.assertEqual(obj["metadata"]["labels"].get("app.kubernetes.io/part-of"),
+                             "deepinfer", obj["metadata"]["name"])
+        names = lambda objs: sorted((o["kind"], o["metadata"]["name"]) for o in objs)
+        # The files' objects plus the generated dashboard ConfigMap.
+        self.assertEqual(names(rendered), sorted(
+            names([o for _, o in load_objects()]) +
+            [("ConfigMap", "deepinfer-grafana-dashboard")]))
+
+    def test_overlays_match_schemas_and_are_consistent(self):
+        for name, objects in self.rendered.items():
+            want = OVERLAYS_EXPECTED[name]
+            with self.subTest(overlay=name):
+                errors = [e for o in objects for e in schema_errors(o)]
+                errors += consistency_errors(objects, want["worker_pools"], want["gpu_pools"])
+                errors += replica_errors(objects, want["worker_pools"])
+                self.assertEqual(errors, [])
+
+    def test_overlay_settings(self):
+        for name, objects in self.rendered.items():
+            want = OVERLAYS_EXPECTED[name]
+            with self.subTest(overlay=name):
+                deployments = by_kind(objects, "Deployment")
+                self.assertEqual({n: d["spec"]["replicas"] for n, d in deployments.items()},
+                                 {"deepinfer-" + p: n for p, n in want["replicas"].items()})
+                for d in deployments.values():
+                    for c in d["spec"]["template"]["spec"]["containers"]:
+                        self.assertEqual(c["image"], want["image"], d["metadata"]["name"])
+                self.assertFalse({o["kind"] for o in objects} & want["absent_kinds"])
+                claims = by_kind(objects, "PersistentVolumeClaim")
+                for claim, pools in want["rwx_claims"].items():
+                    self.assertEqual(claims[claim]["spec"]["accessModes"], ["ReadWriteMany"])
+                    for pool in pools:
+                        pod = deployments["deepinfer-" + pool]["spec"]["template"]["spec"]
+                        vol = [v["name"] for v in pod["volumes"]
+                               if (v.get("persistentVolumeClaim") or {}).get("claimName") == claim]
+                        self.assertEqual(len(vol), 1, pool)
+                        self.assertIn(vol[0], [m["name"] for m in
+                                               pod["containers"][0]["volumeMounts"]], pool)
+
+    def test_checks_catch_a_broken_overlay(self):
+        objects = copy.deepcopy(self.rendered["cpu-demo"])
+        decode = by_kind(objects, "Deployment")["deepinfer-decode"]
+        args = decode["spec"]["template"]["spec"]["containers"][0]["args"]
+        args[:] = [a if a != "--device=cpu" else "--device=cuda" for a in args]
+        by_kind(objects, "Deployment")["deepinfer-prefill"]["spec"]["replicas"] = 9
+        errors = consistency_errors(objects, ("prefill", "decode"), ())
+        self.assertTrue(any("deepinfer-decode container decode: has no GPU but --device=cuda"
+                            in e for e in errors), errors)
+        errors = replica_errors(objects, ("prefill", "decode"))
+        self.assertTrue(any("replicas 9 outside" in e for e in errors), errors)
+
+    def test_render_fails_when_the_base_moves_a_patched_argument(self):
+        # The overlays' JSON patches `test` the argument they replace: a base whose --device
+        # argument moved must fail the render, not patch the wrong argument.
+        tree = copy_tree()
+        self.addCleanup(shutil.rmtree, tree)
+        path = os.path.join(tree, "base", "decode.yaml")
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(text.replace("- --device=cuda\n", "- --device=cuda:0\n"))
+        with self.assertRaisesRegex(AssertionError, "test failed"):
+            kubectl_kustomize(os.path.join(tree, "overlays", "cpu-demo"))
 
 
 if __name__ == "__main__":
