@@ -8,7 +8,7 @@
 // Authentication is the pod's service account: every request sends "Authorization: Bearer
 // <token>" with the token re-read from token_path (the kubelet rotates it), and https peers are
 // verified against ca_path. The identity needs get and patch on deployments/scale in the
-// namespace (deploy/k8s/rbac.yaml).
+// namespace (deploy/k8s/base/rbac.yaml).
 //
 // Status mapping (messages name the deployment as namespace/name and the pool, the method and
 // URL, and the API server's own message when it sent one):
