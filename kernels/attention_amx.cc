@@ -287,7 +287,7 @@ DI_AMX void AttentionTasksAmx(const PagedAttentionParams& p, int64_t begin, int6
   // [keys][16 tile rows]); Q^T, P and packed V tiles. Tasks of one tile (a decode step's token,
   // drafts of up to 4) have their own, sized for one tile: sharing the larger buffers of tasks of
   // several tiles (a prefill chunk, a long draft) measured them 11-12% slower at 32 sequences and
-  // 1024 cached tokens (attention_bench, session 25).
+  // 1024 cached tokens (attention_bench).
   struct Scratch {
     std::vector<float> scores;
     std::vector<uint16_t> q, p, v;

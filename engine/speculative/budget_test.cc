@@ -453,8 +453,8 @@ TEST(CostTableTest, MedianMonotoneAndInterpolation) {
 
 // Beyond a row's last point the table extends it with the slope back to the last point at or
 // below half its tokens, not the last segment's; and a row of more requests is raised to the
-// one below only where that one was measured. The shape of a k = 16 profile (issue 12, session
-// 23): the one-request row ends 16 -> 17 tokens with a noisy step (0.47 ms for one token), whose
+// one below only where that one was measured. The shape of a measured k = 16 profile: the
+// one-request row ends 16 -> 17 tokens with a noisy step (0.47 ms for one token), whose
 // extrapolation had priced 32 tokens at 8 requests at 9.3 ms against the 3.4 measured.
 TEST(CostTableTest, ANoisyLastSegmentIsNotExtrapolated) {
   std::vector<CostTable::Sample> s;

@@ -47,7 +47,7 @@ Options Adjacent() {
   return o;
 }
 
-// The uncertainty-aware options tried in session 10 (see the header's "Defaults").
+// The uncertainty-aware options (docs/speculative-decoding.md, "Mode selector").
 void Uncertain(Options* o) {
   o->switch_z = 2.0;
   o->explore_z = 1.0;
@@ -704,8 +704,8 @@ TEST(DraftModeSelectorTest, MachineNoiseStillLetsAFasterModeTakeOver) {
 }
 
 // Default options (interleaved trials) with epochs of `epoch_steps` steps, no minimum time, and
-// `warmup_steps` warm-up steps: the tests below. Trials alternate single steps (the default until
-// session 24; runs of steps, where a test sets trial_run_steps, at any count; runs of text where
+// `warmup_steps` warm-up steps: the tests below. Trials alternate single steps (the selector's
+// original default; runs of steps, where a test sets trial_run_steps, at any count; runs of text where
 // it sets trial_run_tokens).
 Options Stepped(int epoch_steps, int warmup_steps) {
   Options o;
@@ -798,7 +798,7 @@ TEST(DraftModeSelectorTest, ABucketOnlyPassedThroughMeasuresItsModes) {
     SCOPED_TRACE(any_epoch ? "any epoch" : "after an epoch of the bucket");
     Options o = Stepped(4, 1);
     o.trial_any_epoch = any_epoch;
-    // As designed (session 18): at the default 0.9 the inherited figure fades more slowly and the
+    // As designed : at the default 0.9 the inherited figure fades more slowly and the
     // visits of this run are too few to hand the bucket over.
     o.cost_decay = 0.7;
     o.freeze_below = 0.0;
@@ -1094,7 +1094,7 @@ TEST(DraftModeSelectorTest, TrialsSeeThroughTheMachinesDrift) {
   EXPECT_GT(realised[1], realised[0] + 0.005);
 }
 
-// The case seen live at 32 decoding sequences (issue 12, session 12): "off" and the plan equal,
+// The case seen live at 32 decoding sequences: "off" and the plan equal,
 // k = 1 12% slower, under the drift and under text whose tokens per step swing +-30% per 16
 // steps (the same for every mode at a time). The slower mode does not take over, and runs only
 // its revisits.
@@ -1464,7 +1464,7 @@ TEST(DraftModeSelectorTest, AClearLosersTrialEndsEarly) {
 // tokens 1-5 (an n-gram drafter's match or none): early stops after 4 steps a side (8
 // sequence-steps) cut short only the challenger's unlucky trials, while its lucky ones run on and
 // regress to the mean, so its score came out biased low (live, the n-gram node's trials rated
-// k = 4 5-18% below the plan, which measured the same end to end: issue 12, session 14). With the
+// k = 4 5-18% below the plan, which measured the same end to end). With the
 // sequence-step floor (scaled by the deficit) its estimates, averaged over the trials, are within a
 // few percent of the truth.
 TEST(DraftModeSelectorTest, EarlyStopsDoNotBiasAChallengerOnNoisyText) {
@@ -1559,7 +1559,7 @@ TEST(DraftModeSelectorTest, AChallengerIsConfirmedBeforeTheLosersDue) {
   EXPECT_GT(epoch_of_switch(o, &ran_after_tour), epochs_at_switch);
 }
 
-// Pruning spares no drafting and lengths whose own figures are high (issue 12, session 24: a
+// Pruning spares no drafting and lengths whose own figures are high (a
 // draft-model node's 9-16 bucket). At 5-8 sequences no drafting is 84% of the plan and k = 2 80%;
 // at 9-16 no drafting is the fastest mode, k = 1 97%, k = 2 88%, k = 4 98%. The 9-16 bucket
 // inherits 84% for no drafting; once k = 2 measures 88% there, k = 1 (between it and k = 4, the

@@ -21,7 +21,7 @@
 #   SWEEP_CONCURRENCY="1 8 32" SWEEP_SESSIONS=6 SWEEP_METHODS="off ngram draft_model" ...
 #   SWEEP_SESSIONS: sessions per run (3 turns each); a concurrency above it runs that many.
 #   Use 16 for a verdict: at 8 a run at 1 or 8 concurrent requests decodes for ~2 s (+-10% a run)
-#   and at 8 requests spends ~40% of its time below 5 decoding (issue 12, session 37).
+#   and at 8 requests spends ~40% of its time below 5 decoding.
 #   SWEEP_ANSWER_TOKENS=256: answer length of the coding workload (default 256).
 #   SWEEP_REPEATS (default 1): rounds; each round uses new prompts (seed from round and
 #   concurrency), the same for every configuration. The table shows medians over rounds: tokens/s,
@@ -32,7 +32,7 @@
 #   figures are printed apart ("cold rounds"). A round is counted in steps, not minutes: since the
 #   CPU backend's AMX paths a round at 8 concurrent requests is ~550 decode steps (~5 s), and one
 #   cold round left the n-gram node still trialling a quarter of its steps (0.94 of k = 4, two
-#   rounds), four left it trialling 6-12% and ahead of k = 4 in 3 rounds of 3 (issue 12, session 17).
+#   rounds), four left it trialling 6-12% and ahead of k = 4 in 3 rounds of 3.
 #   SWEEP_SELECTOR_WARMUP_ROUNDS=6: before those, rounds that run only the adaptive nodes (every
 #   configuration whose flags hold --spec_adaptive; every concurrency, prompts of their own; left
 #   out of both tables): a node's selector learns each bucket of decoding sequences from trials of
@@ -40,7 +40,7 @@
 #   one round's run of it (an epoch lasts at least 0.25 s, a c = 8 run's 5-8 bucket ~2 s). With the
 #   3 cold rounds alone a draft-model node at 8 concurrent requests still ran the plan, a loser
 #   there, for 60-75% of its first measured round's 5-8 steps, and settled on k = 1 in its second
-#   (issue 12, session 41). A fixed-length node has nothing to learn. 0: none.
+#  . A fixed-length node has nothing to learn. 0: none.
 #   SWEEP_PIN=1 (default, on a machine with >= 2 CPUs): every decode node runs on the last CPU
 #   from its start (launcher --decode_cpus: its start-up cost profile times that CPU), every other
 #   process (launchers, routers, prefill nodes, the bench client) on the others, as
@@ -67,7 +67,7 @@
 #   every 4 other configurations (in their shuffled order) and last, and every other run is rated
 #   against the off runs on either side of it, interpolated by place (results.tsv's `slot`;
 #   spec_verdict.py): the machine's speed drifts by tens of percent over minutes, and one off run
-#   per round, anywhere in it, put that drift into the other runs' ratios (issue 12, session 31:
+#   per round, anywhere in it, put that drift into the other runs' ratios (once:
 #   one configuration's three rounds at 0.72, 1.24 and 1.26 of no speculation). Each of a round's
 #   off runs goes to a cluster of its own (off, off@2, off@3, ...; "off" in results.tsv), which
 #   meets the round's prompts as cold as every other configuration does: run again on one
@@ -92,7 +92,7 @@ OFF_EVERY=${SWEEP_OFF_EVERY:-4}
 # The adaptive nodes' longest draft (--num_speculative_tokens: the plan's cap, and by default the
 # selector's fixed lengths 1, 2, 4, ... up to it). n-gram drafts cost nothing to make, and on the
 # coding workload a draft of 8 accepted whole was followed by another accepted whole 94% of the
-# time at one decoding sequence (issue 12, session 22), so the adaptive n-gram node's plan may
+# time at one decoding sequence, so the adaptive n-gram node's plan may
 # verify up to 16 while its fixed lengths stop at 8 (select_max_length: a fixed 16, measured
 # beside the plan, took the 5-8 bucket at 8 concurrent requests at 76% of the plan's rate); a
 # draft model pays a forward pass per token, and its k = 8 is already well behind k = 4.

@@ -10,7 +10,7 @@ its round's order; spec_sweep.sh runs `off` first, again after every few other c
 last) the baseline of a run is the `off` runs on either side of it, interpolated linearly by slot
 (the nearest one alone at an end): the machine's speed drifts by tens of percent over minutes, and
 a single `off` run anywhere in the round put that drift into every other configuration's ratio
-(issue 12, session 31: one configuration's three rounds at 0.72, 1.24 and 1.26). Without it,
+(one configuration's three rounds at 0.72, 1.24 and 1.26). Without it,
 the round's one `off` run. The best fixed length is the one with
 the highest median. Besides the medians, the rounds are paired: in how many rounds the adaptive
 node's ratio was at least the best fixed length's (that round) and at least 1. The machine's
