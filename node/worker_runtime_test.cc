@@ -2,6 +2,7 @@
 // gRPC channel, health, port file, drain. Linked to the router's registry:
 // tests/worker_registration_test.cc.
 #include "node/worker_runtime.h"
+#include "node/testing/worker_test_util.h"
 
 #include <atomic>
 #include <chrono>
@@ -24,59 +25,37 @@
 namespace deepinfer::node {
 namespace {
 
-using HealthStatus = grpc::health::v1::HealthCheckResponse;
+using testing::CheckHealth;
+using testing::SmallPrefillWorker;
 
-WorkerOptions TestOptions(const std::string& worker_id) {
-  WorkerOptions o;
-  o.role = internal::v1::WORKER_ROLE_PREFILL;
-  o.worker_id = worker_id;
-  o.model_path = "engine/testdata/models/llama";
-  o.kv_blocks = 64;
-  o.block_size = 4;
-  o.threads = 2;
-  o.kv_backend = kv_transfer::Backend::kLoopback;
-  return o;
-}
+using HealthStatus = grpc::health::v1::HealthCheckResponse;
 
 std::string TmpPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
 }
 
-HealthStatus::ServingStatus CheckHealth(const std::string& address, const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  HealthStatus response;
-  grpc::Status s = stub->Check(&context, request, &response);
-  if (!s.ok()) return HealthStatus::UNKNOWN;
-  return response.status();
-}
-
 TEST(WorkerRuntimeTest, RejectsBadOptionsNamingTheFlag) {
-  WorkerOptions o = TestOptions("w");
+  WorkerOptions o = SmallPrefillWorker("w");
   o.kv_blocks = 0;
   auto rt = WorkerRuntime::Create(o);
   ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(rt.status().message(), "--kv_blocks: expected > 0, got 0");
 
-  o = TestOptions("w");
+  o = SmallPrefillWorker("w");
   o.listen_address = "nonsense";
   rt = WorkerRuntime::Create(o);
   ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(rt.status().message().rfind("--listen:", 0), 0u) << rt.status();
 
-  o = TestOptions("w");
+  o = SmallPrefillWorker("w");
   o.speculative.enabled = true;
   o.speculative.num_speculative_tokens = 65;
   rt = WorkerRuntime::Create(o);
   ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(rt.status().message(), "--num_speculative_tokens: expected [1, 64], got 65");
 
-  o = TestOptions("w");
+  o = SmallPrefillWorker("w");
   o.model_path = "engine/testdata/models/does_not_exist";
   EXPECT_FALSE(WorkerRuntime::Create(o).ok());
 }
@@ -89,7 +68,7 @@ TEST(WorkerRuntimeTest, OverlapFollowsTheFlagAndTheAffinity) {
   EXPECT_FALSE(OverlapEnabled("auto", 1));
   EXPECT_TRUE(OverlapEnabled("auto", 2));
   EXPECT_TRUE(OverlapEnabled("auto", 0));  // affinity unknown
-  WorkerOptions o = TestOptions("w-overlap");
+  WorkerOptions o = SmallPrefillWorker("w-overlap");
   o.overlap = "sometimes";
   auto rt = WorkerRuntime::Create(o);
   ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
@@ -99,7 +78,7 @@ TEST(WorkerRuntimeTest, OverlapFollowsTheFlagAndTheAffinity) {
 // --device: cuda runs on the GPU or refuses to start, naming why (no device here; or the test
 // model's shapes, which the CUDA kernels do not cover); auto runs wherever cuda could.
 TEST(WorkerRuntimeTest, DeviceCudaFailsNamingWhyAndAutoFallsBackToTheCpu) {
-  WorkerOptions o = TestOptions("w-dev");
+  WorkerOptions o = SmallPrefillWorker("w-dev");
   o.device = "tpu";
   auto rt = WorkerRuntime::Create(o);
   ASSERT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
@@ -131,7 +110,7 @@ TEST(WorkerRuntimeTest, DeviceCudaFailsNamingWhyAndAutoFallsBackToTheCpu) {
 }
 
 TEST(WorkerRuntimeTest, StandaloneServesStatsAndHealthThenDrains) {
-  WorkerOptions o = TestOptions("prefill-standalone");
+  WorkerOptions o = SmallPrefillWorker("prefill-standalone");
   o.port_file = TmpPath("standalone.port");
   auto created = WorkerRuntime::Create(o);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -190,7 +169,7 @@ TEST(WorkerRuntimeTest, StandaloneServesStatsAndHealthThenDrains) {
 }
 
 TEST(WorkerRuntimeTest, ServesPrometheusMetricsFromItsStats) {
-  WorkerOptions o = TestOptions("prefill-metrics");
+  WorkerOptions o = SmallPrefillWorker("prefill-metrics");
   o.metrics_listen = "127.0.0.1:0";
   auto created = WorkerRuntime::Create(o);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -255,7 +234,7 @@ TEST(WorkerRuntimeTest, ServesPrometheusMetricsFromItsStats) {
 
 // A decode node with speculation on: its engine drafts, and the spec counters reach /metrics.
 TEST(WorkerRuntimeTest, SpeculativeDecodeNodeExportsSpecMetrics) {
-  WorkerOptions o = TestOptions("decode-spec-metrics");
+  WorkerOptions o = SmallPrefillWorker("decode-spec-metrics");
   o.role = internal::v1::WORKER_ROLE_DECODE;
   o.metrics_listen = "127.0.0.1:0";
   o.speculative.enabled = true;
@@ -312,7 +291,7 @@ TEST(WorkerRuntimeTest, SpeculativeDecodeNodeExportsSpecMetrics) {
 // --speculative=draft_model on a decode node: the engine loads the draft checkpoint (here the
 // target's own weights, so every draft is accepted); a bad directory fails Create.
 TEST(WorkerRuntimeTest, DraftModelDecodeNodeSpeculates) {
-  WorkerOptions o = TestOptions("decode-draft-model");
+  WorkerOptions o = SmallPrefillWorker("decode-draft-model");
   o.role = internal::v1::WORKER_ROLE_DECODE;
   o.speculative.enabled = true;
   o.speculative.drafter = "draft_model";
@@ -352,7 +331,7 @@ TEST(WorkerRuntimeTest, DraftModelDecodeNodeSpeculates) {
 // --spec_adaptive: the decode engine profiles its cost table on the model inside Create (before
 // any other thread runs the model) and drafts; a prefill node with the same flags never drafts.
 TEST(WorkerRuntimeTest, AdaptiveSpeculationRunsOnDecodeNodesOnly) {
-  WorkerOptions o = TestOptions("decode-adaptive");
+  WorkerOptions o = SmallPrefillWorker("decode-adaptive");
   o.speculative.enabled = true;
   o.speculative.adaptive = true;
   for (internal::v1::WorkerRole role :
@@ -386,7 +365,7 @@ TEST(WorkerRuntimeTest, AdaptiveSpeculationRunsOnDecodeNodesOnly) {
 }
 
 TEST(WorkerRuntimeTest, DrainWaitsForRequestsInFlight) {
-  auto created = WorkerRuntime::Create(TestOptions("prefill-drain"));
+  auto created = WorkerRuntime::Create(SmallPrefillWorker("prefill-drain"));
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<WorkerRuntime> rt = std::move(*created);
   ASSERT_TRUE(rt->Start({}, {}).ok());

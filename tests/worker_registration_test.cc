@@ -12,6 +12,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "node/testing/worker_test_util.h"
 #include "node/worker_runtime.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "router/worker_registry.h"
@@ -19,32 +20,10 @@
 namespace deepinfer::node {
 namespace {
 
+using testing::CheckHealth;
+using testing::SmallPrefillWorker;
+
 using HealthStatus = grpc::health::v1::HealthCheckResponse;
-
-WorkerOptions TestOptions(const std::string& worker_id) {
-  WorkerOptions o;
-  o.role = internal::v1::WORKER_ROLE_PREFILL;
-  o.worker_id = worker_id;
-  o.model_path = "engine/testdata/models/llama";
-  o.kv_blocks = 64;
-  o.block_size = 4;
-  o.threads = 2;
-  o.kv_backend = kv_transfer::Backend::kLoopback;
-  return o;
-}
-
-HealthStatus::ServingStatus CheckHealth(const std::string& address, const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  HealthStatus response;
-  grpc::Status s = stub->Check(&context, request, &response);
-  if (!s.ok()) return HealthStatus::UNKNOWN;
-  return response.status();
-}
 
 TEST(WorkerRegistrationTest, RegistersHeartbeatsPublishesKvEventsAndDeregistersOnDrain) {
   router::WorkerRegistry::Options ro;
@@ -58,7 +37,7 @@ TEST(WorkerRegistrationTest, RegistersHeartbeatsPublishesKvEventsAndDeregistersO
   auto router_server = GrpcServer::Start(so);
   ASSERT_TRUE(router_server.ok()) << router_server.status();
 
-  WorkerOptions o = TestOptions("prefill-linked");
+  WorkerOptions o = SmallPrefillWorker("prefill-linked");
   o.router_address = (*router_server)->address();
   o.advertise_host = "10.1.2.3";
   o.hash_seed = 42;
@@ -141,7 +120,7 @@ TEST(WorkerRegistrationTest, RegistrationRetriesUntilTheRouterAppears) {
     router_address = (*probe)->address();
     (*probe)->Shutdown(absl::ZeroDuration());
   }
-  WorkerOptions o = TestOptions("prefill-retry");
+  WorkerOptions o = SmallPrefillWorker("prefill-retry");
   o.router_address = router_address;
   auto created = WorkerRuntime::Create(o);
   ASSERT_TRUE(created.ok()) << created.status();
