@@ -30,6 +30,7 @@ PACKAGES=(
   zlib1g-dev               # CRC-32 of KV store objects (kv_store)
   python3-yaml             # deploy/k8s manifest validation
   python3-jsonschema
+  libboost-dev             # Boost.Beast/Asio: the router's HTTP API (header-only)
 )
 
 missing_packages() {
