@@ -379,18 +379,33 @@ class Session : public std::enable_shared_from_this<Session> {
     if (p.last) {
       in_request_ = false;
       on_gone_ = nullptr;
-      if (!keep_alive_) {
-        error_code ignored;
-        socket_.shutdown(tcp::socket::shutdown_send, ignored);
-        return Close();
-      }
+      if (!keep_alive_) return LingerClose();
       return ReadHeader();
     }
     WriteNext();
   }
 
+  // Ends our side, then reads and drops what the client still sends (the rest of a refused
+  // body) for up to a second before closing: closing with unread data would reset the connection
+  // and could destroy the response before the client reads it.
+  void LingerClose() {
+    error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    Arm(absl::Seconds(1), /*reading=*/false);
+    Drain();
+  }
+  void Drain() {
+    if (closed_) return;
+    socket_.async_read_some(net::buffer(scratch_), [self = shared_from_this()](error_code ec,
+                                                                               size_t) {
+      if (ec) return self->Close();
+      self->Drain();
+    });
+  }
+
   const std::shared_ptr<HttpServer::Impl> server_;
   tcp::socket socket_;
+  char scratch_[16384];
   net::steady_timer timer_;
   uint64_t timer_seq_ = 0;
   bool read_timed_out_ = false;

@@ -851,7 +851,8 @@ void OpenAiApi::Handle(HttpRequest request, std::shared_ptr<HttpResponder> respo
   } else if (path == "/v1/models") {
     if (!method_is("GET")) return;
     json data = json::array();
-    for (const v1::ModelInfo& m : options_.list_models().models()) {
+    const v1::ListModelsResponse models = options_.list_models();
+    for (const v1::ModelInfo& m : models.models()) {
       data.push_back({{"id", m.id()},
                       {"object", "model"},
                       {"created", 0},

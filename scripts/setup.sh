@@ -31,6 +31,7 @@ PACKAGES=(
   python3-yaml             # deploy/k8s manifest validation
   python3-jsonschema
   libboost-dev             # Boost.Beast/Asio: the router's HTTP API (header-only)
+  python3-pip              # installs the openai client below
 )
 
 missing_packages() {
@@ -64,6 +65,22 @@ if [ -n "$missing" ]; then
   still=$(missing_packages)
   if [ -n "$still" ]; then
     echo "setup: still missing after install: $still" >&2
+    exit 1
+  fi
+fi
+
+# The official OpenAI Python client, pinned: tests/openai_http_test drives the router's HTTP API
+# with it through Debian's /usr/bin/python3 (not a Debian package; PyPI by name).
+OPENAI_VERSION=1.109.1
+if ! /usr/bin/python3 -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" \
+    2>/dev/null; then
+  echo "setup: installing openai==$OPENAI_VERSION for /usr/bin/python3 (pip)"
+  PIP_SUDO=""
+  [ "$(id -u)" != 0 ] && PIP_SUDO=sudo
+  if ! $PIP_SUDO /usr/bin/python3 -m pip install -q --break-system-packages \
+      "openai==$OPENAI_VERSION" >/tmp/deepinfer-pip.log 2>&1; then
+    tail -20 /tmp/deepinfer-pip.log >&2
+    echo "setup: pip install openai==$OPENAI_VERSION failed" >&2
     exit 1
   fi
 fi
