@@ -74,10 +74,7 @@ size_t Utf8ErrorOffset(absl::string_view s) {
 }
 
 absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
-  const size_t bad = Utf8ErrorOffset(text);
-  if (bad == absl::string_view::npos) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected UTF-8 text, got an invalid byte sequence at byte ", bad));
+  return ValidateUtf8(field, text);
 }
 
 absl::Status CheckCommon(absl::string_view request_id, const v1::SamplingParams& sampling,
@@ -388,6 +385,13 @@ absl::StatusOr<float> JsonFloat(const nlohmann::json& config, const char* key, f
 }
 
 }  // namespace
+
+absl::Status ValidateUtf8(absl::string_view field, absl::string_view text) {
+  const size_t bad = Utf8ErrorOffset(text);
+  if (bad == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected UTF-8 text, got an invalid byte sequence at byte ", bad));
+}
 
 bool IsValidUtf8(absl::string_view text) {
   return Utf8ErrorOffset(text) == absl::string_view::npos;

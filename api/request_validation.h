@@ -168,6 +168,10 @@ absl::StatusOr<int64_t> ResolveMaxTokens(uint32_t max_tokens, int64_t prompt_tok
 // True when `text` is well-formed UTF-8 (no overlong forms, surrogates or values > U+10FFFF).
 bool IsValidUtf8(absl::string_view text);
 
+// OK when `text` is well-formed UTF-8; else kInvalidArgument
+// "<field>: expected UTF-8 text, got an invalid byte sequence at byte N".
+absl::Status ValidateUtf8(absl::string_view field, absl::string_view text);
+
 // Strict standard base64 (RFC 4648 alphabet, '=' padding optional but, if present, correct; no
 // whitespace). False on any malformed input.
 bool Base64Decode(absl::string_view in, std::string* out);

@@ -46,6 +46,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "router/inference_front.h"
 #include "router/inference_service.h"
 #include "router/openai_api.h"
 #include "router/router_admin_service.h"
@@ -233,7 +234,9 @@ int Main() {
   (*registry)->Start();
   GrpcServerOptions server_options;
   server_options.listen_address = listen->ToString();
-  server_options.services = {inference->get(), &registry_service, &admin_service};
+  // Inference through the front that names invalid UTF-8 (router/inference_front.h).
+  InferenceFront inference_front(inference->get());
+  server_options.services = {&inference_front, &registry_service, &admin_service};
   server_options.health_service_names = {v1::Inference::service_full_name(),
                                          internal::v1::WorkerRegistry::service_full_name(),
                                          internal::v1::RouterAdmin::service_full_name()};
