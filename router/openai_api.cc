@@ -22,7 +22,11 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+// A value for an error message: scalars as JSON, containers by kind (never dumped: they may be
+// nested arbitrarily deep).
 std::string Shown(const json& j) {
+  if (j.is_array()) return absl::StrCat("a list of ", j.size());
+  if (j.is_object()) return "an object";
   std::string s = Dump(j);
   if (s.size() > 64) s = s.substr(0, 64) + "...";
   return s;

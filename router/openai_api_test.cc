@@ -140,6 +140,20 @@ TEST(ParseRequestTest, BadBodiesNameTheField) {
   }
 }
 
+TEST(ParseRequestTest, DeeplyNestedValuesAreRefusedWithoutRecursion) {
+  const int depth = 200000;
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  for (const std::string& body :
+       {"{\"temperature\": " + nested + "}", "{\"messages\": [" + nested + "]}",
+        "{\"stop\": [" + nested + "]}", nested}) {
+    absl::StatusOr<ParsedRequest> p = Chat(body);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(ChatError(R"({"messages": [{"role": "user", "content": "hi"}], "temperature": [[1]]})")
+                .message,
+            "temperature: expected a number; got a list of 1");
+}
+
 TEST(ParseRequestTest, CompletionTokenizesItsPromptWithinTheCap) {
   absl::StatusOr<ParsedRequest> p = Completion(R"({"model": "m", "prompt": "abc", "logprobs": 2,
                                                   "stop": "x"})");
