@@ -261,12 +261,47 @@ def main_checks(client, base_url, model, port):
     check([m.id for m in client.models.list().data] == [model], "serving after a disconnect")
 
 
+def image_checks(client, model, image_path):
+    import base64
+
+    models = client.models.list()
+    check(models.data[0].model_extra.get("supports_images") is True,
+          f"/v1/models says the model takes images: {models.data[0]}")
+    with open(image_path, "rb") as f:
+        url = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+
+    def ask(image_url, max_tokens=4):
+        return client.chat.completions.create(model=model, max_tokens=max_tokens, temperature=0,
+                                              extra_body={"ignore_eos": True}, messages=[
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is in this image?"},
+                {"type": "image_url", "image_url": {"url": image_url}}]}])
+
+    text_only = client.chat.completions.create(
+        model=model, max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is in this image?"}]}])
+    r = ask(url)
+    check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4,
+          f"image chat answers: {r.choices[0]} {r.usage}")
+    check(r.usage.prompt_tokens > text_only.usage.prompt_tokens,
+          f"the image adds prompt tokens: {r.usage.prompt_tokens} vs "
+          f"{text_only.usage.prompt_tokens} without it")
+    again = ask(url)
+    check(again.choices[0].message.content == r.choices[0].message.content
+          and again.usage.prompt_tokens_details.cached_tokens > 0,
+          f"the same image again: same answer, cached prompt tokens "
+          f"{again.usage.prompt_tokens_details.cached_tokens}")
+    expect_error(lambda: ask("data:image/png;base64," + base64.b64encode(b"not a png").decode()),
+                 400, "messages[0].content[1].image_url", "an image that is not PNG or JPEG")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check_client", action="store_true")
     parser.add_argument("--base_url")
     parser.add_argument("--model")
     parser.add_argument("--phase", default="main")
+    parser.add_argument("--image")
     args = parser.parse_args()
     if args.check_client:
         import openai  # noqa: F401
@@ -283,6 +318,8 @@ def main():
             "no worker left")
         if e is not None:
             check(e.body.get("type") == "service_unavailable", f"503 body: {e.body}")
+    elif args.phase == "image":
+        image_checks(client, args.model, args.image)
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed:\n  " + "\n  ".join(FAILURES), flush=True)
         return 1

@@ -5,7 +5,8 @@
 // turn, logprobs, every error status a client can provoke here (400 naming the field, 404, 405,
 // 413, 429 with Retry-After), malformed HTTP, and a client that disconnects mid-stream. Then no
 // KV block may be left in use on any node (the disconnect aborted the request everywhere), and
-// with every worker gone the API answers 503.
+// with every worker gone the API answers 503. And an image chat (data: URL) on the LLaVA-style
+// fixture with a vision encoder node.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -69,6 +70,28 @@ TEST(OpenAiHttpTest, OfficialClientAndCurlAgainstALocalCluster) {
     ASSERT_TRUE((*cluster)->RemoveWorker(0, absl::Seconds(10)).ok());
   }
   EXPECT_EQ(RunClient(absl::StrCat(base, " --phase unavailable")), 0);
+  EXPECT_TRUE((*cluster)->Stop(absl::Seconds(20)).ok());
+}
+
+// An image chat through the HTTP API: the tiny LLaVA-style fixture with a vision encoder node.
+TEST(OpenAiHttpTest, ImageChatThroughTheEncoderPool) {
+  deploy::LocalClusterConfig config = testutil::ClusterConfig("openai_http_vision", 0, 1, true);
+  config.model_dir = "engine/testdata/vision/llava";
+  config.num_encoders = 1;
+  const std::string http_port_file = absl::StrCat(config.log_dir, "/router.http.port");
+  config.router_flags.push_back("--http_listen=127.0.0.1:0");
+  config.router_flags.push_back(absl::StrCat("--http_port_file=", http_port_file));
+  absl::StatusOr<std::unique_ptr<deploy::LocalCluster>> cluster =
+      deploy::LocalCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<int> port = ReadPortFile(http_port_file, absl::Seconds(10));
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_EQ(RunClient(absl::StrCat("--base_url http://127.0.0.1:", *port,
+                                   "/v1 --model llava --phase image --image "
+                                   "engine/testdata/vision/llava/images/rgb_32x32.png")),
+            0);
+  absl::Status clean = testutil::WaitNoBlocksInUse(**cluster, absl::Seconds(15));
+  EXPECT_TRUE(clean.ok()) << clean;
   EXPECT_TRUE((*cluster)->Stop(absl::Seconds(20)).ok());
 }
 
