@@ -54,9 +54,12 @@ class PathTracker : public json::json_sax_t {
   bool end_object() override { return Pop(); }
   bool start_array(std::size_t) override { return Push(true); }
   bool end_array() override { return Pop(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    reason_ = e.what();
     return false;
   }
+  // The parser's reason for stopping ("" when it did not).
+  const std::string& reason() const { return reason_; }
 
   // The path of the value being parsed when the parser stopped, e.g. "messages[1].content".
   std::string Path() const { return frames_.empty() ? "" : frames_.back().path + Child(); }
@@ -93,21 +96,17 @@ class PathTracker : public json::json_sax_t {
     return true;
   }
   std::vector<Frame> frames_;
+  std::string reason_;
 };
 
 absl::StatusOr<json> ParseJson(absl::string_view body) {
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_discarded()) return j;
   // Parse again, tracking the path, to say where and why.
-  std::string reason;
-  try {
-    (void)json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
-    reason = e.what();
-  }
+  PathTracker tracker;
+  json::sax_parse(body.begin(), body.end(), &tracker);
+  const std::string& reason = tracker.reason();
   if (absl::StrContains(reason, "UTF-8")) {
-    PathTracker tracker;
-    json::sax_parse(body.begin(), body.end(), &tracker);
     std::string path = tracker.Path();
     if (path.empty()) path = "body";
     return Invalid(path, "invalid UTF-8 (JSON text must be UTF-8)");
