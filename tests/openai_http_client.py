@@ -156,6 +156,19 @@ def main_checks(client, base_url, model, port):
             extra_body={"ignore_eos": True}) if ch.choices)
     check(streamed == c.choices[0].text, f"streamed completion equals: {streamed!r} vs "
                                          f"{c.choices[0].text!r}")
+    # Many streams at once on a few io threads: each gets the same greedy text.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one_stream(_):
+        return "".join(
+            ch.choices[0].text for ch in client.completions.create(
+                model=model, prompt="Once upon a time", max_tokens=6, temperature=0, stream=True,
+                extra_body={"ignore_eos": True}) if ch.choices)
+
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        texts = list(pool.map(one_stream, range(24)))
+    check(texts == [c.choices[0].text] * 24,
+          f"24 concurrent streams all equal the reference: {sorted(set(texts))}")
     c = client.completions.create(model=model, prompt="Once", max_tokens=2, temperature=0,
                                   logprobs=1, extra_body={"ignore_eos": True})
     check(c.choices[0].logprobs is not None and len(c.choices[0].logprobs.tokens) == 2,
