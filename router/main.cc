@@ -2,8 +2,9 @@
 //
 //   router --model engine/testdata/models/llama --listen 127.0.0.1:0 --port_file /tmp/r.port
 //
-// Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels) for one model, the
-// deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with,
+// Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels; through
+// router/inference_front.h, which names invalid UTF-8 instead of failing the parse) for one
+// model, the deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with,
 // deepinfer.internal.v1.RouterAdmin (GetPlan: the autoscaler's plan with --autoscale; flags in
 // router/autoscale_flags.h) and grpc.health.v1.Health (SERVING once started). Only the model's
 // assets are read (config, tokenizer, chat template, generation_config.json), never its weights.
