@@ -74,10 +74,7 @@ size_t Utf8ErrorOffset(absl::string_view s) {
 }
 
 absl::Status CheckUtf8(absl::string_view field, absl::string_view text) {
-  const size_t bad = Utf8ErrorOffset(text);
-  if (bad == absl::string_view::npos) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected UTF-8 text, got an invalid byte sequence at byte ", bad));
+  return ValidateUtf8(field, text);
 }
 
 absl::Status CheckCommon(absl::string_view request_id, const v1::SamplingParams& sampling,
@@ -289,6 +286,23 @@ absl::Status CheckChat(const v1::ChatRequest& request, const RequestLimits& limi
   if (request.messages().empty()) {
     return InvalidText("messages", "at least one message", "none");
   }
+  // The byte cap first: nothing below (UTF-8 scans, conversion) runs over an oversized request.
+  size_t text_bytes = 0;
+  for (int i = 0; i < request.messages_size(); ++i) {
+    const v1::ChatMessage& message = request.messages(i);
+    text_bytes += message.name().size();
+    for (int j = 0; j < message.content_size(); ++j) {
+      if (message.content(j).part_case() == v1::ContentPart::kText) {
+        text_bytes += message.content(j).text().size();
+      }
+      if (text_bytes > limits.max_chat_text_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "messages[", i, "].content[", j, "].text: expected at most ",
+            limits.max_chat_text_bytes,
+            " bytes of chat text in the whole request; got ", text_bytes, " by this part"));
+      }
+    }
+  }
   if (out != nullptr) out->messages = nlohmann::ordered_json::array();
   int images_seen = 0;
   for (int i = 0; i < request.messages_size(); ++i) {
@@ -371,6 +385,13 @@ absl::StatusOr<float> JsonFloat(const nlohmann::json& config, const char* key, f
 }
 
 }  // namespace
+
+absl::Status ValidateUtf8(absl::string_view field, absl::string_view text) {
+  const size_t bad = Utf8ErrorOffset(text);
+  if (bad == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": expected UTF-8 text, got an invalid byte sequence at byte ", bad));
+}
 
 bool IsValidUtf8(absl::string_view text) {
   return Utf8ErrorOffset(text) == absl::string_view::npos;

@@ -49,6 +49,10 @@ struct RequestLimits {
   size_t max_image_bytes = size_t{20} << 20;
   // Most images in one Chat request (what one vision encoder call takes).
   int max_images = 16;
+  // Most bytes of chat text in one request: every text part and name of every message, summed
+  // (the router's --max_chat_text_bytes). Checked before anything else about the messages, so an
+  // oversized request is refused before it is converted, rendered or tokenized.
+  size_t max_chat_text_bytes = size_t{4} << 20;
 };
 
 // Sampling defaults of a model, as its generation_config.json gives them; fields the file does
@@ -72,8 +76,9 @@ absl::StatusOr<GenerationDefaults> ParseGenerationDefaults(const nlohmann::json&
 // done by ToEngineSamplingParams.
 absl::Status ValidateSamplingParams(const v1::SamplingParams& sampling, int vocab_size);
 
-// request_id (empty, or 1..128 printable ASCII bytes), messages (at least one; role; content
-// parts; UTF-8 text; images as described above, decoded size <= limits.max_image_bytes),
+// request_id (empty, or 1..128 printable ASCII bytes), messages (at least one; their text bytes
+// summed <= limits.max_chat_text_bytes, checked first and naming the part that crosses the cap;
+// role; content parts; UTF-8 text; images as described above, decoded size <= limits.max_image_bytes),
 // sampling, cache_salt (<= 256 bytes) and priority (-100..100). `model` is not checked here (an
 // unknown model is kInvalidArgument naming `model`, decided by the caller).
 absl::Status ValidateChatRequest(const v1::ChatRequest& request, const RequestLimits& limits);
@@ -162,6 +167,10 @@ absl::StatusOr<int64_t> ResolveMaxTokens(uint32_t max_tokens, int64_t prompt_tok
 
 // True when `text` is well-formed UTF-8 (no overlong forms, surrogates or values > U+10FFFF).
 bool IsValidUtf8(absl::string_view text);
+
+// OK when `text` is well-formed UTF-8; else kInvalidArgument
+// "<field>: expected UTF-8 text, got an invalid byte sequence at byte N".
+absl::Status ValidateUtf8(absl::string_view field, absl::string_view text);
 
 // Strict standard base64 (RFC 4648 alphabet, '=' padding optional but, if present, correct; no
 // whitespace). False on any malformed input.

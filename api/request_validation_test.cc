@@ -426,6 +426,27 @@ TEST(ConvertChatMessagesTest, ImagesFromUrlsAreDecodedInOrder) {
   EXPECT_EQ(prompt->images[1].bytes, Png());
 }
 
+TEST(ConvertChatMessagesTest, ChatTextBytesAreCappedBeforeAnythingElse) {
+  RequestLimits limits = Limits();
+  limits.max_chat_text_bytes = 10;
+  ChatRequest request;
+  auto* user = request.add_messages();
+  user->set_role("user");
+  user->add_content()->set_text("hello");
+  user->add_content()->set_text("world");
+  EXPECT_TRUE(ConvertChatMessages(request, limits).ok());
+  // Over the cap, the part that crosses it is named even though a later field (the role of the
+  // next message, invalid UTF-8 in this part) is also wrong: the cap is checked first.
+  user->add_content()->set_text("!\xff");
+  request.add_messages()->set_role("robot");
+  absl::StatusOr<ChatPrompt> prompt = ConvertChatMessages(request, limits);
+  EXPECT_EQ(prompt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(prompt.status().message(),
+            "messages[0].content[2].text: expected at most 10 bytes of chat text in the whole "
+            "request; got 12 by this part");
+  EXPECT_EQ(ValidateChatRequest(request, limits), prompt.status());
+}
+
 TEST(ConvertChatMessagesTest, TooManyImagesNameTheFirstOneOverTheLimit) {
   RequestLimits limits = Limits();
   limits.max_images = 3;

@@ -123,8 +123,10 @@ InferenceService::InferenceService(WorkerRegistry* registry, const engine::Model
       assets_(assets),
       options_(std::move(options)),
       defaults_(defaults),
-      limits_{assets->config().vocab_size, assets->config().max_position_embeddings,
-              options_.max_image_bytes},
+      limits_{.vocab_size = assets->config().vocab_size,
+              .max_context_tokens = assets->config().max_position_embeddings,
+              .max_image_bytes = options_.max_image_bytes,
+              .max_chat_text_bytes = options_.max_chat_text_bytes},
       encoders_(registry, options_.model_id, options_.max_message_bytes),
       metrics_(options_.metrics),
       policy_(std::move(policy)) {

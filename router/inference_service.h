@@ -108,6 +108,9 @@ struct InferenceServiceOptions {
   RouterMetrics* metrics = nullptr;
   // Largest encoded image, bytes (checked before anything is sent to an encoder).
   size_t max_image_bytes = size_t{20} << 20;
+  // Most chat text bytes in one Chat request (api::RequestLimits::max_chat_text_bytes), checked
+  // before the messages are converted, rendered or tokenized.
+  size_t max_chat_text_bytes = size_t{4} << 20;
   // Deadline of a request whose client set none; > 0.
   absl::Duration default_timeout = absl::Minutes(10);
   // Largest message on the channels to decode workers, bytes.

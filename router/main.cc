@@ -2,8 +2,9 @@
 //
 //   router --model engine/testdata/models/llama --listen 127.0.0.1:0 --port_file /tmp/r.port
 //
-// Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels) for one model, the
-// deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with,
+// Serves deepinfer.v1.Inference (Chat, Generate, Abort, ListModels; through
+// router/inference_front.h, which names invalid UTF-8 instead of failing the parse) for one
+// model, the deepinfer.internal.v1.WorkerRegistry that prefill and decode nodes register with,
 // deepinfer.internal.v1.RouterAdmin (GetPlan: the autoscaler's plan with --autoscale; flags in
 // router/autoscale_flags.h) and grpc.health.v1.Health (SERVING once started). Only the model's
 // assets are read (config, tokenizer, chat template, generation_config.json), never its weights.
@@ -14,6 +15,11 @@
 //
 // Placement: --placement=cache_aware (prefix overlap + load, the default) or least_loaded, with
 // the cost weights --placement_w_*; --metrics_listen=host:port serves Prometheus /metrics.
+//
+// --http_listen=host:port serves the OpenAI-compatible HTTP API (router/openai_api.h; off by
+// default: a deployment opts into a second public port), with /metrics and /healthz on the same
+// port. --metrics_listen stays for deployments that scrape a separate port (and the workers keep
+// common/metrics_http_server for theirs).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -30,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/grpc_server.h"
+#include "common/http_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
@@ -37,7 +44,12 @@
 #include "engine/model_assets.h"
 #include "router/autoscale_flags.h"
 #include "router/autoscaler.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "router/inference_front.h"
 #include "router/inference_service.h"
+#include "router/openai_api.h"
 #include "router/router_admin_service.h"
 #include "router/placement.h"
 #include "router/router_metrics.h"
@@ -78,6 +90,20 @@ ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10),
           "Deadline of a request whose client sets none.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long calls in flight get to finish before the server stops.");
+ABSL_FLAG(std::string, http_listen, "",
+          "host:port serving the OpenAI-compatible HTTP API (/v1/chat/completions, "
+          "/v1/completions, /v1/models) plus /metrics and /healthz; port 0 picks a free port; "
+          "empty = off.");
+ABSL_FLAG(std::string, http_port_file, "",
+          "When set, the HTTP API's bound port is written to this file once serving.");
+ABSL_FLAG(int, http_threads, 2, "io threads of the HTTP API (every connection shares them).");
+ABSL_FLAG(std::string, http_max_body_bytes, "32MiB",
+          "Largest HTTP request body; larger ones get 413 before they are read.");
+ABSL_FLAG(absl::Duration, http_read_timeout, absl::Seconds(30),
+          "An HTTP request must arrive whole within this time (else 408; slowloris).");
+ABSL_FLAG(std::string, max_chat_text_bytes, "4MiB",
+          "Most chat text bytes in one request (all messages; the completion prompt over HTTP), "
+          "refused with INVALID_ARGUMENT before it is rendered or tokenized.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
 
 namespace deepinfer::router {
@@ -105,6 +131,24 @@ int Main() {
   absl::StatusOr<uint64_t> max_image_bytes =
       ParseByteSize("max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes));
   if (!max_image_bytes.ok()) return Fail(max_image_bytes.status());
+  absl::StatusOr<uint64_t> max_chat_text_bytes =
+      ParseByteSize("max_chat_text_bytes", absl::GetFlag(FLAGS_max_chat_text_bytes));
+  if (!max_chat_text_bytes.ok()) return Fail(max_chat_text_bytes.status());
+  absl::StatusOr<uint64_t> http_max_body_bytes =
+      ParseByteSize("http_max_body_bytes", absl::GetFlag(FLAGS_http_max_body_bytes));
+  if (!http_max_body_bytes.ok()) return Fail(http_max_body_bytes.status());
+  const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  if (!http_listen.empty()) {
+    absl::StatusOr<HostPort> parsed = ParseHostPort("http_listen", http_listen, true);
+    if (!parsed.ok()) return Fail(parsed.status());
+  }
+  if (absl::GetFlag(FLAGS_http_threads) < 1) {
+    return Fail(FlagError("http_threads",
+                          absl::StrCat("expected >= 1; got ", absl::GetFlag(FLAGS_http_threads))));
+  }
+  if (absl::GetFlag(FLAGS_http_read_timeout) <= absl::ZeroDuration()) {
+    return Fail(FlagError("http_read_timeout", "expected > 0"));
+  }
   const absl::Duration heartbeat = absl::GetFlag(FLAGS_heartbeat_interval);
   if (heartbeat <= absl::ZeroDuration()) {
     return Fail(FlagError("heartbeat_interval",
@@ -178,6 +222,7 @@ int Main() {
   }
   service_options.metrics = metrics->get();
   service_options.max_image_bytes = static_cast<size_t>(*max_image_bytes);
+  service_options.max_chat_text_bytes = static_cast<size_t>(*max_chat_text_bytes);
   service_options.default_timeout = request_timeout;
   absl::StatusOr<std::unique_ptr<InferenceService>> inference =
       InferenceService::Create(registry->get(), assets->get(), service_options);
@@ -190,7 +235,9 @@ int Main() {
   (*registry)->Start();
   GrpcServerOptions server_options;
   server_options.listen_address = listen->ToString();
-  server_options.services = {inference->get(), &registry_service, &admin_service};
+  // Inference through the front that names invalid UTF-8 (router/inference_front.h).
+  InferenceFront inference_front(inference->get());
+  server_options.services = {&inference_front, &registry_service, &admin_service};
   server_options.health_service_names = {v1::Inference::service_full_name(),
                                          internal::v1::WorkerRegistry::service_full_name(),
                                          internal::v1::RouterAdmin::service_full_name()};
@@ -215,23 +262,24 @@ int Main() {
   if (!desired_replicas.ok() || !actual_replicas.ok()) {
     return Fail(desired_replicas.ok() ? actual_replicas.status() : desired_replicas.status());
   }
+  auto refresh_metrics = [&] {
+    (*metrics)->RefreshPools(**registry, model_id);
+    if (autoscale->autoscaler == nullptr) return;
+    for (const AutoscalePoolStatus& pool : autoscale->autoscaler->Status()) {
+      const std::vector<std::string> labels = {std::string(PoolName(pool.pool))};
+      if (auto g = (*desired_replicas)->WithLabels(labels); g.ok() && pool.planned) {
+        (*g)->Set(pool.desired);
+      }
+      if (auto g = (*actual_replicas)->WithLabels(labels); g.ok()) {
+        (*g)->Set(pool.live_replicas);
+      }
+    }
+  };
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
     MetricsHttpServerOptions metrics_options;
     metrics_options.listen_address = address;
-    metrics_options.before_scrape = [&] {
-      (*metrics)->RefreshPools(**registry, model_id);
-      if (autoscale->autoscaler == nullptr) return;
-      for (const AutoscalePoolStatus& pool : autoscale->autoscaler->Status()) {
-        const std::vector<std::string> labels = {std::string(PoolName(pool.pool))};
-        if (auto g = (*desired_replicas)->WithLabels(labels); g.ok() && pool.planned) {
-          (*g)->Set(pool.desired);
-        }
-        if (auto g = (*actual_replicas)->WithLabels(labels); g.ok()) {
-          (*g)->Set(pool.live_replicas);
-        }
-      }
-    };
+    metrics_options.before_scrape = refresh_metrics;
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> created =
         MetricsHttpServer::Create(&metrics_registry, metrics_options);
     absl::Status started = created.ok() ? (*created)->Start() : created.status();
@@ -242,6 +290,76 @@ int Main() {
     }
     metrics_server = std::move(*created);
     spdlog::info("serving metrics on {} (port {})", address, metrics_server->port());
+  }
+  std::unique_ptr<OpenAiApi> openai_api;
+  std::unique_ptr<HttpServer> http_server;
+  if (!http_listen.empty()) {
+    // The API reaches the Inference service through the router's own listener, so that HTTP
+    // requests take exactly the gRPC path (validation, placement, relay, cancellation).
+    absl::StatusOr<HostPort> grpc_listen = ParseHostPort("listen", listen->ToString(), true);
+    std::string target = (*server)->address();
+    if (grpc_listen.ok() && (grpc_listen->host == "0.0.0.0" || grpc_listen->host.empty())) {
+      target = absl::StrCat("127.0.0.1:", (*server)->port());
+    } else if (grpc_listen.ok() && grpc_listen->host == "::") {
+      target = absl::StrCat("[::1]:", (*server)->port());
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    OpenAiApiOptions api_options;
+    api_options.model_id = model_id;
+    api_options.max_prompt_bytes = static_cast<size_t>(*max_chat_text_bytes);
+    const engine::ModelAssets* model_assets = assets->get();
+    api_options.tokenize = [model_assets](absl::string_view text) {
+      return model_assets->tokenizer().Encode(text, /*add_special_tokens=*/true);
+    };
+    api_options.token_text = [model_assets](uint32_t id) {
+      absl::StatusOr<std::string> text =
+          model_assets->tokenizer().Decode({static_cast<int32_t>(id)}, false);
+      return text.ok() ? *text : std::string();
+    };
+    InferenceService* service = inference->get();
+    api_options.list_models = [service] {
+      v1::ListModelsRequest request;
+      v1::ListModelsResponse response;
+      (void)service->ListModels(nullptr, &request, &response);
+      return response;
+    };
+    api_options.metrics = [&] {
+      refresh_metrics();
+      return metrics_registry.Serialize();
+    };
+    api_options.healthy = [service] { return !service->draining(); };
+    absl::StatusOr<std::unique_ptr<OpenAiApi>> api = OpenAiApi::Create(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args),
+        std::move(api_options));
+    if (!api.ok()) return Fail(api.status());
+    openai_api = std::move(*api);
+    HttpServerOptions http_options;
+    http_options.listen_address = http_listen;
+    http_options.threads = absl::GetFlag(FLAGS_http_threads);
+    http_options.max_body_bytes = static_cast<size_t>(*http_max_body_bytes);
+    http_options.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+    OpenAiApi* handler = openai_api.get();
+    absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
+        http_options, [handler](HttpRequest request, std::shared_ptr<HttpResponder> responder) {
+          handler->Handle(std::move(request), std::move(responder));
+        });
+    if (!started.ok()) {
+      (*server)->Shutdown(absl::ZeroDuration());
+      (*registry)->Stop();
+      return Fail(started.status());
+    }
+    http_server = std::move(*started);
+    if (const std::string file = absl::GetFlag(FLAGS_http_port_file); !file.empty()) {
+      if (absl::Status s = WritePortFile(file, http_server->port()); !s.ok()) {
+        (*server)->Shutdown(absl::ZeroDuration());
+        (*registry)->Stop();
+        return Fail(s);
+      }
+    }
+    spdlog::info("serving the OpenAI-compatible HTTP API on {} (port {})", http_listen,
+                 http_server->port());
   }
   (*server)->SetServing(true);
   if (autoscale->autoscaler != nullptr) {
@@ -262,6 +380,10 @@ int Main() {
     spdlog::warn("drain timeout: cancelling {} calls still in flight", (*inference)->in_flight());
   }
   (*server)->Shutdown(absl::Seconds(1));
+  if (openai_api != nullptr && !openai_api->WaitIdle(absl::Seconds(2))) {
+    spdlog::warn("{} HTTP calls still in flight at shutdown", openai_api->in_flight());
+  }
+  if (http_server != nullptr) http_server->Stop();
   if (metrics_server != nullptr) metrics_server->Stop();
   (*registry)->Stop();
   spdlog::info("stopped");

@@ -30,6 +30,8 @@ PACKAGES=(
   zlib1g-dev               # CRC-32 of KV store objects (kv_store)
   python3-yaml             # deploy/k8s manifest validation
   python3-jsonschema
+  libboost-dev             # Boost.Beast/Asio: the router's HTTP API (header-only)
+  python3-pip              # installs the openai client below
 )
 
 missing_packages() {
@@ -79,6 +81,22 @@ if ! command -v kubectl >/dev/null; then
     >/tmp/deepinfer-apt.log 2>&1 ||
     echo "setup: no kubectl package in the apt sources: //deploy/k8s:manifests_test needs a" \
       "kubectl (1.21 or later) on PATH" >&2
+fi
+
+# The official OpenAI Python client, pinned: tests/openai_http_test drives the router's HTTP API
+# with it through Debian's /usr/bin/python3 (not a Debian package; PyPI by name).
+OPENAI_VERSION=1.109.1
+if ! /usr/bin/python3 -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" \
+    2>/dev/null; then
+  echo "setup: installing openai==$OPENAI_VERSION for /usr/bin/python3 (pip)"
+  PIP_SUDO=""
+  [ "$(id -u)" != 0 ] && PIP_SUDO=sudo
+  if ! $PIP_SUDO /usr/bin/python3 -m pip install -q --break-system-packages \
+      "openai==$OPENAI_VERSION" >/tmp/deepinfer-pip.log 2>&1; then
+    tail -20 /tmp/deepinfer-pip.log >&2
+    echo "setup: pip install openai==$OPENAI_VERSION failed" >&2
+    exit 1
+  fi
 fi
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

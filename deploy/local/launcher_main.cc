@@ -5,8 +5,9 @@
 //   bazel run -c opt //deploy/local:launcher -- --model DIR --prefill 0 --decode 1 --colocated
 //   bazel run -c opt //deploy/local:launcher -- --model DIR --autoscale --max_prefill 4
 //
-// Starts the router (on --router_listen) and the workers, waits until every process is healthy,
-// prints the router endpoint and each worker, then runs until SIGINT/SIGTERM and stops
+// Starts the router (on --router_listen, with its OpenAI-compatible HTTP API on --http_listen)
+// and the workers, waits until every process is healthy, prints the router's gRPC endpoint, its
+// HTTP API base URL and each worker, then runs until SIGINT/SIGTERM and stops
 // everything cleanly (workers drain first, the router last). If a process exits on its own the
 // launcher says so and stops the rest; the exit status is then 1.
 //
@@ -55,6 +56,9 @@ ABSL_FLAG(int, threads, 0, "Forward-pass threads per worker (0: the binaries' de
 ABSL_FLAG(std::string, log_dir, "",
           "Where each process logs (<name>.log); default: a new directory under $TMPDIR.");
 ABSL_FLAG(std::string, router_listen, "127.0.0.1:50051", "The router's public listen address.");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8000",
+          "The router's OpenAI-compatible HTTP API (its --http_listen; port 0 picks a free "
+          "one); empty = off.");
 ABSL_FLAG(std::string, log_level, "info", "--log_level of every process.");
 ABSL_FLAG(std::string, bin_dir, "",
           "Directory with router/router, prefill_node/prefill_node, decode_node/decode_node; "
@@ -215,6 +219,16 @@ int Run(const char* argv0) {
     config.log_dir = templ;
   }
 
+  const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  const std::string http_port_file = absl::StrCat(config.log_dir, "/router.http.port");
+  if (!http_listen.empty()) {
+    // Ahead of --router_flags, so that the user's own win.
+    std::vector<std::string> flags = {absl::StrCat("--http_listen=", http_listen),
+                                      absl::StrCat("--http_port_file=", http_port_file)};
+    flags.insert(flags.end(), config.router_flags.begin(), config.router_flags.end());
+    config.router_flags = std::move(flags);
+  }
+
   printf("launcher: model %s\nlauncher: binaries in %s\nlauncher: logs in %s\n",
          config.model_dir.c_str(), config.bin_dir.c_str(), config.log_dir.c_str());
   const std::string encoders =
@@ -263,6 +277,22 @@ int Run(const char* argv0) {
   printf("router endpoint: %s\n", cluster->router_address().c_str());
   printf("launcher: try: bazel run //tools:chat -- --router %s --message 'Hello'\n",
          cluster->router_address().c_str());
+  if (!http_listen.empty()) {
+    absl::StatusOr<int> http_port = ReadPortFile(http_port_file, absl::Seconds(5));
+    if (http_port.ok()) {
+      const size_t colon = http_listen.rfind(':');
+      std::string host = colon == std::string::npos ? "" : http_listen.substr(0, colon);
+      if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+      const std::string url = absl::StrCat("http://", host, ":", *http_port, "/v1");
+      printf("HTTP API: %s\n", url.c_str());
+      printf("launcher: try: curl %s/chat/completions -H 'Content-Type: application/json' "
+             "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n",
+             url.c_str());
+    } else {
+      fprintf(stderr, "launcher: the router's HTTP API did not start: %s\n",
+              http_port.status().ToString().c_str());
+    }
+  }
   printf("launcher: Ctrl-C (SIGINT) or SIGTERM stops the cluster\n");
   fflush(stdout);
   if (!absl::GetFlag(FLAGS_ready_file).empty()) {

@@ -17,7 +17,7 @@ fail() { echo "FAIL: $*" >&2; cat "$WORK"/out.* >&2 || true; exit 1; }
 start_cluster() {  # $1: run name
   rm -f "$WORK/ready.$1"
   "$LAUNCHER" --model "$MODEL" --prefill 1 --decode 1 --kv_blocks 64 --threads 1 \
-    --router_listen 127.0.0.1:0 --log_dir "$WORK/logs.$1" --ready_file "$WORK/ready.$1" \
+    --router_listen 127.0.0.1:0 --http_listen 127.0.0.1:0 --log_dir "$WORK/logs.$1" --ready_file "$WORK/ready.$1" \
     --startup_timeout 60s --stop_timeout 20s >"$WORK/out.$1" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do
@@ -34,6 +34,9 @@ router=$(head -n1 "$WORK/ready.clean")
 grep -q "router endpoint: $router" "$WORK/out.clean" || fail "no endpoint line"
 grep -Eq '^prefill +prefill-0 +127\.0\.0\.1:[0-9]+ +pid [0-9]+' "$WORK/out.clean" || fail "no prefill line"
 grep -Eq '^decode +decode-0 ' "$WORK/out.clean" || fail "no decode line"
+http_url=$(sed -n 's/^HTTP API: //p' "$WORK/out.clean")
+[[ "$http_url" =~ ^http://127\.0\.0\.1:[0-9]+/v1$ ]] || fail "no HTTP API line: '$http_url'"
+curl -sS --max-time 10 "$http_url/models" | grep -q '"id":"llama"' || fail "GET $http_url/models"
 "$CHAT" --router "$router" --message "Hello" --max_tokens 8 >"$WORK/chat.out" 2>&1 ||
   fail "chat failed: $(cat "$WORK/chat.out")"
 grep -q "completion 8 tokens" "$WORK/chat.out" || grep -q "finish STOP" "$WORK/chat.out" ||
