@@ -45,7 +45,7 @@ PrefillService::PrefillService(node::WorkerRuntime* runtime, PrefillServiceOptio
 
 PrefillService::~PrefillService() {
   absl::MutexLock lock(&peers_mu_);
-  kv_transfer::TransferAgent* agent = runtime_->agent();
+  kv_transfer::TransferAgent* agent = this->agent();
   for (auto& [name, peer] : peers_) (void)agent->ReleaseDescriptors(peer.remote_list);
   if (local_prepared_) (void)agent->ReleaseDescriptors(local_list_);
 }
@@ -128,7 +128,7 @@ absl::Status PrefillService::Validate(const internal::v1::PrefillRequest& reques
 
 absl::StatusOr<PrefillService::PeerLists> PrefillService::PreparePeer(
     const internal::v1::KvDestination& destination) {
-  kv_transfer::TransferAgent* agent = runtime_->agent();
+  kv_transfer::TransferAgent* agent = this->agent();
   absl::MutexLock lock(&peers_mu_);
   if (!local_prepared_) {
     DI_ASSIGN_OR_RETURN(local_list_, agent->PrepareLocalDescriptors(
@@ -322,7 +322,7 @@ absl::StatusOr<std::shared_ptr<PrefillService::Stream>> PrefillService::OpenStre
   const internal::v1::KvDestination& dest = request.destination();
   DI_ASSIGN_OR_RETURN(PeerLists lists, PreparePeer(dest));
   auto stream = std::make_shared<Stream>();
-  stream->agent = runtime_->agent();
+  stream->agent = agent();
   stream->lists = lists;
   stream->local = &runtime_->pool_layout();
   stream->dest = &dest;
@@ -358,7 +358,7 @@ engine::LayerKvCallback PrefillService::LayerHook(std::shared_ptr<Stream> stream
 absl::Status PrefillService::FinishStream(grpc::ServerContext* context, Live* live,
                                           Stream* stream, const std::vector<int32_t>* src_blocks,
                                           absl::Status stop, TransferTimes* times) {
-  kv_transfer::TransferAgent* agent = runtime_->agent();
+  kv_transfer::TransferAgent* agent = this->agent();
   absl::Status status = stop;
   {
     absl::MutexLock lock(&stream->mu);
@@ -564,6 +564,10 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
         static_cast<uint64_t>(std::max<int64_t>(0, Micros(times.landed - last_layer))));
   }
   return absl::OkStatus();
+}
+
+kv_transfer::TransferAgent* PrefillService::agent() const {
+  return options_.agent != nullptr ? options_.agent : runtime_->agent();
 }
 
 absl::Time PrefillService::Now() const { return options_.clock ? options_.clock() : absl::Now(); }

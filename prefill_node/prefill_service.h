@@ -98,6 +98,9 @@ struct PrefillServiceOptions {
   // The time every deadline and duration is judged by (see the header comment); absl::Now when
   // empty.
   std::function<absl::Time()> clock;
+  // The agent every transfer goes through (not owned; outlives the service); the runtime's when
+  // null. A test passes a wrapper around the runtime's agent to watch or delay the posts.
+  kv_transfer::TransferAgent* agent = nullptr;
 };
 
 class PrefillService final : public internal::v1::Prefill::Service {
@@ -164,6 +167,8 @@ class PrefillService final : public internal::v1::Prefill::Service {
   void ForgetExpiredCancels(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // options_.clock, or absl::Now.
   absl::Time Now() const;
+  // options_.agent, or the runtime's.
+  kv_transfer::TransferAgent* agent() const;
 
   node::WorkerRuntime* const runtime_;
   const PrefillServiceOptions options_;
