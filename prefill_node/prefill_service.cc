@@ -505,6 +505,11 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
     }
     if (!aborted) {
       stop = StopReason(context, live, deadline);
+      if (stop.ok() && stream != nullptr) {
+        // A refused write ends the request now rather than after the compute.
+        absl::MutexLock lock(&stream->mu);
+        stop = stream->error;
+      }
       if (!stop.ok()) {
         if (stream != nullptr) {
           absl::MutexLock lock(&stream->mu);

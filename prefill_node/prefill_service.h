@@ -33,7 +33,8 @@
 //     on a device backend, which offers no per-layer events, or for all-sliding-window models) is
 //     posted after the engine's callback. With no block to write the notifications still go,
 //     with empty index lists. Each post's deadline: min(deadline_unix_us, post time +
-//     default_transfer_timeout). On cancellation or any failure no further post is made, every
+//     default_transfer_timeout). A refused post aborts the compute (the RPC fails with its
+//     code). On cancellation or any failure no further post is made, every
 //     post is cancelled, and the RPC still waits until each is terminal (no write can land
 //     afterwards) -- also when the compute itself failed after some layers were posted.
 //  6. The held blocks are released (their KV stays in the prefix cache) and the handles freed.

@@ -491,6 +491,11 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
     absl::MutexLock lock(&mu_);
     return events_;
   }
+  // The `n`th post from now on (1-based) is refused with kUnavailable (peer gone); 0: none.
+  void RefusePost(int n) {
+    absl::MutexLock lock(&mu_);
+    refuse_in_ = n;
+  }
   std::vector<std::string> violations() {
     absl::MutexLock lock(&mu_);
     return violations_;
@@ -544,6 +549,9 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
                     const kv_transfer::Notification* notification, absl::Time deadline) override {
     {
       absl::MutexLock lock(&mu_);
+      if (refuse_in_ > 0 && --refuse_in_ == 0) {
+        return absl::UnavailableError("recording agent: peer refused (test)");
+      }
       PostEvent e;
       e.blocks = local_indices.size();
       e.notification = notification != nullptr;
@@ -609,6 +617,7 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, std::vector<kv_transfer::HandleId>> data_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<kv_transfer::HandleId, int> polls_ ABSL_GUARDED_BY(mu_);
+  int refuse_in_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Chunked prefills (6-token steps over 4-token blocks, prompts ending mid-block) through the
@@ -734,6 +743,32 @@ TEST_F(PrefillServiceStreamTest, FirstLayerIsPostedBeforeTheLastLayerIsComputed)
   EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
   EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
   EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+}
+
+// A write refused in the middle of the stream (after earlier layers' and chunks' writes went):
+// the RPC fails with the transport's code, every earlier write is terminal before it returns, not
+// every layer's notification was sent, and no block or handle is left behind.
+TEST_F(PrefillServiceStreamTest, RefusedWriteMidStreamFailsCleanly) {
+  const std::vector<int32_t> prompt = {760, 39, 68, 410, 78, 311, 268, 624, 5, 9, 44, 31, 17};
+  engine::EngineRequest req;
+  req.request_id = "refused";
+  req.prompt = prompt;
+  req.sampling.max_tokens = 4;
+  auto reservation = decode_->ReserveForRemotePrefill(req, [](const engine::EngineOutput&) {});
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  recorder_->RefusePost(3);  // chunk 1: layers 0 and 1 go; chunk 2: layer 0 is refused
+  PrefillResponse response;
+  grpc::Status s =
+      CallPrefill(MakeRequest("refused", prompt, reservation->block_ids, 0, 900), &response);
+  EXPECT_EQ(s.error_code(), grpc::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(recorder_->events().size(), 2u);
+  EXPECT_EQ(decode_agent_->counters().notifications_received, 0u);
+  EXPECT_EQ(runtime_->agent()->counters().in_flight_handles, 0);
+  EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+  EXPECT_EQ(runtime_->Stats().requests_failed(), 1u);
+  ASSERT_TRUE(decode_->FailRemotePrefill("refused", absl::UnavailableError("test")).ok());
+  EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
 }
 
 }  // namespace
