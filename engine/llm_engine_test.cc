@@ -587,7 +587,9 @@ TEST_F(LlmEngineTest, LayerHookReportsEachLayersFinalKvChunkByChunk) {
           ASSERT_FALSE(order.empty());
           ASSERT_EQ(order.size() % layers, 0u);
           // Round 2 finds the prompt in the prefix cache: one chunk.
-          if (round == 0) EXPECT_GT(order.size(), static_cast<size_t>(layers)) << "one chunk";
+          if (round == 0) {
+            EXPECT_GT(order.size(), static_cast<size_t>(layers)) << "one chunk";
+          }
           for (size_t k = 0; k < order.size(); ++k) EXPECT_EQ(order[k], static_cast<int>(k % layers));
           for (int l = 0; l < layers; ++l) {
             EXPECT_EQ(last_end[l], prompt_len);
