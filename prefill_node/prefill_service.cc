@@ -228,8 +228,6 @@ struct PrefillService::Stream {
   std::vector<kv_transfer::HandleId> handles ABSL_GUARDED_BY(mu);  // every post, in order
   bool any_post ABSL_GUARDED_BY(mu) = false;
   absl::Time first_post_at ABSL_GUARDED_BY(mu);
-  // When the hook reported the last layer of the prompt's last chunk (unset without hooks).
-  absl::Time last_layer_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
   // Posts layer `l`'s blocks [sent, end) read from `src` (the engine's block ids by prompt
   // block); `end` == blocks completes the layer.
@@ -347,9 +345,8 @@ engine::LayerKvCallback PrefillService::LayerHook(std::shared_ptr<Stream> stream
     const size_t complete =
         whole ? s.blocks : static_cast<size_t>(ready.kv_end / s.block_size);
     absl::MutexLock lock(&s.mu);
-    // Closed: the RPC may have ended (and the service with it); touch nothing else.
+    // Closed: the RPC may have ended; touch nothing else.
     if (s.closed || ready.layer < 0 || ready.layer >= static_cast<int>(s.layers.size())) return;
-    if (whole && ready.layer + 1 == static_cast<int>(s.layers.size())) s.last_layer_at = s.now();
     if (ready.block_table.size() < complete) return;  // cannot happen (engine contract)
     s.PostData(ready.layer, complete, ready.block_table);
   };
@@ -437,7 +434,6 @@ absl::Status PrefillService::FinishStream(grpc::ServerContext* context, Live* li
     stream->handles.clear();
     if (times != nullptr) {
       times->first_post = stream->any_post ? stream->first_post_at : landed;
-      times->last_layer = stream->last_layer_at;
       times->landed = landed;
     }
   }
@@ -471,7 +467,7 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   std::shared_ptr<Stream> stream;
   if (request.has_destination()) {
     DI_ASSIGN_OR_RETURN(stream, OpenStream(request, deadline));
-    er.on_layer_kv = LayerHook(stream);
+    if (options_.layer_streaming) er.on_layer_kv = LayerHook(stream);
   }
 
   engine::LlmEngine* engine = runtime_->engine();
@@ -558,15 +554,11 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   response->set_transferred_bytes(bytes);
   response->set_compute_us(static_cast<uint64_t>(Micros(compute)));
   if (stream != nullptr) {
-    // The compute ended when its last layer was stored (the hook saw it) or, without hooks, when
-    // the engine reported the prefill.
-    const absl::Time last_layer =
-        times.last_layer != absl::InfinitePast() ? std::min(times.last_layer, compute_end)
-                                                 : compute_end;
+    // Exposed: what the answer waited for after the engine reported the prefill.
     response->set_transfer_us(
         static_cast<uint64_t>(std::max<int64_t>(0, Micros(times.landed - times.first_post))));
     response->set_transfer_exposed_us(
-        static_cast<uint64_t>(std::max<int64_t>(0, Micros(times.landed - last_layer))));
+        static_cast<uint64_t>(std::max<int64_t>(0, Micros(times.landed - compute_end))));
   }
   return absl::OkStatus();
 }

@@ -42,9 +42,8 @@
 //     until then (after an abort they are freed once the step ends, and what the cancelled posts
 //     still read goes into a reservation that can no longer become ready).
 // Response timing: compute_us (submit to the engine's callback), transfer_us (first post to the
-// last post's completion) and transfer_exposed_us (the last layer of the prompt stored -- or,
-// without layer hooks, the engine's callback -- to the last completion: the transfer time the
-// compute did not hide).
+// last post's completion) and transfer_exposed_us (the engine's callback to the last completion:
+// the transfer time the compute did not hide, which the answer and so the TTFT wait for).
 // Without a destination the node only prefills (a measurement) and releases the blocks.
 //
 // Time: every deadline decision, timestamp and duration (deadline_unix_us, the transfer
@@ -102,6 +101,9 @@ struct PrefillServiceOptions {
   // The agent every transfer goes through (not owned; outlives the service); the runtime's when
   // null. A test passes a wrapper around the runtime's agent to watch or delay the posts.
   kv_transfer::TransferAgent* agent = nullptr;
+  // Stream the KV layer by layer during the compute (step 5). False: post it all after the
+  // prefill, as on a device backend (a baseline for comparisons).
+  bool layer_streaming = true;
 };
 
 class PrefillService final : public internal::v1::Prefill::Service {
@@ -130,7 +132,6 @@ class PrefillService final : public internal::v1::Prefill::Service {
   struct Stream;
   struct TransferTimes {
     absl::Time first_post;
-    absl::Time last_layer = absl::InfinitePast();  // unset without layer hooks
     absl::Time landed;
   };
   struct Peer {

@@ -18,8 +18,8 @@
 //         because the others wait for prefill.
 //   TTFT breakdown  over the completed disaggregated requests (those whose usage carries a
 //         prefill node's timing, Timing.prefill_compute_us / kv_transfer_us > 0): prefill compute,
-//         KV transfer, KV transfer exposed after the prompt's last layer (not hidden by the
-//         compute; its ratio to the transfer is the "exposed fraction"), decode queue.
+//         KV transfer, KV transfer exposed after the prefill compute ended (not hidden by it; its
+//         ratio to the transfer is the "exposed fraction"), decode queue.
 //
 // Thread-safety: pure functions.
 #ifndef DEEPINFER_TOOLS_BENCH_REPORT_H_
