@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
@@ -496,6 +497,18 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
     absl::MutexLock lock(&mu_);
     refuse_in_ = n;
   }
+  // From now on posts stay in progress (to Poll and Wait) until cancelled: a transfer that
+  // never completes on its own.
+  void HoldUntilCancelled() {
+    absl::MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  // Runs `fn` (which must not block) at the `n`th post from now on (1-based).
+  void AtPost(int n, std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    at_post_in_ = n;
+    at_post_ = std::move(fn);
+  }
   std::vector<std::string> violations() {
     absl::MutexLock lock(&mu_);
     return violations_;
@@ -552,6 +565,7 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
       if (refuse_in_ > 0 && --refuse_in_ == 0) {
         return absl::UnavailableError("recording agent: peer refused (test)");
       }
+      if (at_post_in_ > 0 && --at_post_in_ == 0) at_post_();
       PostEvent e;
       e.blocks = local_indices.size();
       e.notification = notification != nullptr;
@@ -581,9 +595,18 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
   }
   absl::StatusOr<kv_transfer::TransferStatus> Wait(kv_transfer::HandleId handle,
                                                    absl::Time wait_deadline) override {
-    return Hold(handle, inner_->Wait(handle, wait_deadline));
+    absl::StatusOr<kv_transfer::TransferStatus> st = Hold(handle, inner_->Wait(handle,
+                                                                               wait_deadline));
+    if (st.ok() && !st->terminal()) absl::SleepFor(wait_deadline - absl::Now());
+    return st;
   }
-  absl::Status Cancel(kv_transfer::HandleId handle) override { return inner_->Cancel(handle); }
+  absl::Status Cancel(kv_transfer::HandleId handle) override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_.insert(handle);
+    }
+    return inner_->Cancel(handle);
+  }
   std::vector<kv_transfer::Notification> DrainNotifications(size_t max) override {
     return inner_->DrainNotifications(max);
   }
@@ -602,6 +625,14 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
       kv_transfer::HandleId handle, absl::StatusOr<kv_transfer::TransferStatus> st) {
     if (!st.ok() || !st->terminal() || st->state != kv_transfer::TransferState::kDone) return st;
     absl::MutexLock lock(&mu_);
+    if (hold_) {
+      if (!cancelled_.contains(handle)) {
+        return kv_transfer::TransferStatus{kv_transfer::TransferState::kInProgress,
+                                           absl::OkStatus()};
+      }
+      return kv_transfer::TransferStatus{kv_transfer::TransferState::kFailed,
+                                         absl::CancelledError("cancelled (test)")};
+    }
     int& polls = polls_[handle];
     if (++polls <= kHeldPolls) return kv_transfer::TransferStatus{
         kv_transfer::TransferState::kInProgress, absl::OkStatus()};
@@ -618,6 +649,10 @@ class RecordingAgent final : public kv_transfer::TransferAgent {
   absl::flat_hash_map<int, std::vector<kv_transfer::HandleId>> data_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<kv_transfer::HandleId, int> polls_ ABSL_GUARDED_BY(mu_);
   int refuse_in_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<kv_transfer::HandleId> cancelled_ ABSL_GUARDED_BY(mu_);
+  int at_post_in_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> at_post_ ABSL_GUARDED_BY(mu_);
 };
 
 // Chunked prefills (6-token steps over 4-token blocks, prompts ending mid-block) through the
@@ -768,6 +803,42 @@ TEST_F(PrefillServiceStreamTest, RefusedWriteMidStreamFailsCleanly) {
   EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
   EXPECT_EQ(runtime_->Stats().requests_failed(), 1u);
   ASSERT_TRUE(decode_->FailRemotePrefill("refused", absl::UnavailableError("test")).ok());
+  EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
+}
+
+// Cancel while layer writes are in flight (they never complete on their own here): the Prefill
+// ends CANCELLED only once every posted write is terminal, Cancel reports quiesced, no layer's
+// notification went, and nothing is left behind on either side.
+TEST_F(PrefillServiceStreamTest, CancelWithWritesInFlightQuiescesFirst) {
+  const std::vector<int32_t> prompt = {760, 39, 68, 410, 78, 311, 268, 624, 5, 9, 44, 31, 17};
+  engine::EngineRequest req;
+  req.request_id = "inflight";
+  req.prompt = prompt;
+  req.sampling.max_tokens = 4;
+  auto reservation = decode_->ReserveForRemotePrefill(req, [](const engine::EngineOutput&) {});
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  recorder_->HoldUntilCancelled();
+  std::future<grpc::Status> cancel;
+  bool quiesced = false;
+  // At the second write (layer 1 of the first chunk), from the engine's thread: ask for the
+  // cancel on another thread (the hook must not block).
+  recorder_->AtPost(2, [&] {
+    cancel = std::async(std::launch::async, [&] { return CallCancel("inflight", &quiesced); });
+  });
+  PrefillResponse response;
+  grpc::Status s =
+      CallPrefill(MakeRequest("inflight", prompt, reservation->block_ids, 0, 901), &response);
+  EXPECT_EQ(s.error_code(), grpc::CANCELLED) << s.error_message();
+  ASSERT_TRUE(cancel.valid());
+  grpc::Status c = cancel.get();
+  EXPECT_TRUE(c.ok()) << c.error_message();
+  EXPECT_TRUE(quiesced);
+  EXPECT_GE(recorder_->events().size(), 2u);
+  EXPECT_EQ(decode_agent_->counters().notifications_received, 0u);
+  EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+  EXPECT_EQ(runtime_->Stats().requests_cancelled(), 1u);
+  ASSERT_TRUE(decode_->FailRemotePrefill("inflight", absl::CancelledError("test")).ok());
   EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
 }
 
