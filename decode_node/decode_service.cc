@@ -198,7 +198,8 @@ absl::Status DecodeService::RunColocated(grpc::ServerContext* context, std::shar
         "prefill_address: empty but this node was started without --can_prefill");
   }
   DI_RETURN_IF_ERROR(runtime_->engine()->Submit(std::move(engine_request), QueueOutputs(call)));
-  return Stream(context, *call, deadline, /*cached_prompt_tokens=*/-1, /*prefill_us=*/-1, writer);
+  return Stream(context, *call, deadline, /*cached_prompt_tokens=*/-1, /*prefill_us=*/-1,
+                /*remote=*/nullptr, writer);
 }
 
 absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const DecodeRequest& req,
@@ -285,7 +286,7 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
     DI_RETURN_IF_ERROR(engine->CompleteRemotePrefill(call->engine_id, first));
     // A cancel, Abort or deadline that raced with the answer is handled by Stream.
     return Stream(context, *call, deadline, response.cached_prompt_tokens(),
-                  absl::ToInt64Microseconds(Now() - start), writer);
+                  absl::ToInt64Microseconds(Now() - start), &response, writer);
   }
 
   ReleaseTag(tag);
@@ -338,8 +339,20 @@ absl::Status DecodeService::RunDisaggregated(grpc::ServerContext* context, const
 
 absl::Status DecodeService::Stream(grpc::ServerContext* context, Call& call, absl::Time deadline,
                                    int64_t cached_prompt_tokens, int64_t prefill_us,
+                                   const internal::v1::PrefillResponse* remote,
                                    grpc::ServerWriter<v1::GenerateChunk>* writer) {
   engine::LlmEngine* const engine = runtime_->engine();
+  // Remote prefill: the first token was emitted as the KV became ready; the second is the first
+  // decoded here (Timing.decode_queue_us).
+  const absl::Time kv_ready = Now();
+  int64_t tokens_seen = 0;
+  int64_t decode_queue_us = -1;
+  auto count_tokens = [&](const engine::EngineOutput& o) {
+    tokens_seen += static_cast<int64_t>(o.new_tokens.size());
+    if (decode_queue_us < 0 && tokens_seen >= 2) {
+      decode_queue_us = absl::ToInt64Microseconds(Now() - kv_ready);
+    }
+  };
   absl::Status ended;  // set when this side ended the request (cancel, deadline, client gone)
   bool abort_sent = false;
   bool finished = false;
@@ -371,6 +384,7 @@ absl::Status DecodeService::Stream(grpc::ServerContext* context, Call& call, abs
       batch.swap(call.outputs);
     }
     for (engine::EngineOutput& o : batch) {
+      count_tokens(o);
       if (o.finished) {
         last = std::move(o);
         finished = true;
@@ -419,6 +433,12 @@ absl::Status DecodeService::Stream(grpc::ServerContext* context, Call& call, abs
       prefill_us >= 0 ? prefill_us : std::max<int64_t>(0, u.first_token_us - u.queue_us)));
   timing->set_first_token_us(static_cast<uint64_t>(std::max<int64_t>(0, u.first_token_us)));
   timing->set_total_us(static_cast<uint64_t>(std::max<int64_t>(0, u.total_us)));
+  if (remote != nullptr) {
+    timing->set_prefill_compute_us(remote->compute_us());
+    timing->set_kv_transfer_us(remote->transfer_us());
+    timing->set_kv_transfer_exposed_us(remote->transfer_exposed_us());
+    if (decode_queue_us >= 0) timing->set_decode_queue_us(static_cast<uint64_t>(decode_queue_us));
+  }
   if (!writer->Write(chunk)) return absl::CancelledError("the client stream closed");
   return absl::OkStatus();
 }

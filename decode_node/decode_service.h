@@ -24,12 +24,15 @@
 //    when sampling.return_logprobs); the last one carries finish_reason and usage. A client
 //    cancel, a passed deadline or a failed Write aborts the request in the engine, waits for its
 //    final output (so its blocks are freed) and returns CANCELLED / DEADLINE_EXCEEDED. A request
-//    that fails in the engine returns the engine's status.
+//    that fails in the engine returns the engine's status. After a disaggregated prefill the
+//    usage's Timing also breaks the TTFT down: prefill_compute_us, kv_transfer_us and
+//    kv_transfer_exposed_us from the prefill node's answer, decode_queue_us measured here (the
+//    first token emitted to the second, the first decoded here).
 // Abort(request_id) aborts the live request(s) with that id (a Generate in its prefill phase
 // cancels its Prefill call); the stream then ends with FINISH_REASON_ABORTED and status OK.
 //
 // Time: every deadline decision, timestamp and duration (the request deadline, the transfer
-// deadline D, deferred-release times, stray-tag expiry, Timing.prefill_us) reads
+// deadline D, deferred-release times, stray-tag expiry, Timing.prefill_us / decode_queue_us) reads
 // DecodeServiceOptions::clock, so tests drive them with a FakeClock (common/fake_clock.h).
 // deadline_unix_us is read in that clock's time base (the wall clock in production); the RPC's
 // own deadline, a wall-clock time, counts as the same time remaining from the clock's now.
@@ -137,8 +140,11 @@ class DecodeService final : public internal::v1::Decode::Service {
   // The engine callback: queues each output for the handler (never blocks).
   static engine::OutputCallback QueueOutputs(const std::shared_ptr<Call>& call);
   // Writes the engine's outputs until the final one; see the header comment.
+  // `remote`: the prefill node's answer for a remote prefill (its timing goes into Timing), else
+  // null.
   absl::Status Stream(grpc::ServerContext* context, Call& call, absl::Time deadline,
                       int64_t cached_prompt_tokens, int64_t prefill_us,
+                      const internal::v1::PrefillResponse* remote,
                       grpc::ServerWriter<v1::GenerateChunk>* writer);
 
   internal::v1::Prefill::Stub* PrefillStub(const std::string& address);

@@ -244,6 +244,13 @@ TEST_F(DecodeServiceTest, DisaggregatedGreedyOutputsEqualReference) {
       for (size_t c = 0; c + 1 < out.chunks.size(); ++c) {
         EXPECT_EQ(out.chunks[c].finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
       }
+      // The TTFT breakdown: the prefill node's compute and (streamed) transfer, of which the part
+      // after the last layer, and the wait for the first decode step here.
+      const v1::Timing& timing = last.usage().timing();
+      EXPECT_GT(timing.prefill_compute_us(), 0u) << id;
+      EXPECT_GT(timing.kv_transfer_us(), 0u) << id;
+      EXPECT_LE(timing.kv_transfer_exposed_us(), timing.kv_transfer_us()) << id;
+      EXPECT_GT(timing.decode_queue_us(), 0u) << id;
       if (round == 1 && i == 0) {
         // The prefill node computed this prompt before: its prefix cache served full blocks.
         EXPECT_GE(last.usage().cached_prompt_tokens(), 2u * kBlockSize);
@@ -338,6 +345,10 @@ TEST_F(DecodeServiceTest, ColocatedGreedyOutputsEqualReference) {
     ASSERT_TRUE(out.status.ok()) << out.status.error_message();
     EXPECT_EQ(out.tokens, Reference(Prompts()[i], kMaxTokens)) << i;
     EXPECT_EQ(out.chunks.back().finish_reason(), v1::FINISH_REASON_LENGTH);
+    const v1::Timing& timing = out.chunks.back().usage().timing();
+    EXPECT_EQ(timing.prefill_compute_us() + timing.kv_transfer_us() +
+                  timing.kv_transfer_exposed_us() + timing.decode_queue_us(),
+              0u);
   }
   // The prefill node was not involved.
   EXPECT_EQ(prefill_->Stats().requests_ok(), 0u);

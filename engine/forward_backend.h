@@ -14,6 +14,11 @@
 // only changes which blocks the engine's tables name, so the backend's pools stay the truth for
 // every block computed on the node.
 //
+// Layer-wise KV streaming (EngineRequest::on_layer_kv) is not offered through a backend: Forward
+// reports no per-layer completion (a device backend would need a per-layer event on its stream
+// and a host copy of that layer's blocks), so with EngineOptions::backend the engine calls no
+// layer hook and a prefill's KV leaves the node only after the whole pass (the download above).
+//
 // Thread-safety: implementations serialise their methods (the engine calls Forward from its
 // executor thread and the copies from its scheduler thread, possibly while a step runs).
 #ifndef DEEPINFER_ENGINE_FORWARD_BACKEND_H_

@@ -78,6 +78,7 @@ struct LlmEngine::Sequence {
   bool abort_pending = false;  // aborted while awaiting KV or held: ends on the caller's call
   bool prefill_only = false;
   PrefillCallback prefill_done;
+  LayerKvCallback on_layer_kv;  // set at creation (SubmitPrefill), read by the executor
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
@@ -151,10 +152,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(Model* model,
 }
 
 absl::Status LlmEngine::RunForward(const std::vector<SequenceInput>& batch,
-                                   std::vector<float>* logits) {
+                                   std::vector<float>* logits,
+                                   const std::function<void(int layer)>& on_layer_kv) {
   ForwardBackend* backend = options_.backend;
   return backend != nullptr ? backend->Forward(batch, logits)
-                            : model_->Forward(batch, cache_.get(), logits);
+                            : model_->Forward(batch, cache_.get(), logits, on_layer_kv);
 }
 
 int LlmEngine::RowsPerPass() const {
@@ -577,10 +579,15 @@ absl::Status LlmEngine::FailRemotePrefill(const std::string& request_id, absl::S
 
 absl::Status LlmEngine::SubmitPrefill(EngineRequest request, PrefillCallback done) {
   request.sampling.max_tokens = 1;
+  LayerKvCallback on_layer_kv = std::move(request.on_layer_kv);
   DI_ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
                       MakeSequence(std::move(request), [](const EngineOutput&) {}));
   PrefillCallback report = std::move(done);
   seq->prefill_only = true;
+  // Layer hooks need the KV in the host cache as each layer ends and every old block kept.
+  if (options_.backend == nullptr && !model_->all_layers_sliding()) {
+    seq->on_layer_kv = std::move(on_layer_kv);
+  }
   // Failures before the first token (abort, engine stop, forward error) reach `done` too.
   seq->on_output = [report](const EngineOutput& out) {
     if (out.finished && !out.status.ok()) report(out.status);
@@ -851,7 +858,8 @@ void LlmEngine::PlanSequence(Sequence* seq, Step* step, int64_t* budget, bool* p
     Sequence* victim = nullptr;
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
       Sequence* s = it->get();
-      if (s == seq || s->preempt_requested) continue;
+      // A streaming prefill's blocks may be read by transfers in flight: never take them.
+      if (s == seq || s->preempt_requested || s->on_layer_kv) continue;
       if (victim == nullptr || s->priority < victim->priority) victim = s;
     }
     if (victim != nullptr) victim->preempt_requested = true;
@@ -1001,8 +1009,23 @@ void LlmEngine::ExecuteStep(Step& step) {
     if (!p.embedding_rows.empty()) in.embedding_override = p.embedding_rows.data();
     inputs.push_back(in);
   }
+  // Streaming prefills (EngineRequest::on_layer_kv) hear of each layer as its KV is stored.
+  std::function<void(int)> on_layer_kv;
+  if (std::any_of(step.items.begin(), step.items.end(),
+                  [](const Planned& p) { return static_cast<bool>(p.seq->on_layer_kv); })) {
+    on_layer_kv = [&step](int layer) {
+      for (const Planned& p : step.items) {
+        if (!p.seq->on_layer_kv) continue;
+        LayerKvReady ready;
+        ready.layer = layer;
+        ready.kv_end = p.start + p.count;
+        ready.block_table = p.table;
+        p.seq->on_layer_kv(ready);
+      }
+    };
+  }
   std::vector<float> logits;
-  step.status = RunForward(inputs, &logits);
+  step.status = RunForward(inputs, &logits, on_layer_kv);
   if (step.status.ok()) {
     const int vocab = model_->config().vocab_size;
     int64_t row = 0;

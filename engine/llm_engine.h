@@ -63,6 +63,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "engine/block_manager.h"
 #include "engine/forward_backend.h"
 #include "engine/generate.h"
@@ -129,6 +130,19 @@ struct ImageEmbeddings {
   std::shared_ptr<const std::vector<float>> data;
 };
 
+// Disaggregated serving (prefill side): layer `layer`'s K/V of the request's prompt tokens
+// [0, kv_end) is in the engine's KV cache (kv_cache()), in the blocks `block_table` names (at least
+// ceil(kv_end / block_size) entries, prompt order; valid only during the call).
+struct LayerKvReady {
+  int layer = 0;
+  int64_t kv_end = 0;
+  absl::Span<const int32_t> block_table;
+};
+// Called on the thread running the step's forward pass (the executor thread, or the scheduler
+// thread when the step runs inline), between layers of that pass: it must not block (post a
+// transfer and return). See EngineRequest::on_layer_kv.
+using LayerKvCallback = std::function<void(const LayerKvReady&)>;
+
 struct EngineRequest {
   std::string request_id;  // unique among live requests
   std::vector<int32_t> prompt;
@@ -145,6 +159,18 @@ struct EngineRequest {
   SamplingParams sampling;
   std::string cache_salt;
   int priority = 0;  // higher first
+  // SubmitPrefill only (ignored elsewhere; may be empty): layer-wise KV streaming. For every
+  // forward pass computing a chunk of the prompt, called once per layer in layer order, right
+  // after that layer's K/V of the chunk is stored (before the pass's later layers run); chunks in
+  // prompt order, so for a layer kv_end only grows. Blocks wholly below kv_end (and the prompt's
+  // last block once kv_end == prompt length) hold that layer's final KV and are not written again
+  // while the request holds them; the block ids stay the ones PrefillResult::block_ids names. A
+  // request with a hook is never preempted (its blocks may be the source of transfers in
+  // flight). After an abort, engine stop or failed step its blocks are freed once the step ends:
+  // what a transfer reads from them afterwards is garbage. Not called with EngineOptions::backend
+  // (forward_backend.h) nor for models whose every layer is sliding-window (their old blocks are
+  // released during the prefill): the caller then sends the KV after the PrefillCallback.
+  LayerKvCallback on_layer_kv;
 };
 
 struct RequestUsage {
@@ -269,6 +295,7 @@ class LlmEngine {
   // Prefill side: computes the prompt's KV (reusing the prefix cache; images need their data) and
   // samples the first token; `done` receives the blocks, which stay allocated (for the transfer)
   // until ReleasePrefilled. `done` runs on the scheduler thread and must not block.
+  // request.on_layer_kv, when set, streams the KV as it is computed (see EngineRequest).
   absl::Status SubmitPrefill(EngineRequest request, PrefillCallback done);
   // Releases a held prefill's blocks (their KV stays in the prefix cache). kNotFound if unknown.
   absl::Status ReleasePrefilled(const std::string& request_id);
@@ -380,7 +407,9 @@ class LlmEngine {
   // LinearRowsPerPass on the CPU; 0 for another backend, whose passes are not the CPU's).
   int RowsPerPass() const;
   // One forward pass on EngineOptions::backend, or on the CPU model over the host cache.
-  absl::Status RunForward(const std::vector<SequenceInput>& batch, std::vector<float>* logits);
+  // `on_layer_kv` (may be empty) goes to Model::Forward; a backend gets none (forward_backend.h).
+  absl::Status RunForward(const std::vector<SequenceInput>& batch, std::vector<float>* logits,
+                          const std::function<void(int layer)>& on_layer_kv = nullptr);
 
   Model* const model_;
   const EngineOptions options_;

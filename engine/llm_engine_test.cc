@@ -509,6 +509,106 @@ TEST_P(RemotePrefillTest, RemotePrefillIntoAReservationGivesTheReferenceOutput) 
 
 INSTANTIATE_TEST_SUITE_P(HostOrBackendKv, RemotePrefillTest, ::testing::Bool());
 
+// Layer-wise streaming (EngineRequest::on_layer_kv): the prefill engine computes in chunks that
+// end mid-block; each hook call copies the layer's newly completed blocks (and nothing else) into
+// the decode engine's reservation, as the prefill node posts them. The decode output must equal
+// the reference: a reported block held its final KV for that layer. Hooks come per chunk in
+// layer order, kv_end grows, and the last chunk reports the whole prompt for every layer. With a
+// backend (its own KV pools) no hook is called.
+TEST_F(LlmEngineTest, LayerHookReportsEachLayersFinalKvChunkByChunk) {
+  for (bool mirrored : {false, true}) {
+    SCOPED_TRACE(mirrored ? "backend" : "host");
+    EngineOptions o;
+    o.num_blocks = 128;
+    o.block_size = 4;
+    o.max_batch_tokens = 6;
+    std::unique_ptr<HostMirrorBackend> backend;
+    EngineOptions po = o;
+    if (mirrored) {
+      backend = HostMirrorBackend::Create(model_, o.num_blocks, o.block_size).value();
+      po.backend = backend.get();
+    }
+    auto prefill = LlmEngine::Create(model_, po).value();
+    auto decode = LlmEngine::Create(model_, o).value();
+    ASSERT_TRUE(prefill->Start().ok());
+    ASSERT_TRUE(decode->Start().ok());
+    const KvCache* src = prefill->kv_cache();
+    KvCache* dst = decode->kv_cache();
+    const int layers = model_->config().num_layers;
+    const size_t block_bytes = src->block_bytes();
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < 4; ++i) {
+        const std::string id = "s" + std::to_string(round) + "_" + std::to_string(i);
+        const int64_t prompt_len = static_cast<int64_t>(prompts_[i].size());
+        EngineRequest req;
+        req.request_id = id;
+        req.prompt = prompts_[i];
+        req.sampling = Greedy(12);
+        Collector c;
+        absl::StatusOr<KvReservation> res = decode->ReserveForRemotePrefill(req, c.Callback());
+        ASSERT_TRUE(res.ok()) << res.status();
+        const size_t nblocks = res->block_ids.size();
+        // Executor thread only (then read after `done`).
+        std::vector<size_t> sent(layers, res->cached_tokens / o.block_size);
+        std::vector<int64_t> last_end(layers, 0);
+        std::vector<int> order;  // layers in call order
+        std::vector<std::vector<int32_t>> tables(layers);
+        req.on_layer_kv = [&](const LayerKvReady& ready) {
+          order.push_back(ready.layer);
+          EXPECT_GE(ready.kv_end, last_end[ready.layer]);
+          last_end[ready.layer] = ready.kv_end;
+          const size_t complete = ready.kv_end >= prompt_len
+                                      ? nblocks
+                                      : static_cast<size_t>(ready.kv_end / o.block_size);
+          ASSERT_GE(ready.block_table.size(), complete);
+          tables[ready.layer].assign(ready.block_table.begin(),
+                                     ready.block_table.begin() + complete);
+          const int l = ready.layer;
+          for (size_t b = sent[l]; b < complete; ++b) {
+            std::memcpy(static_cast<char*>(dst->k_layer(l)) + res->block_ids[b] * block_bytes,
+                        static_cast<char*>(src->k_layer(l)) + ready.block_table[b] * block_bytes,
+                        block_bytes);
+            std::memcpy(static_cast<char*>(dst->v_layer(l)) + res->block_ids[b] * block_bytes,
+                        static_cast<char*>(src->v_layer(l)) + ready.block_table[b] * block_bytes,
+                        block_bytes);
+          }
+          sent[l] = std::max(sent[l], complete);
+        };
+        std::promise<absl::StatusOr<PrefillResult>> done;
+        ASSERT_TRUE(prefill->SubmitPrefill(req, [&](absl::StatusOr<PrefillResult> r) {
+          done.set_value(std::move(r));
+        }).ok());
+        absl::StatusOr<PrefillResult> pre = done.get_future().get();
+        ASSERT_TRUE(pre.ok()) << pre.status();
+        if (mirrored) {
+          EXPECT_TRUE(order.empty());
+          CopyPrefilledBlocks(*src, *pre, *dst, *res);
+        } else {
+          ASSERT_FALSE(order.empty());
+          ASSERT_EQ(order.size() % layers, 0u);
+          // Round 2 finds the prompt in the prefix cache: one chunk.
+          if (round == 0) {
+            EXPECT_GT(order.size(), static_cast<size_t>(layers)) << "one chunk";
+          }
+          for (size_t k = 0; k < order.size(); ++k) EXPECT_EQ(order[k], static_cast<int>(k % layers));
+          for (int l = 0; l < layers; ++l) {
+            EXPECT_EQ(last_end[l], prompt_len);
+            EXPECT_EQ(sent[l], nblocks);
+            EXPECT_EQ(tables[l], pre->block_ids);
+          }
+        }
+        ASSERT_TRUE(prefill->ReleasePrefilled(id).ok());
+        StepOutput first{pre->first_token, pre->first_logprob, {}};
+        ASSERT_TRUE(decode->CompleteRemotePrefill(id, first).ok());
+        ASSERT_TRUE(c.WaitFor(1, std::chrono::seconds(60)));
+        auto r = c.results()[id];
+        EXPECT_TRUE(r.status.ok()) << r.status;
+        EXPECT_EQ(r.tokens, expected_[i]) << id;
+      }
+    }
+  }
+}
+
 // Colocated serving on a backend with its own KV pools gives the reference outputs, with the
 // prefix cache, preemption and chunked prefill (no block enters or leaves the node: no copies).
 TEST_F(LlmEngineTest, BackendWithItsOwnKvGivesTheReferenceOutput) {

@@ -412,7 +412,8 @@ void Model::RunMoe(const Layer& L, const float* x, int64_t m, float* out) const 
 }
 
 absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* cache,
-                            std::vector<float>* logits) {
+                            std::vector<float>* logits,
+                            const std::function<void(int layer)>& on_layer_kv) {
   const ModelConfig& c = config_;
   const KvCacheConfig& kv = cache->config();
   if (kv.num_layers != c.num_layers || kv.num_kv_heads != c.num_kv_heads ||
@@ -537,6 +538,7 @@ absl::Status Model::Forward(const std::vector<SequenceInput>& batch, KvCache* ca
         }
       }
     });
+    if (on_layer_kv) on_layer_kv(li);
     attn_params.resize(batch.size());
     for (size_t s = 0; s < batch.size(); ++s) {
       const SequenceInput& seq = batch[s];

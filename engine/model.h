@@ -23,6 +23,7 @@
 #define DEEPINFER_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,8 +100,15 @@ class Model {
   // sequence, or num_tokens for sequences with all_logits). kInvalidArgument (naming the
   // sequence and field) for token ids out of range, block tables too short or naming blocks
   // outside the cache, or a cache of another geometry.
+  //
+  // `on_layer_kv` (may be empty) is called with layer index L, in layer order, as soon as layer
+  // L's K/V of every new token of the batch is stored in `cache` (before layer L's attention and
+  // everything after it run), so a caller can start moving that layer's KV while the rest of the
+  // pass computes. It runs on the thread calling Forward, must not block, and must not touch the
+  // model; it is not called when the batch fails validation.
   absl::Status Forward(const std::vector<SequenceInput>& batch, KvCache* cache,
-                       std::vector<float>* logits);
+                       std::vector<float>* logits,
+                       const std::function<void(int layer)>& on_layer_kv = nullptr);
 
   // The parsed checkpoint, for other backends (engine/cuda/cuda_model.h uploads it). Tensors
   // point into the checkpoint's mapping, in their stored dtype; norms are widened to f32.

@@ -45,7 +45,7 @@ PrefillService::PrefillService(node::WorkerRuntime* runtime, PrefillServiceOptio
 
 PrefillService::~PrefillService() {
   absl::MutexLock lock(&peers_mu_);
-  kv_transfer::TransferAgent* agent = runtime_->agent();
+  kv_transfer::TransferAgent* agent = this->agent();
   for (auto& [name, peer] : peers_) (void)agent->ReleaseDescriptors(peer.remote_list);
   if (local_prepared_) (void)agent->ReleaseDescriptors(local_list_);
 }
@@ -128,7 +128,7 @@ absl::Status PrefillService::Validate(const internal::v1::PrefillRequest& reques
 
 absl::StatusOr<PrefillService::PeerLists> PrefillService::PreparePeer(
     const internal::v1::KvDestination& destination) {
-  kv_transfer::TransferAgent* agent = runtime_->agent();
+  kv_transfer::TransferAgent* agent = this->agent();
   absl::MutexLock lock(&peers_mu_);
   if (!local_prepared_) {
     DI_ASSIGN_OR_RETURN(local_list_, agent->PrepareLocalDescriptors(
@@ -194,95 +194,252 @@ absl::Status PrefillService::StopReason(grpc::ServerContext* context, Live* live
   return absl::OkStatus();
 }
 
-absl::Status PrefillService::Transfer(grpc::ServerContext* context,
-                                      const internal::v1::PrefillRequest& request, Live* live,
-                                      absl::Time request_deadline,
-                                      const std::vector<int32_t>& src_blocks, uint64_t* bytes) {
-  const internal::v1::KvDestination& dest = request.destination();
-  const internal::v1::KvPoolLayout& local = runtime_->pool_layout();
-  kv_transfer::TransferAgent* agent = runtime_->agent();
-  const size_t n = static_cast<size_t>(dest.block_ids_size());
-  const size_t skip = dest.skip_blocks();
-  if (src_blocks.size() != n) {
-    return absl::InternalError(absl::StrCat("engine held ", src_blocks.size(),
-                                            " prompt blocks, the destination has ", n));
-  }
-  DI_ASSIGN_OR_RETURN(PeerLists lists, PreparePeer(dest));
-
-  const int layers = static_cast<int>(local.num_layers());
-  std::vector<kv_transfer::HandleId> handles;
-  handles.reserve(layers);
-  auto release_handles = [&]() {
-    for (kv_transfer::HandleId h : handles) {
-      absl::Status s = agent->ReleaseHandle(h);
-      if (!s.ok()) {
-        spdlog::error("[req={}] ReleaseHandle({}): {}", request.request_id(), h, s.ToString());
-      }
-    }
+// One request's KV transfer, shared by the RPC thread and the engine's layer hook (which runs on
+// the engine's forward thread and must not block: it only posts). Every post uses a handle of its
+// own. Layer L's notification goes with the post that completes the layer's blocks when every
+// earlier post of the layer has already landed (always so for a one-chunk prompt); otherwise it
+// follows in an empty post once they have (the RPC thread's wait loop), so a notification still
+// means all of its layer's data is visible at the destination.
+struct PrefillService::Stream {
+  struct Layer {
+    size_t sent = 0;                        // blocks [0, sent) posted (or not to be sent)
+    bool all_posted = false;                // every block of the layer posted
+    bool noted = false;                     // its notification posted
+    std::vector<kv_transfer::HandleId> data;  // its data posts
   };
-  for (int l = 0; l < layers; ++l) {
+
+  kv_transfer::TransferAgent* agent = nullptr;
+  PeerLists lists;
+  const internal::v1::KvPoolLayout* local = nullptr;
+  const internal::v1::KvDestination* dest = nullptr;  // the request's; outlives the Stream's use
+  std::function<absl::Time()> now;
+  absl::Duration timeout;
+  absl::Time request_deadline;
+  std::string request_id;  // for logs
+  size_t blocks = 0;       // destination blocks (one per block_size prompt tokens)
+  int block_size = 0;
+  int64_t prompt_len = 0;
+
+  absl::Mutex mu;
+  // No further post (the RPC stops or failed).
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  absl::Status error ABSL_GUARDED_BY(mu);  // the first post refused
+  std::vector<Layer> layers ABSL_GUARDED_BY(mu);
+  std::vector<kv_transfer::HandleId> handles ABSL_GUARDED_BY(mu);  // every post, in order
+  bool any_post ABSL_GUARDED_BY(mu) = false;
+  absl::Time first_post_at ABSL_GUARDED_BY(mu);
+
+  // Posts layer `l`'s blocks [sent, end) read from `src` (the engine's block ids by prompt
+  // block); `end` == blocks completes the layer.
+  void PostData(int l, size_t end, absl::Span<const int32_t> src)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Layer& layer = layers[l];
+    if (layer.all_posted) return;
+    const size_t begin = layer.sent;
+    if (end <= begin && end < blocks) return;
+    const bool completes = end == blocks;
+    const bool note = completes && AllLanded(layer);
+    if (end > begin) {
+      std::vector<uint32_t> dst(dest->block_ids().begin() + static_cast<ptrdiff_t>(begin),
+                                dest->block_ids().begin() + static_cast<ptrdiff_t>(end));
+      std::vector<uint32_t> src_idx, dst_idx;
+      node::LayerIndices(*local, dest->pool(), l, src.subspan(begin, end - begin), dst, &src_idx,
+                         &dst_idx);
+      if (!PostOne(l, src_idx, dst_idx, note)) return;
+      layer.data.push_back(handles.back());
+    } else if (note) {
+      if (!PostOne(l, {}, {}, true)) return;
+    }
+    layer.sent = end;
+    layer.all_posted = completes;
+    if (note) layer.noted = true;
+  }
+
+  // Posts the notification of every layer whose data all landed; true when every layer's went.
+  bool NotifyLanded() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    bool all = true;
+    for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
+      Layer& layer = layers[l];
+      if (!layer.noted && layer.all_posted && !closed && AllLanded(layer)) {
+        if (PostOne(l, {}, {}, true)) layer.noted = true;
+      }
+      all = all && layer.noted;
+    }
+    return all;
+  }
+
+  // Closes the stream and cancels every post (best effort; they still end terminal).
+  void CloseAndCancel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    closed = true;
+    for (kv_transfer::HandleId h : handles) (void)agent->Cancel(h);
+  }
+
+ private:
+  bool AllLanded(const Layer& layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (kv_transfer::HandleId h : layer.data) {
+      absl::StatusOr<kv_transfer::TransferStatus> st = agent->Poll(h);
+      if (!st.ok() || st->state != kv_transfer::TransferState::kDone) return false;
+    }
+    return true;
+  }
+
+  bool PostOne(int l, absl::Span<const uint32_t> src_idx, absl::Span<const uint32_t> dst_idx,
+               bool note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     absl::StatusOr<kv_transfer::HandleId> h = agent->CreateHandle(lists.local_list,
                                                                   lists.remote_list);
     if (!h.ok()) {
-      release_handles();
-      return h.status();
+      Fail(h.status());
+      return false;
     }
+    kv_transfer::Notification n;
+    n.request_id = dest->notification_tag();
+    n.seq = static_cast<uint32_t>(l);
+    n.total = static_cast<uint32_t>(layers.size());
+    const absl::Time t = now();
+    absl::Status posted = agent->Post(*h, kv_transfer::TransferOp::kWrite, src_idx, dst_idx,
+                                      note ? &n : nullptr, std::min(request_deadline, t + timeout));
+    if (!posted.ok()) {
+      (void)agent->ReleaseHandle(*h);
+      Fail(posted);
+      return false;
+    }
+    if (!any_post) first_post_at = t;
+    any_post = true;
     handles.push_back(*h);
+    return true;
   }
 
-  const absl::Time deadline = std::min(request_deadline, Now() + options_.default_transfer_timeout);
-  absl::Span<const int32_t> src = absl::MakeConstSpan(src_blocks).subspan(skip);
-  std::vector<uint32_t> dst(dest.block_ids().begin() + static_cast<ptrdiff_t>(skip),
-                            dest.block_ids().end());
-  std::vector<uint32_t> src_idx, dst_idx;
-  absl::Status post_error;
-  size_t posted = 0;
-  for (int l = 0; l < layers; ++l) {
-    node::LayerIndices(local, dest.pool(), l, src, dst, &src_idx, &dst_idx);
-    kv_transfer::Notification note;
-    note.request_id = dest.notification_tag();
-    note.seq = static_cast<uint32_t>(l);
-    note.total = static_cast<uint32_t>(layers);
-    post_error = agent->Post(handles[l], kv_transfer::TransferOp::kWrite, src_idx, dst_idx, &note,
-                             deadline);
-    if (!post_error.ok()) break;
-    ++posted;
+  void Fail(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (error.ok()) error = std::move(s);
+    CloseAndCancel();
   }
+};
 
-  // Every posted handle must be terminal before the blocks are released: until then the backend
-  // may still read them (and write into the destination).
-  absl::Status stop;
+absl::StatusOr<std::shared_ptr<PrefillService::Stream>> PrefillService::OpenStream(
+    const internal::v1::PrefillRequest& request, absl::Time request_deadline) {
+  const internal::v1::KvDestination& dest = request.destination();
+  DI_ASSIGN_OR_RETURN(PeerLists lists, PreparePeer(dest));
+  auto stream = std::make_shared<Stream>();
+  stream->agent = agent();
+  stream->lists = lists;
+  stream->local = &runtime_->pool_layout();
+  stream->dest = &dest;
+  stream->now = [this] { return Now(); };
+  stream->timeout = options_.default_transfer_timeout;
+  stream->request_deadline = request_deadline;
+  stream->request_id = request.request_id();
+  stream->blocks = static_cast<size_t>(dest.block_ids_size());
+  stream->block_size = runtime_->options().block_size;
+  stream->prompt_len = request.prompt_token_ids_size();
+  absl::MutexLock lock(&stream->mu);
+  stream->layers.resize(stream->local->num_layers());
+  for (Stream::Layer& layer : stream->layers) layer.sent = dest.skip_blocks();
+  return stream;
+}
+
+engine::LayerKvCallback PrefillService::LayerHook(std::shared_ptr<Stream> stream) {
+  return [stream = std::move(stream)](const engine::LayerKvReady& ready) {
+    Stream& s = *stream;
+    // Blocks every token of which is computed; the prompt's last block once the prompt is.
+    const bool whole = ready.kv_end >= s.prompt_len;
+    const size_t complete =
+        whole ? s.blocks : static_cast<size_t>(ready.kv_end / s.block_size);
+    absl::MutexLock lock(&s.mu);
+    // Closed: the RPC may have ended; touch nothing else.
+    if (s.closed || ready.layer < 0 || ready.layer >= static_cast<int>(s.layers.size())) return;
+    if (ready.block_table.size() < complete) return;  // cannot happen (engine contract)
+    s.PostData(ready.layer, complete, ready.block_table);
+  };
+}
+
+absl::Status PrefillService::FinishStream(grpc::ServerContext* context, Live* live,
+                                          Stream* stream, const std::vector<int32_t>* src_blocks,
+                                          absl::Status stop, TransferTimes* times) {
+  kv_transfer::TransferAgent* agent = this->agent();
+  absl::Status status = stop;
+  {
+    absl::MutexLock lock(&stream->mu);
+    if (!status.ok()) {
+      stream->CloseAndCancel();
+    } else if (src_blocks->size() != stream->blocks) {
+      status = absl::InternalError(absl::StrCat("engine held ", src_blocks->size(),
+                                                " prompt blocks, the destination has ",
+                                                stream->blocks));
+      stream->CloseAndCancel();
+    } else if (!stream->closed) {
+      // What the layer hooks did not send (all of it without hooks: a device backend).
+      for (int l = 0; l < static_cast<int>(stream->layers.size()) && !stream->closed; ++l) {
+        if (!stream->layers[l].all_posted) stream->PostData(l, stream->blocks, *src_blocks);
+      }
+    }
+  }
+  // Every post must be terminal before the blocks are released: until then the backend may still
+  // read them (and write into the destination). Notifications held back for earlier posts of
+  // their layer go once those landed.
   absl::Status transfer_error;
-  for (size_t i = 0; i < posted; ++i) {
-    for (;;) {
+  size_t checked = 0;  // handles [0, checked) are terminal
+  for (;;) {
+    kv_transfer::HandleId next = 0;
+    bool have_next = false;
+    {
+      absl::MutexLock lock(&stream->mu);
+      const bool all_noted = stream->NotifyLanded();
+      if (checked < stream->handles.size()) {
+        next = stream->handles[checked];
+        have_next = true;
+      } else if (all_noted || stream->closed) {
+        break;
+      }
+    }
+    if (!have_next) {
+      absl::SleepFor(absl::Microseconds(200));  // a held-back notification's layer is landing
+    } else {
       // A real-time poll: the agent's Wait sleeps on the wall clock.
       absl::StatusOr<kv_transfer::TransferStatus> st =
-          agent->Wait(handles[i], absl::Now() + kPollInterval);
-      if (!st.ok()) {
-        // Unknown handle: cannot happen for a handle this RPC created and has not released.
-        if (transfer_error.ok()) transfer_error = st.status();
-        break;
-      }
-      if (st->terminal()) {
-        if (st->state == kv_transfer::TransferState::kFailed && transfer_error.ok()) {
-          transfer_error = st->status;
+          agent->Wait(next, absl::Now() + kPollInterval);
+      if (!st.ok() || st->terminal()) {
+        ++checked;
+        const absl::Status failed =
+            !st.ok() ? st.status()
+                     : (st->state == kv_transfer::TransferState::kFailed ? st->status
+                                                                         : absl::OkStatus());
+        if (!failed.ok()) {
+          if (transfer_error.ok()) transfer_error = failed;
+          absl::MutexLock lock(&stream->mu);
+          stream->CloseAndCancel();
         }
-        break;
+        continue;
       }
-      if (stop.ok()) {
-        stop = StopReason(context, live, request_deadline);
-        if (!stop.ok()) {
-          for (size_t j = 0; j < posted; ++j) (void)agent->Cancel(handles[j]);
-        }
+    }
+    if (status.ok()) {
+      status = StopReason(context, live, stream->request_deadline);
+      if (!status.ok()) {
+        absl::MutexLock lock(&stream->mu);
+        stream->CloseAndCancel();
       }
     }
   }
-  release_handles();
-  if (!stop.ok()) return stop;
+  const absl::Time landed = Now();
+  absl::Status post_error;
+  {
+    absl::MutexLock lock(&stream->mu);
+    stream->closed = true;  // the hook, if the engine still held it, must post nothing now
+    post_error = stream->error;
+    for (kv_transfer::HandleId h : stream->handles) {
+      absl::Status s = agent->ReleaseHandle(h);
+      if (!s.ok()) {
+        spdlog::error("[req={}] ReleaseHandle({}): {}", stream->request_id, h, s.ToString());
+      }
+    }
+    stream->handles.clear();
+    if (times != nullptr) {
+      times->first_post = stream->any_post ? stream->first_post_at : landed;
+      times->landed = landed;
+    }
+  }
+  if (!status.ok()) return status;
   if (!post_error.ok()) return post_error;
-  if (!transfer_error.ok()) return transfer_error;
-  *bytes = uint64_t{2} * static_cast<uint64_t>(layers) * (n - skip) * local.block_bytes();
-  return absl::OkStatus();
+  return transfer_error;
 }
 
 absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
@@ -306,6 +463,12 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
                                               runtime_->model()->config().image_token_id,
                                               runtime_->model()->config().hidden_size,
                                               /*with_data=*/true));
+  // With a destination the KV streams out layer by layer while the engine computes it.
+  std::shared_ptr<Stream> stream;
+  if (request.has_destination()) {
+    DI_ASSIGN_OR_RETURN(stream, OpenStream(request, deadline));
+    if (options_.layer_streaming) er.on_layer_kv = LayerHook(stream);
+  }
 
   engine::LlmEngine* engine = runtime_->engine();
   const absl::Time compute_start = Now();
@@ -318,8 +481,9 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
     keep->done = true;
   }));
 
-  // Wait for the engine; on cancellation abort it but still wait for its callback, which then
-  // reports the abort (or, if the prefill had just finished, the held blocks to release).
+  // Wait for the engine; on cancellation stop the stream and abort the engine, but still wait for
+  // its callback, which then reports the abort (or, if the prefill had just finished, the held
+  // blocks to release).
   absl::Status stop;
   bool aborted = false;
   absl::StatusOr<engine::PrefillResult> result;
@@ -337,27 +501,43 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
     }
     if (!aborted) {
       stop = StopReason(context, live, deadline);
+      if (stop.ok() && stream != nullptr) {
+        // A refused write ends the request now rather than after the compute.
+        absl::MutexLock lock(&stream->mu);
+        stop = stream->error;
+      }
       if (!stop.ok()) {
+        if (stream != nullptr) {
+          absl::MutexLock lock(&stream->mu);
+          stream->CloseAndCancel();
+        }
         engine->Abort(request.request_id());
         aborted = true;
       }
     }
   }
-  const absl::Duration compute = Now() - compute_start;
-  if (!result.ok()) return aborted ? stop : result.status();
-  if (!aborted) stop = StopReason(context, live, deadline);
+  const absl::Time compute_end = Now();
+  const absl::Duration compute = compute_end - compute_start;
+  if (!aborted && result.ok()) stop = StopReason(context, live, deadline);
+  absl::Status status = result.ok() ? stop : (aborted ? stop : result.status());
 
-  absl::Status status = stop;
   uint64_t bytes = 0;
-  absl::Duration transfer_time;
-  if (status.ok() && request.has_destination()) {
-    const absl::Time transfer_start = Now();
-    status = Transfer(context, request, live, deadline, result->block_ids, &bytes);
-    transfer_time = Now() - transfer_start;
+  TransferTimes times;
+  if (stream != nullptr) {
+    // Also on failure: posts made by the layer hooks must be terminal before the RPC ends.
+    status = FinishStream(context, live, stream.get(),
+                          result.ok() ? &result->block_ids : nullptr, status, &times);
+    if (status.ok()) {
+      const internal::v1::KvDestination& dest = request.destination();
+      bytes = uint64_t{2} * runtime_->pool_layout().num_layers() *
+              (dest.block_ids_size() - dest.skip_blocks()) * runtime_->pool_layout().block_bytes();
+    }
   }
-  absl::Status released = engine->ReleasePrefilled(request.request_id());
-  if (!released.ok()) {
-    spdlog::error("[req={}] ReleasePrefilled: {}", request.request_id(), released.ToString());
+  if (result.ok()) {
+    absl::Status released = engine->ReleasePrefilled(request.request_id());
+    if (!released.ok()) {
+      spdlog::error("[req={}] ReleasePrefilled: {}", request.request_id(), released.ToString());
+    }
   }
   if (!status.ok()) return status;
 
@@ -373,8 +553,18 @@ absl::Status PrefillService::DoPrefill(grpc::ServerContext* context,
   response->set_cached_prompt_tokens(static_cast<uint32_t>(result->cached_tokens));
   response->set_transferred_bytes(bytes);
   response->set_compute_us(static_cast<uint64_t>(Micros(compute)));
-  response->set_transfer_us(static_cast<uint64_t>(Micros(transfer_time)));
+  if (stream != nullptr) {
+    // Exposed: what the answer waited for after the engine reported the prefill.
+    response->set_transfer_us(
+        static_cast<uint64_t>(std::max<int64_t>(0, Micros(times.landed - times.first_post))));
+    response->set_transfer_exposed_us(
+        static_cast<uint64_t>(std::max<int64_t>(0, Micros(times.landed - compute_end))));
+  }
   return absl::OkStatus();
+}
+
+kv_transfer::TransferAgent* PrefillService::agent() const {
+  return options_.agent != nullptr ? options_.agent : runtime_->agent();
 }
 
 absl::Time PrefillService::Now() const { return options_.clock ? options_.clock() : absl::Now(); }

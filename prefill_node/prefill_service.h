@@ -16,19 +16,38 @@
 //     already past with DEADLINE_EXCEEDED.
 //  3. Peer: the destination agent is imported once per incarnation (a newer one replaces it, an
 //     older one is refused with ABORTED) and its pool's descriptor list prepared once (again if
-//     its layout changes).
-//  4. Compute: engine SubmitPrefill (engine request id = request_id). Cancel, the client going
-//     away or deadline_unix_us passing abort it; the engine's callback is still awaited.
-//  5. Transfer: one handle per layer; layer L's blocks [skip_blocks, n) of K and V go in one
-//     post with Notification{destination.notification_tag, seq = L, total = layers} (with no
-//     block to write the notifications still go, with empty index lists). Deadline:
-//     min(deadline_unix_us, now + default_transfer_timeout). On cancellation every handle is
-//     cancelled, and the RPC still waits until each is terminal (no write can land afterwards).
+//     its layout changes). This happens before the compute, so the KV can stream out during it.
+//  4. Compute: engine SubmitPrefill (engine request id = request_id) with a layer hook
+//     (EngineRequest::on_layer_kv). Cancel, the client going away or deadline_unix_us passing
+//     stop the stream (step 5) and abort the engine; the engine's callback is still awaited.
+//  5. Transfer, streamed layer by layer: each time the engine has stored layer L's KV for a chunk
+//     of the prompt, the hook (on the engine's forward thread; it only posts, never waits) posts
+//     one write of layer L's K and V for the destination blocks [skip_blocks, n) that chunk
+//     completed (a block is complete when all its tokens are computed; the prompt's last block
+//     when the prompt is), each post on a handle of its own. So for a long prompt every layer but
+//     the last moves while later layers compute. Layer L's Notification{destination.
+//     notification_tag, seq = L, total = layers} goes with the post that completes the layer if
+//     the layer's earlier posts (earlier chunks) have already landed, else in an empty post once
+//     they have: a notification always follows all of its layer's data (the decode side's
+//     readiness rule is unchanged). What the hooks did not send (everything when the engine runs
+//     on a device backend, which offers no per-layer events, or for all-sliding-window models) is
+//     posted after the engine's callback. With no block to write the notifications still go,
+//     with empty index lists. Each post's deadline: min(deadline_unix_us, post time +
+//     default_transfer_timeout). A refused post aborts the compute (the RPC fails with its
+//     code). On cancellation or any failure no further post is made, every
+//     post is cancelled, and the RPC still waits until each is terminal (no write can land
+//     afterwards) -- also when the compute itself failed after some layers were posted.
 //  6. The held blocks are released (their KV stays in the prefix cache) and the handles freed.
+//     The engine never preempts a streaming prefill, so the blocks a post reads stay its own
+//     until then (after an abort they are freed once the step ends, and what the cancelled posts
+//     still read goes into a reservation that can no longer become ready).
+// Response timing: compute_us (submit to the engine's callback), transfer_us (first post to the
+// last post's completion) and transfer_exposed_us (the engine's callback to the last completion:
+// the transfer time the compute did not hide, which the answer and so the TTFT wait for).
 // Without a destination the node only prefills (a measurement) and releases the blocks.
 //
 // Time: every deadline decision, timestamp and duration (deadline_unix_us, the transfer
-// deadline, compute_us / transfer_us, Cancel's memory) reads PrefillServiceOptions::clock, so
+// deadline, compute_us / transfer_us / transfer_exposed_us, Cancel's memory) reads PrefillServiceOptions::clock, so
 // tests drive them with a FakeClock (common/fake_clock.h). deadline_unix_us and the deadline
 // handed to the runtime's transfer agent are in that clock's time base: in production the wall
 // clock; a test that transfers under a fake clock gives the agent the same clock
@@ -62,6 +81,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "api/request_validation.h"
+#include "engine/llm_engine.h"
 #include "grpcpp/grpcpp.h"
 #include "kv_transfer/transfer_agent.h"
 #include "node/worker_runtime.h"
@@ -78,6 +98,12 @@ struct PrefillServiceOptions {
   // The time every deadline and duration is judged by (see the header comment); absl::Now when
   // empty.
   std::function<absl::Time()> clock;
+  // The agent every transfer goes through (not owned; outlives the service); the runtime's when
+  // null. A test passes a wrapper around the runtime's agent to watch or delay the posts.
+  kv_transfer::TransferAgent* agent = nullptr;
+  // Stream the KV layer by layer during the compute (step 5). False: post it all after the
+  // prefill, as on a device backend (a baseline for comparisons).
+  bool layer_streaming = true;
 };
 
 class PrefillService final : public internal::v1::Prefill::Service {
@@ -103,6 +129,11 @@ class PrefillService final : public internal::v1::Prefill::Service {
 
  private:
   struct Live;
+  struct Stream;
+  struct TransferTimes {
+    absl::Time first_post;
+    absl::Time landed;
+  };
   struct Peer {
     uint64_t incarnation = 0;
     std::string peer_name;  // as the agent knows it
@@ -123,12 +154,23 @@ class PrefillService final : public internal::v1::Prefill::Service {
   absl::StatusOr<PeerLists> PreparePeer(const internal::v1::KvDestination& destination);
   // Why the request must stop now (Cancel, client gone, deadline), or OK to go on.
   absl::Status StopReason(grpc::ServerContext* context, Live* live, absl::Time deadline) const;
-  absl::Status Transfer(grpc::ServerContext* context, const internal::v1::PrefillRequest& request,
-                        Live* live, absl::Time request_deadline,
-                        const std::vector<int32_t>& src_blocks, uint64_t* bytes);
+  // The request's transfer state (peer prepared), before the compute starts.
+  absl::StatusOr<std::shared_ptr<Stream>> OpenStream(const internal::v1::PrefillRequest& request,
+                                                     absl::Time request_deadline);
+  // The engine's layer hook posting into `stream`.
+  static engine::LayerKvCallback LayerHook(std::shared_ptr<Stream> stream);
+  // After the engine's callback: with `stop` OK posts what the hooks did not (from `src_blocks`,
+  // the prompt's blocks) and waits for every post, sending held-back notifications; otherwise
+  // cancels every post. Returns once every post is terminal and its handle released: `stop`,
+  // else the first post or transfer error.
+  absl::Status FinishStream(grpc::ServerContext* context, Live* live, Stream* stream,
+                            const std::vector<int32_t>* src_blocks, absl::Status stop,
+                            TransferTimes* times);
   void ForgetExpiredCancels(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // options_.clock, or absl::Now.
   absl::Time Now() const;
+  // options_.agent, or the runtime's.
+  kv_transfer::TransferAgent* agent() const;
 
   node::WorkerRuntime* const runtime_;
   const PrefillServiceOptions options_;

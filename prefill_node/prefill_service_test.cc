@@ -5,12 +5,16 @@
 // reference; invalid fields, cancellation and deadlines must leave no block in use.
 #include "prefill_node/prefill_service.h"
 
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/fake_clock.h"
@@ -21,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "kv_transfer/agent_factory.h"
 #include "kv_transfer/notification_tracker.h"
+#include "kv_transfer/transfer_agent.h"
 #include "node/worker_runtime.h"
 #include "proto/deepinfer/internal/v1/prefill.grpc.pb.h"
 
@@ -38,6 +43,7 @@ constexpr char kModel[] = "engine/testdata/models/llama";
 class PrefillServiceTest : public ::testing::Test {
  protected:
   virtual PrefillServiceOptions ServiceOptions() { return {}; }
+  virtual void AdjustWorker(node::WorkerOptions* /*options*/) {}
 
   void SetUp() override {
     node::WorkerOptions o;
@@ -48,6 +54,7 @@ class PrefillServiceTest : public ::testing::Test {
     o.block_size = kBlockSize;
     o.threads = 2;
     o.kv_backend = kv_transfer::Backend::kLoopback;
+    AdjustWorker(&o);
     auto rt = node::WorkerRuntime::Create(o);
     ASSERT_TRUE(rt.ok()) << rt.status();
     runtime_ = std::move(*rt);
@@ -454,6 +461,385 @@ TEST_F(PrefillServiceClockTest, EarlyCancelIsForgottenAfterCancelMemoryByTheCloc
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(runtime_->Stats().requests_cancelled(), 1u);
   EXPECT_EQ(runtime_->Stats().requests_ok(), 1u);
+}
+
+// Wraps the prefill runtime's agent: records every write post (its layer, whether it carries a
+// notification, and whether the prefill engine's last layer had been written yet) and delays
+// completions: a post is reported in progress for its first `kHeldPolls` Poll/Wait answers after
+// the inner agent finished it, so later chunks are posted while earlier ones of the same layer
+// are still "in flight". Checks that a notification is only posted once every earlier post of its
+// layer was reported done.
+class RecordingAgent final : public kv_transfer::TransferAgent {
+ public:
+  static constexpr int kHeldPolls = 3;
+  struct PostEvent {
+    int layer = -1;
+    size_t blocks = 0;  // K and V blocks written (0: a notification alone)
+    bool notification = false;
+    bool last_layer_written = false;  // the engine's last layer differed from before the request
+  };
+
+  RecordingAgent(kv_transfer::TransferAgent* inner, const engine::KvCache* cache,
+                 const internal::v1::KvPoolLayout& layout)
+      : inner_(inner), cache_(cache), layout_(layout) {}
+
+  // Remembers the prefill engine's last layer (K) as it is now.
+  void SnapshotLastLayer() {
+    absl::MutexLock lock(&mu_);
+    snapshot_ = LastLayer();
+  }
+  std::vector<PostEvent> events() {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  // The `n`th post from now on (1-based) is refused with kUnavailable (peer gone); 0: none.
+  void RefusePost(int n) {
+    absl::MutexLock lock(&mu_);
+    refuse_in_ = n;
+  }
+  // From now on posts stay in progress (to Poll and Wait) until cancelled: a transfer that
+  // never completes on its own.
+  void HoldUntilCancelled() {
+    absl::MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  // Runs `fn` (which must not block) at the `n`th post from now on (1-based).
+  void AtPost(int n, std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    at_post_in_ = n;
+    at_post_ = std::move(fn);
+  }
+  std::vector<std::string> violations() {
+    absl::MutexLock lock(&mu_);
+    return violations_;
+  }
+
+  absl::string_view name() const override { return inner_->name(); }
+  uint64_t incarnation() const override { return inner_->incarnation(); }
+  kv_transfer::Backend backend() const override { return inner_->backend(); }
+  absl::Status SupportsMemoryKind(kv_transfer::MemoryKind kind) const override {
+    return inner_->SupportsMemoryKind(kind);
+  }
+  absl::Status Start() override { return inner_->Start(); }
+  void Stop() override { inner_->Stop(); }
+  absl::StatusOr<kv_transfer::RegionId> RegisterMemory(void* base, size_t length,
+                                                       kv_transfer::MemoryKind kind) override {
+    return inner_->RegisterMemory(base, length, kind);
+  }
+  absl::StatusOr<kv_transfer::AllocatedRegion> AllocateMemory(
+      size_t length, kv_transfer::MemoryKind kind) override {
+    return inner_->AllocateMemory(length, kind);
+  }
+  absl::Status DeregisterMemory(kv_transfer::RegionId region) override {
+    return inner_->DeregisterMemory(region);
+  }
+  absl::StatusOr<std::string> ExportMetadata() const override { return inner_->ExportMetadata(); }
+  absl::StatusOr<std::string> ImportPeer(absl::string_view metadata) override {
+    return inner_->ImportPeer(metadata);
+  }
+  absl::Status ForgetPeer(absl::string_view peer) override { return inner_->ForgetPeer(peer); }
+  absl::StatusOr<kv_transfer::DescListId> PrepareLocalDescriptors(
+      absl::Span<const kv_transfer::BlockDesc> blocks) override {
+    return inner_->PrepareLocalDescriptors(blocks);
+  }
+  absl::StatusOr<kv_transfer::DescListId> PrepareRemoteDescriptors(
+      absl::string_view peer, absl::Span<const kv_transfer::BlockDesc> blocks) override {
+    return inner_->PrepareRemoteDescriptors(peer, blocks);
+  }
+  absl::Status ReleaseDescriptors(kv_transfer::DescListId list) override {
+    return inner_->ReleaseDescriptors(list);
+  }
+  absl::StatusOr<kv_transfer::HandleId> CreateHandle(kv_transfer::DescListId local,
+                                                     kv_transfer::DescListId remote) override {
+    return inner_->CreateHandle(local, remote);
+  }
+  absl::Status ReleaseHandle(kv_transfer::HandleId handle) override {
+    return inner_->ReleaseHandle(handle);
+  }
+  absl::Status Post(kv_transfer::HandleId handle, kv_transfer::TransferOp op,
+                    absl::Span<const uint32_t> local_indices,
+                    absl::Span<const uint32_t> remote_indices,
+                    const kv_transfer::Notification* notification, absl::Time deadline) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (refuse_in_ > 0 && --refuse_in_ == 0) {
+        return absl::UnavailableError("recording agent: peer refused (test)");
+      }
+      if (at_post_in_ > 0 && --at_post_in_ == 0) at_post_();
+      PostEvent e;
+      e.blocks = local_indices.size();
+      e.notification = notification != nullptr;
+      if (!local_indices.empty()) {
+        e.layer = static_cast<int>((local_indices[0] / layout_.num_blocks()) %
+                                   layout_.num_layers());
+      } else if (notification != nullptr) {
+        e.layer = static_cast<int>(notification->seq);
+      }
+      e.last_layer_written = LastLayer() != snapshot_;
+      if (e.notification) {
+        for (kv_transfer::HandleId h : data_[e.layer]) {
+          if (polls_[h] <= kHeldPolls) {
+            violations_.push_back(absl::StrCat("layer ", e.layer, "'s notification posted before "
+                                               "its earlier post ", h, " was reported done"));
+          }
+        }
+      }
+      if (!local_indices.empty()) data_[e.layer].push_back(handle);
+      polls_[handle] = 0;
+      events_.push_back(e);
+    }
+    return inner_->Post(handle, op, local_indices, remote_indices, notification, deadline);
+  }
+  absl::StatusOr<kv_transfer::TransferStatus> Poll(kv_transfer::HandleId handle) override {
+    return Hold(handle, inner_->Poll(handle));
+  }
+  absl::StatusOr<kv_transfer::TransferStatus> Wait(kv_transfer::HandleId handle,
+                                                   absl::Time wait_deadline) override {
+    absl::StatusOr<kv_transfer::TransferStatus> st = Hold(handle, inner_->Wait(handle,
+                                                                               wait_deadline));
+    if (st.ok() && !st->terminal()) absl::SleepFor(wait_deadline - absl::Now());
+    return st;
+  }
+  absl::Status Cancel(kv_transfer::HandleId handle) override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_.insert(handle);
+    }
+    return inner_->Cancel(handle);
+  }
+  std::vector<kv_transfer::Notification> DrainNotifications(size_t max) override {
+    return inner_->DrainNotifications(max);
+  }
+  bool WaitForNotifications(absl::Time deadline) override {
+    return inner_->WaitForNotifications(deadline);
+  }
+  kv_transfer::AgentCounters counters() const override { return inner_->counters(); }
+
+ private:
+  std::string LastLayer() const {
+    const size_t bytes = cache_->block_bytes() * cache_->config().num_blocks;
+    const char* base = static_cast<const char*>(cache_->k_layer(cache_->config().num_layers - 1));
+    return std::string(base, bytes);
+  }
+  absl::StatusOr<kv_transfer::TransferStatus> Hold(
+      kv_transfer::HandleId handle, absl::StatusOr<kv_transfer::TransferStatus> st) {
+    if (!st.ok() || !st->terminal() || st->state != kv_transfer::TransferState::kDone) return st;
+    absl::MutexLock lock(&mu_);
+    if (hold_) {
+      if (!cancelled_.contains(handle)) {
+        return kv_transfer::TransferStatus{kv_transfer::TransferState::kInProgress,
+                                           absl::OkStatus()};
+      }
+      return kv_transfer::TransferStatus{kv_transfer::TransferState::kFailed,
+                                         absl::CancelledError("cancelled (test)")};
+    }
+    int& polls = polls_[handle];
+    if (++polls <= kHeldPolls) return kv_transfer::TransferStatus{
+        kv_transfer::TransferState::kInProgress, absl::OkStatus()};
+    return st;
+  }
+
+  kv_transfer::TransferAgent* const inner_;
+  const engine::KvCache* const cache_;
+  const internal::v1::KvPoolLayout layout_;
+  absl::Mutex mu_;
+  std::string snapshot_ ABSL_GUARDED_BY(mu_);
+  std::vector<PostEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::vector<kv_transfer::HandleId>> data_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<kv_transfer::HandleId, int> polls_ ABSL_GUARDED_BY(mu_);
+  int refuse_in_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<kv_transfer::HandleId> cancelled_ ABSL_GUARDED_BY(mu_);
+  int at_post_in_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> at_post_ ABSL_GUARDED_BY(mu_);
+};
+
+// Chunked prefills (6-token steps over 4-token blocks, prompts ending mid-block) through the
+// recording agent.
+class PrefillServiceStreamTest : public PrefillServiceTest {
+ protected:
+  void AdjustWorker(node::WorkerOptions* options) override { options->max_batch_tokens = 6; }
+  PrefillServiceOptions ServiceOptions() override {
+    recorder_ = std::make_unique<RecordingAgent>(runtime_->agent(), runtime_->engine()->kv_cache(),
+                                                 runtime_->pool_layout());
+    PrefillServiceOptions o;
+    o.agent = recorder_.get();
+    return o;
+  }
+  void TearDown() override {
+    PrefillServiceTest::TearDown();
+    recorder_.reset();
+  }
+
+  std::unique_ptr<RecordingAgent> recorder_;
+};
+
+TEST_F(PrefillServiceStreamTest, FirstLayerIsPostedBeforeTheLastLayerIsComputed) {
+  // The second prompt shares the first's first 12 tokens (three blocks): both nodes serve them
+  // from their prefix caches.
+  const std::vector<std::vector<int32_t>> prompts = {
+      {760, 39, 68, 410, 78, 311, 268, 624, 5, 9, 44, 31, 17, 200, 301, 402, 503, 604, 705, 22,
+       23, 24, 25},
+      {760, 39, 68, 410, 78, 311, 268, 624, 5, 9, 44, 31, 99, 98, 97, 96, 95, 94, 93}};
+  const int layers = decode_model_->config().num_layers;
+  ASSERT_GE(layers, 2);
+  kv_transfer::NotificationTracker tracker;
+  uint64_t tag = 500;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    engine::SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 10;
+    sp.ignore_eos = true;
+    auto ref = engine::GenerateOne(*decode_model_, prompts[i], sp, engine::GenerateOptions());
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    std::vector<int32_t> want;
+    for (const auto& step : ref->steps) want.push_back(step.token);
+
+    const std::string id = absl::StrCat("stream-", i);
+    engine::EngineRequest req;
+    req.request_id = id;
+    req.prompt = prompts[i];
+    req.sampling = sp;
+    std::promise<void> finished;
+    std::vector<int32_t> got;
+    auto reservation = decode_->ReserveForRemotePrefill(req, [&](const engine::EngineOutput& o) {
+      for (const auto& step : o.new_tokens) got.push_back(step.token);
+      if (o.finished) finished.set_value();
+    });
+    ASSERT_TRUE(reservation.ok()) << reservation.status();
+    const int skip = static_cast<int>(reservation->cached_tokens / kBlockSize);
+    if (i == 1) {
+      EXPECT_EQ(skip, 3);
+    }
+
+    recorder_->SnapshotLastLayer();
+    const size_t events_before = recorder_->events().size();
+    PrefillResponse response;
+    grpc::Status s =
+        CallPrefill(MakeRequest(id, prompts[i], reservation->block_ids, skip, ++tag), &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    if (i == 1) {
+      EXPECT_EQ(response.cached_prompt_tokens(), 12u);
+    }
+    EXPECT_LE(response.transfer_exposed_us(), response.transfer_us());
+
+    // The transport's order of events: layer 0's first write went out while the engine's last
+    // layer still held what it held before the request (its KV not yet computed), and more than
+    // one write per layer (chunk by chunk), each block exactly once, one notification per layer.
+    std::vector<RecordingAgent::PostEvent> events = recorder_->events();
+    events.erase(events.begin(), events.begin() + static_cast<ptrdiff_t>(events_before));
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.front().layer, 0);
+    EXPECT_GT(events.front().blocks, 0u);
+    EXPECT_FALSE(events.front().last_layer_written)
+        << "the first write was posted only after the last layer was computed";
+    EXPECT_TRUE(events.back().last_layer_written);
+    std::vector<size_t> blocks(layers, 0), posts(layers, 0), notes(layers, 0);
+    for (const auto& e : events) {
+      ASSERT_GE(e.layer, 0);
+      ASSERT_LT(e.layer, layers);
+      blocks[e.layer] += e.blocks;
+      if (e.blocks > 0) ++posts[e.layer];
+      if (e.notification) ++notes[e.layer];
+      // Earlier chunks of the layer were still reported in flight when its last blocks went:
+      // the notification waited for them and went alone.
+      if (e.notification) EXPECT_EQ(e.blocks, 0u) << "layer " << e.layer;
+    }
+    const size_t sent = reservation->block_ids.size() - skip;
+    for (int l = 0; l < layers; ++l) {
+      EXPECT_EQ(blocks[l], 2 * sent) << "layer " << l;  // K and V
+      EXPECT_GT(posts[l], 1u) << "layer " << l;
+      EXPECT_EQ(notes[l], 1u) << "layer " << l;
+    }
+
+    bool complete = false;
+    while (!complete) {
+      ASSERT_TRUE(decode_agent_->WaitForNotifications(absl::Now() + absl::Seconds(10)));
+      for (auto& note : decode_agent_->DrainNotifications()) {
+        kv_transfer::NotificationTracker::Completed c;
+        absl::StatusOr<bool> all = tracker.Add(std::move(note), &c);
+        ASSERT_TRUE(all.ok()) << all.status();
+        if (*all) {
+          EXPECT_EQ(c.request_id, tag);
+          complete = true;
+        }
+      }
+    }
+    ASSERT_TRUE(decode_
+                    ->CompleteRemotePrefill(id, {static_cast<int32_t>(response.first_token_id()),
+                                                 response.first_token_logprob().logprob(),
+                                                 {}})
+                    .ok());
+    finished.get_future().wait();
+    EXPECT_EQ(got, want) << id;
+  }
+  EXPECT_TRUE(recorder_->violations().empty()) << recorder_->violations().front();
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+  EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
+  EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+}
+
+// A write refused in the middle of the stream (after earlier layers' and chunks' writes went):
+// the RPC fails with the transport's code, every earlier write is terminal before it returns, not
+// every layer's notification was sent, and no block or handle is left behind.
+TEST_F(PrefillServiceStreamTest, RefusedWriteMidStreamFailsCleanly) {
+  const std::vector<int32_t> prompt = {760, 39, 68, 410, 78, 311, 268, 624, 5, 9, 44, 31, 17};
+  engine::EngineRequest req;
+  req.request_id = "refused";
+  req.prompt = prompt;
+  req.sampling.max_tokens = 4;
+  auto reservation = decode_->ReserveForRemotePrefill(req, [](const engine::EngineOutput&) {});
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  recorder_->RefusePost(3);  // chunk 1: layers 0 and 1 go; chunk 2: layer 0 is refused
+  PrefillResponse response;
+  grpc::Status s =
+      CallPrefill(MakeRequest("refused", prompt, reservation->block_ids, 0, 900), &response);
+  EXPECT_EQ(s.error_code(), grpc::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(recorder_->events().size(), 2u);
+  EXPECT_EQ(decode_agent_->counters().notifications_received, 0u);
+  EXPECT_EQ(runtime_->agent()->counters().in_flight_handles, 0);
+  EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+  EXPECT_EQ(runtime_->Stats().requests_failed(), 1u);
+  ASSERT_TRUE(decode_->FailRemotePrefill("refused", absl::UnavailableError("test")).ok());
+  EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
+}
+
+// Cancel while layer writes are in flight (they never complete on their own here): the Prefill
+// ends CANCELLED only once every posted write is terminal, Cancel reports quiesced, no layer's
+// notification went, and nothing is left behind on either side.
+TEST_F(PrefillServiceStreamTest, CancelWithWritesInFlightQuiescesFirst) {
+  const std::vector<int32_t> prompt = {760, 39, 68, 410, 78, 311, 268, 624, 5, 9, 44, 31, 17};
+  engine::EngineRequest req;
+  req.request_id = "inflight";
+  req.prompt = prompt;
+  req.sampling.max_tokens = 4;
+  auto reservation = decode_->ReserveForRemotePrefill(req, [](const engine::EngineOutput&) {});
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  recorder_->HoldUntilCancelled();
+  std::future<grpc::Status> cancel;
+  bool quiesced = false;
+  // At the second write (layer 1 of the first chunk), from the engine's thread: ask for the
+  // cancel on another thread (the hook must not block).
+  recorder_->AtPost(2, [&] {
+    cancel = std::async(std::launch::async, [&] { return CallCancel("inflight", &quiesced); });
+  });
+  PrefillResponse response;
+  grpc::Status s =
+      CallPrefill(MakeRequest("inflight", prompt, reservation->block_ids, 0, 901), &response);
+  EXPECT_EQ(s.error_code(), grpc::CANCELLED) << s.error_message();
+  ASSERT_TRUE(cancel.valid());
+  grpc::Status c = cancel.get();
+  EXPECT_TRUE(c.ok()) << c.error_message();
+  EXPECT_TRUE(quiesced);
+  EXPECT_GE(recorder_->events().size(), 2u);
+  EXPECT_EQ(decode_agent_->counters().notifications_received, 0u);
+  EXPECT_EQ(runtime_->agent()->counters().handles, 0);
+  EXPECT_EQ(UsedBlocksAfterSettling(runtime_->engine()), 0);
+  EXPECT_EQ(runtime_->Stats().requests_cancelled(), 1u);
+  ASSERT_TRUE(decode_->FailRemotePrefill("inflight", absl::CancelledError("test")).ok());
+  EXPECT_EQ(UsedBlocksAfterSettling(decode_.get()), 0);
 }
 
 }  // namespace

@@ -231,6 +231,9 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
   preq.block_size = block_size;
   // The prompt plus the first generated token.
   preq.blocks_needed = (preq.prompt_tokens + 1 + block_size - 1) / block_size;
+  if (options_.placement.max_exposed_transfer_fraction > 0) {
+    preq.transfer_cost = [this](int64_t tokens) { return transfer_cost_.Predict(tokens); };
+  }
   absl::StatusOr<PlacementDecision> decision = policy_->Decide(preq, candidates);
   if (decision.status().code() == absl::StatusCode::kResourceExhausted) {
     // The registry's free-block counts are estimates (last load report minus what was placed
@@ -436,6 +439,12 @@ grpc::Status InferenceService::Forward(grpc::ServerContext* context, absl::Time 
         if (chunk.has_usage()) {
           outcome->cached_prompt_tokens = chunk.usage().cached_prompt_tokens();
           outcome->queued_us = static_cast<int64_t>(chunk.usage().timing().queued_us());
+          const v1::Timing& t = chunk.usage().timing();
+          if (placement->prefill.has_value() && t.prefill_compute_us() > 0) {
+            transfer_cost_.Observe(placement->prefill_tokens,
+                                   static_cast<double>(t.prefill_compute_us()),
+                                   static_cast<double>(t.kv_transfer_exposed_us()));
+          }
         }
         if (!request.images.empty()) {
           chunk.mutable_usage()->set_images(static_cast<uint32_t>(request.images.size()));

@@ -89,6 +89,7 @@
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
 #include "router/encoder_client.h"
 #include "router/placement.h"
+#include "router/transfer_cost.h"
 #include "router/router_metrics.h"
 #include "router/worker_registry.h"
 
@@ -102,7 +103,9 @@ struct InferenceServiceOptions {
   std::string placement_policy = "cache_aware";
   // Its options. local_prefill_threshold_tokens: a can_prefill decode worker prefills locally
   // when it would compute fewer than this many prompt tokens; 0 (the default here) = only when
-  // no prefill worker is live.
+  // no prefill worker is live. max_exposed_transfer_fraction (off by default): it also prefills
+  // locally when the transfer measured from earlier disaggregated requests
+  // (router/transfer_cost.h) would leave more than that fraction of the compute exposed.
   PlacementOptions placement{.local_prefill_threshold_tokens = 0};
   // Where calls and placements are counted; not owned, must outlive the service. Null: nowhere.
   RouterMetrics* metrics = nullptr;
@@ -250,6 +253,9 @@ class InferenceService final : public v1::Inference::Service {
   // Serialises placements, so that each sees the counts the previous one recorded.
   absl::Mutex placement_mu_;
   const std::unique_ptr<PlacementPolicy> policy_;
+  // Measured prefill compute and exposed KV transfer of finished disaggregated requests (their
+  // Timing), for placement.max_exposed_transfer_fraction.
+  TransferCostModel transfer_cost_;
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

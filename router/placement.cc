@@ -107,6 +107,17 @@ std::string DescribeInputs(absl::string_view policy, const PlacementRequest& req
   return out;
 }
 
+// The transfer-cost rule (PlacementOptions::max_exposed_transfer_fraction): true when the
+// measured costs predict that a remote prefill of `tokens` leaves more exposed transfer than the
+// allowed fraction of its compute.
+bool TransferTooCostly(const PlacementOptions& options, const PlacementRequest& request,
+                       int64_t tokens) {
+  if (options.max_exposed_transfer_fraction <= 0 || !request.transfer_cost) return false;
+  const std::optional<TransferCostEstimate> e = request.transfer_cost(tokens);
+  return e.has_value() &&
+         e->exposed_transfer_us > options.max_exposed_transfer_fraction * e->prefill_compute_us;
+}
+
 }  // namespace
 
 absl::string_view PlacementOutcomeName(PlacementOutcome outcome) {
@@ -117,6 +128,8 @@ absl::string_view PlacementOutcomeName(PlacementOutcome outcome) {
       return "local_prefill_below_threshold";
     case PlacementOutcome::kLocalPrefillNoPrefillWorker:
       return "local_prefill_no_prefill_worker";
+    case PlacementOutcome::kLocalPrefillTransferCost:
+      return "local_prefill_transfer_cost";
   }
   return "unknown";
 }
@@ -132,6 +145,12 @@ absl::Status ValidatePlacementOptions(const PlacementOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("local_prefill_threshold_tokens: expected >= 0; got ",
                      options.local_prefill_threshold_tokens));
+  }
+  if (!(options.max_exposed_transfer_fraction >= 0) ||
+      !std::isfinite(options.max_exposed_transfer_fraction)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_exposed_transfer_fraction: expected finite and >= 0; got ",
+                     options.max_exposed_transfer_fraction));
   }
   const std::pair<const char*, double> weights[] = {
       {"w_uncached_tokens", options.w_uncached_tokens},
@@ -215,7 +234,8 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
       most_free = c.free_kv_blocks;
       most_free_id = c.worker_id;
     }
-    cost.local_prefill = c.can_prefill && (prefill.empty() || cost.uncached_tokens < threshold);
+    cost.local_prefill = c.can_prefill && (prefill.empty() || cost.uncached_tokens < threshold ||
+                                           TransferTooCostly(options_, request, cost.uncached_tokens));
     cost.eligible = has_room && (cost.local_prefill || !prefill.empty());
     cost.decode_cost = DecodeCost(request, c);
     if (JointCost()) {
@@ -297,7 +317,9 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
     decision.decode_worker = d.worker_id;
     if (d.local_prefill) {
       decision.outcome = prefill.empty() ? PlacementOutcome::kLocalPrefillNoPrefillWorker
-                                         : PlacementOutcome::kLocalPrefillBelowThreshold;
+                         : d.uncached_tokens < threshold
+                             ? PlacementOutcome::kLocalPrefillBelowThreshold
+                             : PlacementOutcome::kLocalPrefillTransferCost;
       decision.uncached_tokens = d.uncached_tokens;
     } else {
       decision.outcome = PlacementOutcome::kRemotePrefill;
@@ -313,6 +335,9 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
         break;
       case PlacementOutcome::kLocalPrefillNoPrefillWorker:
         ++counters_.local_prefill_no_prefill_worker;
+        break;
+      case PlacementOutcome::kLocalPrefillTransferCost:
+        ++counters_.local_prefill_transfer_cost;
         break;
     }
     if (decision.tie_broken) ++counters_.tie_breaks;
@@ -336,6 +361,15 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
                             "; prefill locally: no prefill worker (%d uncached tokens)",
                             d.uncached_tokens);
       break;
+    case PlacementOutcome::kLocalPrefillTransferCost: {
+      const TransferCostEstimate e = *request.transfer_cost(d.uncached_tokens);
+      absl::StrAppendFormat(&decision.reason,
+                            "; prefill locally: %d uncached tokens, predicted exposed transfer "
+                            "%.0fus > %g of predicted compute %.0fus",
+                            d.uncached_tokens, e.exposed_transfer_us,
+                            options_.max_exposed_transfer_fraction, e.prefill_compute_us);
+      break;
+    }
     case PlacementOutcome::kRemotePrefill: {
       const CandidateCost& p = decision.costs[chosen_prefill];
       absl::StrAppendFormat(&decision.reason, "; prefill on %s (cost %g, %d uncached tokens%s%s)",

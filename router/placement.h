@@ -14,8 +14,11 @@
 //      blocks_needed free KV blocks that can serve the request (see local prefill below);
 //   4. prefills locally on that decode worker when it can_prefill and either its uncached part of
 //      the prompt is below Options::local_prefill_threshold_tokens (conditional
-//      disaggregation) or there is no prefill worker at all; otherwise chooses the prefill worker
-//      with the lowest prefill cost.
+//      disaggregation), or the measured transfer cost says disaggregating does not pay
+//      (Options::max_exposed_transfer_fraction with PlacementRequest::transfer_cost: the
+//      predicted exposed KV transfer of its uncached tokens exceeds that fraction of their
+//      predicted prefill compute), or there is no prefill worker at all; otherwise chooses the
+//      prefill worker with the lowest prefill cost.
 // Candidates whose costs are equal (within a relative 1e-9) are broken by a power-of-two random
 // choice: two of the tied are drawn at random and the one with the lower secondary load wins
 // (prefill: shorter queue; decode: fewer running sequences, then more free KV blocks); when
@@ -36,7 +39,9 @@
 #define DEEPINFER_ROUTER_PLACEMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,6 +52,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "proto/deepinfer/internal/v1/worker.pb.h"
+#include "router/transfer_cost.h"
 
 namespace deepinfer::router {
 
@@ -69,12 +75,17 @@ struct PlacementRequest {
   int64_t prompt_tokens = 0;  // >= 1
   int64_t blocks_needed = 0;  // KV blocks the decode worker must have free; >= 0
   int64_t block_size = 0;     // tokens per KV block; >= 1
+  // The measured cost of a remote prefill of `tokens` uncached tokens (TransferCostModel::
+  // Predict), for Options::max_exposed_transfer_fraction; empty, or nullopt (not measured yet):
+  // that rule does not apply.
+  std::function<std::optional<TransferCostEstimate>(int64_t tokens)> transfer_cost;
 };
 
 enum class PlacementOutcome {
   kRemotePrefill,                // disaggregated: prefill worker -> decode worker
   kLocalPrefillBelowThreshold,   // uncached part below the threshold
   kLocalPrefillNoPrefillWorker,  // no prefill worker in the snapshot
+  kLocalPrefillTransferCost,     // the measured transfer would cost too much of the TTFT
 };
 absl::string_view PlacementOutcomeName(PlacementOutcome outcome);
 
@@ -119,6 +130,7 @@ struct PlacementCounters {
   int64_t remote_prefill = 0;
   int64_t local_prefill_below_threshold = 0;
   int64_t local_prefill_no_prefill_worker = 0;
+  int64_t local_prefill_transfer_cost = 0;
   int64_t tie_breaks = 0;        // decisions that broke at least one tie
   int64_t no_decode_worker = 0;  // kUnavailable
   int64_t no_kv_room = 0;        // kResourceExhausted
@@ -131,6 +143,11 @@ struct PlacementOptions {
   // Prefill locally on a can_prefill decode worker when its uncached part of the prompt is below
   // this many tokens; 0 turns conditional disaggregation off. >= 0.
   int64_t local_prefill_threshold_tokens = 512;
+  // Prefill locally on a can_prefill decode worker (at or above the threshold too) when the
+  // request's transfer_cost predicts an exposed KV transfer above this fraction of the prefill
+  // compute: for short prompts the fixed cost of a transfer outweighs what disaggregation saves.
+  // 0 turns the rule off. >= 0, finite.
+  double max_exposed_transfer_fraction = 0;
   // CacheAwarePolicy weights, all >= 0 and finite:
   //   prefill cost = w_uncached_tokens * uncached tokens + w_queued_tokens * queued input tokens
   //   decode cost  = w_kv_used * (KV used fraction after placing blocks_needed)

@@ -439,6 +439,53 @@ TEST(PlacementTest, CountsDecisionsPerOutcome) {
   EXPECT_EQ(c.tie_breaks, 0);
 }
 
+// The measured transfer cost: a decode worker that can prefill keeps a prompt whose predicted
+// exposed transfer exceeds the allowed fraction of its predicted compute, at or above the token
+// threshold; a longer prompt (compute grows, exposed transfer does not) goes to the prefill
+// worker; without a measurement (nullopt) or with the rule off, the threshold alone decides.
+TEST(PlacementTest, MeasuredTransferCostKeepsShortPromptsLocal) {
+  PlacementOptions o = Weights(64);
+  o.max_exposed_transfer_fraction = 0.1;
+  auto policy = CacheAwarePolicy::Create(o);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  TransferCostModel model({.decay = 1.0, .min_samples = 2});
+  model.Observe(100, 100 * 50.0, 2000);  // 50 us per token of compute, 2 ms exposed
+  model.Observe(1000, 1000 * 50.0, 2000);
+  PlacementRequest r = Request();  // 320 tokens: 16 ms compute, 2 ms exposed > 10%
+  r.transfer_cost = [&](int64_t tokens) { return model.Predict(tokens); };
+  const std::vector<CandidateWorker> c = {Prefill("p1", 0, 0, 0),
+                                          Decode("d1", true, 0, 600, 1000, 0)};
+  auto d = (*policy)->Decide(r, c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillTransferCost)
+      << PlacementOutcomeName(d->outcome);
+  EXPECT_EQ(d->prefill_worker, "");
+  EXPECT_TRUE(absl::StrContains(d->reason, "predicted exposed transfer 2000us > 0.1")) << d->reason;
+
+  PlacementRequest longer = r;  // 960 tokens: 48 ms compute, 2 ms exposed < 10%
+  longer.prompt_tokens = 960;
+  longer.blocks_needed = 61;
+  d = (*policy)->Decide(longer, c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill) << PlacementOutcomeName(d->outcome);
+
+  PlacementRequest unmeasured = r;
+  unmeasured.transfer_cost = [](int64_t) { return std::optional<TransferCostEstimate>(); };
+  d = (*policy)->Decide(unmeasured, c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+
+  auto off = CacheAwarePolicy::Create(Weights(64));
+  ASSERT_TRUE(off.ok());
+  d = (*off)->Decide(r, c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+  EXPECT_EQ((*policy)->counters().local_prefill_transfer_cost, 1);
+
+  o.max_exposed_transfer_fraction = -1;
+  EXPECT_EQ(CacheAwarePolicy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PlacementTest, ConcurrentDecisionsAreAllCounted) {
   auto policy = CreatePlacementPolicy("cache_aware", Weights(0));
   ASSERT_TRUE(policy.ok());

@@ -13,7 +13,8 @@ constexpr RequestOutcome kOutcomes[] = {RequestOutcome::kOk, RequestOutcome::kEr
                                         RequestOutcome::kInvalid};
 constexpr PlacementOutcome kPlacements[] = {PlacementOutcome::kRemotePrefill,
                                             PlacementOutcome::kLocalPrefillBelowThreshold,
-                                            PlacementOutcome::kLocalPrefillNoPrefillWorker};
+                                            PlacementOutcome::kLocalPrefillNoPrefillWorker,
+                                            PlacementOutcome::kLocalPrefillTransferCost};
 
 const char* PlacementLabel(PlacementOutcome outcome) {
   switch (outcome) {
@@ -23,6 +24,8 @@ const char* PlacementLabel(PlacementOutcome outcome) {
       return "local_below_threshold";
     case PlacementOutcome::kLocalPrefillNoPrefillWorker:
       return "local_no_prefill_worker";
+    case PlacementOutcome::kLocalPrefillTransferCost:
+      return "local_transfer_cost";
   }
   return "unknown";
 }

@@ -38,6 +38,8 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
   s.slo_ttft_ms = slo_ttft_ms;
   s.slo_tpot_ms = slo_tpot_ms;
   std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<double> compute, transfer, exposed, decode_queue;
+  double transfer_sum = 0, exposed_sum = 0;
   double first = 0, last = 0;
   bool any = false;
   int64_t good = 0;
@@ -59,6 +61,15 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
     s.output_tokens += r.completion_tokens;
     s.draft_tokens += r.draft_tokens;
     s.accepted_draft_tokens += r.accepted_draft_tokens;
+    if (r.prefill_compute_us > 0 || r.kv_transfer_us > 0) {
+      ++s.disaggregated;
+      compute.push_back(r.prefill_compute_us / 1e3);
+      transfer.push_back(r.kv_transfer_us / 1e3);
+      exposed.push_back(r.kv_transfer_exposed_us / 1e3);
+      decode_queue.push_back(r.decode_queue_us / 1e3);
+      transfer_sum += r.kv_transfer_us;
+      exposed_sum += r.kv_transfer_exposed_us;
+    }
     const double e = (r.end_s - r.send_s) * 1e3;
     e2e.push_back(e);
     if (r.chunk_times_s.empty()) continue;
@@ -105,6 +116,11 @@ Summary Summarize(const std::vector<RequestRecord>& records, double slo_ttft_ms,
   s.tpot_ms = Summarize(std::move(tpot));
   s.itl_ms = Summarize(std::move(itl));
   s.e2e_ms = Summarize(std::move(e2e));
+  s.prefill_compute_ms = Summarize(std::move(compute));
+  s.kv_transfer_ms = Summarize(std::move(transfer));
+  s.kv_transfer_exposed_ms = Summarize(std::move(exposed));
+  s.decode_queue_ms = Summarize(std::move(decode_queue));
+  s.kv_exposed_fraction = transfer_sum > 0 ? exposed_sum / transfer_sum : 0;
   s.errors.assign(errors.begin(), errors.end());
   return s;
 }
@@ -155,6 +171,20 @@ std::string FormatSummary(const Summary& s, const std::string& title) {
   Dist(&out, "Time per Output Token (excl. 1st token)", "TPOT", s.tpot_ms);
   Dist(&out, "Inter-token Latency", "ITL", s.itl_ms);
   Dist(&out, "End-to-end Latency", "E2EL", s.e2e_ms);
+  if (s.disaggregated > 0) {
+    absl::StrAppendFormat(&out, "%s\n", std::string(15, '-') + "TTFT breakdown (" +
+                                             absl::StrCat(s.disaggregated) +
+                                             " disaggregated requests)" + std::string(15, '-'));
+    Line(&out, "Mean / P90 prefill compute (ms):",
+         absl::StrCat(F(s.prefill_compute_ms.mean), " / ", F(s.prefill_compute_ms.p90)));
+    Line(&out, "Mean / P90 KV transfer (ms):",
+         absl::StrCat(F(s.kv_transfer_ms.mean), " / ", F(s.kv_transfer_ms.p90)));
+    Line(&out, "Mean / P90 KV transfer exposed (ms):",
+         absl::StrCat(F(s.kv_transfer_exposed_ms.mean), " / ", F(s.kv_transfer_exposed_ms.p90)));
+    Line(&out, "KV transfer exposed fraction:", F(s.kv_exposed_fraction));
+    Line(&out, "Mean / P90 decode queue (ms):",
+         absl::StrCat(F(s.decode_queue_ms.mean), " / ", F(s.decode_queue_ms.p90)));
+  }
   for (const std::string& e : s.errors) absl::StrAppend(&out, "error: ", e, "\n");
   absl::StrAppend(&out, std::string(50, '='), "\n");
   return out;
@@ -192,6 +222,12 @@ nlohmann::json SummaryJson(const Summary& s) {
           {"tpot_ms", DistJson(s.tpot_ms)},
           {"itl_ms", DistJson(s.itl_ms)},
           {"e2e_ms", DistJson(s.e2e_ms)},
+          {"disaggregated", s.disaggregated},
+          {"prefill_compute_ms", DistJson(s.prefill_compute_ms)},
+          {"kv_transfer_ms", DistJson(s.kv_transfer_ms)},
+          {"kv_transfer_exposed_ms", DistJson(s.kv_transfer_exposed_ms)},
+          {"kv_exposed_fraction", s.kv_exposed_fraction},
+          {"decode_queue_ms", DistJson(s.decode_queue_ms)},
           {"errors", s.errors}};
 }
 
@@ -210,7 +246,11 @@ nlohmann::json RecordJson(const RequestRecord& r) {
           {"cached_prompt_tokens", r.cached_prompt_tokens},
           {"completion_tokens", r.completion_tokens},
           {"draft_tokens", r.draft_tokens},
-          {"accepted_draft_tokens", r.accepted_draft_tokens}};
+          {"accepted_draft_tokens", r.accepted_draft_tokens},
+          {"prefill_compute_us", r.prefill_compute_us},
+          {"kv_transfer_us", r.kv_transfer_us},
+          {"kv_transfer_exposed_us", r.kv_transfer_exposed_us},
+          {"decode_queue_us", r.decode_queue_us}};
 }
 
 std::string FormatComparison(const Summary& a, const std::string& name_a, const Summary& b,
@@ -237,6 +277,13 @@ std::string FormatComparison(const Summary& a, const std::string& name_a, const 
   row("ITL p90 (ms)", a.itl_ms.p90, b.itl_ms.p90);
   row("ITL p99 (ms)", a.itl_ms.p99, b.itl_ms.p99);
   row("E2E p90 (ms)", a.e2e_ms.p90, b.e2e_ms.p90);
+  if (a.disaggregated > 0 || b.disaggregated > 0) {
+    row("prefill compute mean (ms)", a.prefill_compute_ms.mean, b.prefill_compute_ms.mean);
+    row("KV transfer mean (ms)", a.kv_transfer_ms.mean, b.kv_transfer_ms.mean);
+    row("KV exposed mean (ms)", a.kv_transfer_exposed_ms.mean, b.kv_transfer_exposed_ms.mean);
+    row("KV exposed p90 (ms)", a.kv_transfer_exposed_ms.p90, b.kv_transfer_exposed_ms.p90);
+    row("decode queue mean (ms)", a.decode_queue_ms.mean, b.decode_queue_ms.mean);
+  }
   return out;
 }
 

@@ -16,6 +16,10 @@
 //         those intervals, "decode busy"): the decode tier's tokens/s while it has work, which,
 //         unlike 1 / TPOT (one stream's speed), does not rise when fewer requests decode at once
 //         because the others wait for prefill.
+//   TTFT breakdown  over the completed disaggregated requests (those whose usage carries a
+//         prefill node's timing, Timing.prefill_compute_us / kv_transfer_us > 0): prefill compute,
+//         KV transfer, KV transfer exposed after the prefill compute ended (not hidden by it; its
+//         ratio to the transfer is the "exposed fraction"), decode queue.
 //
 // Thread-safety: pure functions.
 #ifndef DEEPINFER_TOOLS_BENCH_REPORT_H_
@@ -46,6 +50,11 @@ struct RequestRecord {
   // Speculative decoding (0 when off): drafts verified and accepted for this request.
   int64_t draft_tokens = 0;
   int64_t accepted_draft_tokens = 0;
+  // Disaggregated prefill (0 when colocated), from the usage's Timing, microseconds.
+  int64_t prefill_compute_us = 0;
+  int64_t kv_transfer_us = 0;
+  int64_t kv_transfer_exposed_us = 0;
+  int64_t decode_queue_us = 0;
 };
 
 struct Distribution {
@@ -79,6 +88,10 @@ struct Summary {
   double draft_acceptance_rate = 0;
   double mean_accepted_length = 0;
   Distribution ttft_ms, tpot_ms, itl_ms, e2e_ms;
+  // TTFT breakdown of the disaggregated requests (count 0 when none).
+  int64_t disaggregated = 0;
+  Distribution prefill_compute_ms, kv_transfer_ms, kv_transfer_exposed_ms, decode_queue_ms;
+  double kv_exposed_fraction = 0;  // sum of exposed / sum of transfer
   std::vector<std::string> errors;  // first few distinct errors
 };
 

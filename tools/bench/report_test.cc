@@ -100,5 +100,33 @@ TEST(ReportTest, SpeculativeDecodingFigures) {
   EXPECT_NE(FormatSummary(s, "t").find("Tokens per decode step:"), std::string::npos);
 }
 
+TEST(ReportTest, TtftBreakdownOfDisaggregatedRequests) {
+  RequestRecord colocated = Rec(0.0, {0.1, 0.2}, {1, 1});
+  RequestRecord a = Rec(0.0, {0.3, 0.4}, {1, 1});
+  a.prefill_compute_us = 200000;
+  a.kv_transfer_us = 40000;
+  a.kv_transfer_exposed_us = 2000;
+  a.decode_queue_us = 5000;
+  RequestRecord b = a;
+  b.prefill_compute_us = 100000;
+  b.kv_transfer_us = 20000;
+  b.kv_transfer_exposed_us = 4000;
+  b.decode_queue_us = 7000;
+  Summary s = Summarize({colocated, a, b}, 1000, 1000);
+  EXPECT_EQ(s.disaggregated, 2);
+  EXPECT_DOUBLE_EQ(s.prefill_compute_ms.mean, 150.0);
+  EXPECT_DOUBLE_EQ(s.kv_transfer_ms.mean, 30.0);
+  EXPECT_DOUBLE_EQ(s.kv_transfer_exposed_ms.max, 4.0);
+  EXPECT_DOUBLE_EQ(s.decode_queue_ms.mean, 6.0);
+  EXPECT_DOUBLE_EQ(s.kv_exposed_fraction, 6.0 / 60.0);
+  EXPECT_NE(FormatSummary(s, "t").find("KV transfer exposed fraction:"), std::string::npos);
+  EXPECT_EQ(SummaryJson(s)["kv_transfer_exposed_ms"]["count"], 2);
+  EXPECT_EQ(RecordJson(a)["kv_transfer_exposed_us"], 2000);
+  // Colocated only: no breakdown section.
+  Summary c = Summarize({colocated}, 1000, 1000);
+  EXPECT_EQ(c.disaggregated, 0);
+  EXPECT_EQ(FormatSummary(c, "t").find("TTFT breakdown"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace deepinfer::bench

@@ -85,6 +85,11 @@ class Runner {
           r.completion_tokens = chunk.usage().completion_tokens();
           r.draft_tokens = chunk.usage().draft_tokens();
           r.accepted_draft_tokens = chunk.usage().accepted_draft_tokens();
+          const v1::Timing& timing = chunk.usage().timing();
+          r.prefill_compute_us = static_cast<int64_t>(timing.prefill_compute_us());
+          r.kv_transfer_us = static_cast<int64_t>(timing.kv_transfer_us());
+          r.kv_transfer_exposed_us = static_cast<int64_t>(timing.kv_transfer_exposed_us());
+          r.decode_queue_us = static_cast<int64_t>(timing.decode_queue_us());
         }
       }
       grpc::Status st = reader->Finish();
