@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -44,6 +45,23 @@ v1::ChatChunk ToChatChunk(v1::GenerateChunk& in) {
   return out;
 }
 
+// The call's authorization metadata; nullopt when it sent none (or there is no call).
+std::optional<absl::string_view> Authorization(const grpc::ServerContext* context) {
+  if (context == nullptr) return std::nullopt;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+// `status` as a gRPC status; a tenant limit's wait also goes into `retry-after` trailing metadata.
+grpc::Status Refuse(grpc::ServerContext* context, const absl::Status& status) {
+  if (const int64_t retry = RetryAfterSeconds(status); retry > 0 && context != nullptr) {
+    context->AddTrailingMetadata("retry-after", absl::StrCat(retry));
+  }
+  return ToGrpcStatus(status);
+}
+
 int64_t MicrosSince(absl::Time start) {
   return std::max<int64_t>(0, absl::ToInt64Microseconds(absl::Now() - start));
 }
@@ -74,7 +92,8 @@ class InferenceService::Admission {
   const absl::Status& status() const { return status_; }
 
   // Makes `request_id` abortable; kAlreadyExists when a request with that id is running.
-  absl::StatusOr<LiveRequest*> Register(const std::string& request_id) {
+  absl::StatusOr<LiveRequest*> Register(const std::string& request_id,
+                                        const std::string& tenant_id) {
     absl::MutexLock lock(&service_->mu_);
     auto [it, inserted] = service_->live_.try_emplace(request_id, nullptr);
     if (!inserted) {
@@ -82,6 +101,7 @@ class InferenceService::Admission {
           absl::StrCat("request_id: ", Quote(request_id), " is already running"));
     }
     it->second = std::make_shared<LiveRequest>();
+    it->second->tenant_id = tenant_id;
     request_id_ = request_id;
     live_ = it->second.get();
     return live_;
@@ -142,6 +162,15 @@ absl::Status InferenceService::CheckModel(absl::string_view model) const {
   if (model.empty() || model == options_.model_id) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "model: unknown model ", Quote(model), "; this router serves ", Quote(options_.model_id)));
+}
+
+absl::StatusOr<std::shared_ptr<const Tenant>> InferenceService::Authorize(
+    const grpc::ServerContext* context) {
+  if (options_.tenants == nullptr) return std::shared_ptr<const Tenant>();
+  DI_ASSIGN_OR_RETURN(std::shared_ptr<const Tenant> tenant,
+                      options_.tenants->Authenticate(Authorization(context)));
+  DI_RETURN_IF_ERROR(options_.tenants->CheckModel(*tenant, options_.model_id));
+  return tenant;
 }
 
 std::string InferenceService::NewRequestId(absl::string_view prefix) {
@@ -539,10 +568,34 @@ void InferenceService::Finish(absl::string_view request_id, absl::Time received,
 }
 
 grpc::Status InferenceService::Serve(grpc::ServerContext* context,
-                                     absl::string_view client_request_id,
+                                     absl::string_view client_request_id, int32_t priority,
                                      absl::FunctionRef<absl::Status(Prepared*)> prepare,
                                      absl::FunctionRef<bool(v1::GenerateChunk&)> write) {
   const absl::Time received = absl::Now();
+  // Tenant checks first: a refused call costs no validation, tokenization or placement.
+  std::shared_ptr<const Tenant> tenant;
+  std::unique_ptr<Tenants::Stream> tenant_stream;
+  if (options_.tenants != nullptr) {
+    absl::StatusOr<std::shared_ptr<const Tenant>> authorized = Authorize(context);
+    absl::Status refused = authorized.status();
+    if (refused.ok()) {
+      tenant = *authorized;
+      refused = options_.tenants->CheckPriority(*tenant, priority);
+    }
+    if (refused.ok()) {
+      absl::StatusOr<std::unique_ptr<Tenants::Stream>> admitted =
+          options_.tenants->Admit(*tenant);
+      refused = admitted.status();
+      if (admitted.ok()) tenant_stream = std::move(*admitted);
+    }
+    if (!refused.ok()) {
+      spdlog::info("[req={}] refused: tenant={} {}",
+                   client_request_id.empty() ? std::string("-") : std::string(client_request_id),
+                   tenant == nullptr ? std::string("-") : tenant->id, refused.ToString());
+      if (metrics_ != nullptr) metrics_->RecordFinished({.outcome = RequestOutcome::kError});
+      return Refuse(context, refused);
+    }
+  }
   Admission admission(this);
   if (!admission.status().ok()) {
     const grpc::Status refused = ToGrpcStatus(admission.status());
@@ -552,14 +605,21 @@ grpc::Status InferenceService::Serve(grpc::ServerContext* context,
   Outcome outcome;
   Prepared prepared;
   grpc::Status status;
-  if (absl::Status s = prepare(&prepared); !s.ok()) {
-    status = ToGrpcStatus(s);
-  } else if (absl::StatusOr<LiveRequest*> live = admission.Register(prepared.request_id);
+  absl::Status prepared_status = prepare(&prepared);
+  if (prepared_status.ok() && tenant != nullptr) {
+    prepared.cache_salt = Tenants::CacheSalt(*tenant, prepared.cache_salt);
+    tenant_stream->ChargePromptTokens(static_cast<int64_t>(prepared.prompt_token_ids.size()));
+  }
+  if (!prepared_status.ok()) {
+    status = ToGrpcStatus(prepared_status);
+  } else if (absl::StatusOr<LiveRequest*> live =
+                 admission.Register(prepared.request_id, tenant == nullptr ? "" : tenant->id);
              !live.ok()) {
     status = ToGrpcStatus(live.status());
   } else {
     status = Forward(context, received, prepared, *live, write, &outcome);
   }
+  if (tenant_stream != nullptr) tenant_stream->ChargeCompletionTokens(outcome.completion_tokens);
   Finish(prepared.request_id.empty() ? client_request_id : prepared.request_id, received,
          static_cast<int64_t>(prepared.prompt_token_ids.size()), outcome, status);
   return status;
@@ -660,7 +720,7 @@ grpc::Status InferenceService::Chat(grpc::ServerContext* context, const v1::Chat
     prepared->detokenize = true;
     return absl::OkStatus();
   };
-  return Serve(context, request->request_id(), prepare,
+  return Serve(context, request->request_id(), request->priority(), prepare,
                [writer](v1::GenerateChunk& chunk) { return writer->Write(ToChatChunk(chunk)); });
 }
 
@@ -682,12 +742,15 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context,
     prepared->detokenize = request->detokenize();
     return absl::OkStatus();
   };
-  return Serve(context, request->request_id(), prepare,
+  return Serve(context, request->request_id(), request->priority(), prepare,
                [writer](v1::GenerateChunk& chunk) { return writer->Write(chunk); });
 }
 
-grpc::Status InferenceService::Abort(grpc::ServerContext* /*context*/,
+grpc::Status InferenceService::Abort(grpc::ServerContext* context,
                                      const v1::AbortRequest* request, v1::AbortResponse* response) {
+  absl::StatusOr<std::shared_ptr<const Tenant>> tenant = Authorize(context);
+  if (!tenant.ok()) return Refuse(context, tenant.status());
+  const std::string tenant_id = *tenant == nullptr ? "" : (*tenant)->id;
   if (request->request_id().empty()) {
     return ToGrpcStatus(
         absl::InvalidArgumentError("request_id: expected the id of a running request; got \"\""));
@@ -696,7 +759,8 @@ grpc::Status InferenceService::Abort(grpc::ServerContext* /*context*/,
   {
     absl::MutexLock lock(&mu_);
     auto it = live_.find(request->request_id());
-    if (it != live_.end()) live = it->second;
+    // Another tenant's request is not found (not even its existence is revealed).
+    if (it != live_.end() && it->second->tenant_id == tenant_id) live = it->second;
   }
   response->set_found(live != nullptr);
   if (live == nullptr) return grpc::Status::OK;
@@ -709,9 +773,14 @@ grpc::Status InferenceService::Abort(grpc::ServerContext* /*context*/,
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::ListModels(grpc::ServerContext* /*context*/,
+grpc::Status InferenceService::ListModels(grpc::ServerContext* context,
                                           const v1::ListModelsRequest* /*request*/,
                                           v1::ListModelsResponse* response) {
+  // context is null for the HTTP API's in-process listing, which checks the key itself.
+  if (context != nullptr) {
+    absl::StatusOr<std::shared_ptr<const Tenant>> tenant = Authorize(context);
+    if (!tenant.ok()) return Refuse(context, tenant.status());
+  }
   v1::ModelInfo* model = response->add_models();
   *model = model_info_;
   model->set_supports_images(assets_->config().image_token_id >= 0 && encoders_.HasEncoder());

@@ -57,6 +57,17 @@
 // Abort(request_id) cancels the running decode call; that request's stream then ends with a last
 // chunk whose finish_reason is ABORTED, and status OK.
 //
+// Tenants (options.tenants, router/tenants.h; null: every call is served as before, with the
+// client's cache salt and priority): every method first authenticates the call's
+// `authorization: Bearer <key>` metadata (kUnauthenticated) and checks that the tenant may use
+// the served model (kPermissionDenied), before anything else. Chat and Generate then check the
+// priority (kPermissionDenied above the tenant's max_priority) and admit the call against the
+// tenant's limits (kResourceExhausted, with the seconds to wait in the message and in a
+// `retry-after` trailing metadata entry), before validation, so a refused call costs no
+// tokenization and reaches no worker. The request's cache salt becomes Tenants::CacheSalt (the
+// tenant's namespace), its prompt tokens are charged at admission and its completion tokens when
+// it ends. Abort finds only requests of the caller's own tenant (found=false for another's).
+//
 // Every finished Chat/Generate call logs one info line: request id, decode and prefill worker,
 // prompt and completion tokens, TTFT, attempts and outcome.
 //
@@ -91,6 +102,7 @@
 #include "router/placement.h"
 #include "router/transfer_cost.h"
 #include "router/router_metrics.h"
+#include "router/tenants.h"
 #include "router/worker_registry.h"
 
 namespace deepinfer::router {
@@ -118,6 +130,8 @@ struct InferenceServiceOptions {
   absl::Duration default_timeout = absl::Minutes(10);
   // Largest message on the channels to decode workers, bytes.
   int max_message_bytes = 64 << 20;
+  // Who may call and their limits; not owned, must outlive the service. Null: no checks.
+  Tenants* tenants = nullptr;
 };
 
 class InferenceService final : public v1::Inference::Service {
@@ -202,6 +216,8 @@ class InferenceService final : public v1::Inference::Service {
     absl::Mutex mu;
     grpc::ClientContext* call ABSL_GUARDED_BY(mu) = nullptr;
     bool aborted ABSL_GUARDED_BY(mu) = false;
+    // The tenant that started it (set before it is published in live_); "" without tenants.
+    std::string tenant_id;
   };
   class Admission;
 
@@ -210,6 +226,9 @@ class InferenceService final : public v1::Inference::Service {
                    std::unique_ptr<PlacementPolicy> policy);
 
   absl::Status CheckModel(absl::string_view model) const;
+  // The caller's tenant from its metadata, allowed to use the served model; null without
+  // options.tenants.
+  absl::StatusOr<std::shared_ptr<const Tenant>> Authorize(const grpc::ServerContext* context);
   // Chat with images: encodes `prompt.images` on the encoder pool and expands the rendered
   // prompt's placeholders (router/image_prompt.h) into `prepared`.
   absl::Status PrepareImages(grpc::ServerContext* context, const api::ChatPrompt& prompt,
@@ -232,9 +251,11 @@ class InferenceService final : public v1::Inference::Service {
   grpc::Status Forward(grpc::ServerContext* context, absl::Time received, const Prepared& request,
                        LiveRequest* live, absl::FunctionRef<bool(v1::GenerateChunk&)> write,
                        Outcome* outcome);
-  // What Chat and Generate share: admission, `prepare` (validation through tokenization, filling
-  // a Prepared), Forward, and the final log line and metrics.
+  // What Chat and Generate share: the tenant checks, admission, `prepare` (validation through
+  // tokenization, filling a Prepared), Forward, and the final log line and metrics. `priority` is
+  // the client's.
   grpc::Status Serve(grpc::ServerContext* context, absl::string_view client_request_id,
+                     int32_t priority,
                      absl::FunctionRef<absl::Status(Prepared*)> prepare,
                      absl::FunctionRef<bool(v1::GenerateChunk&)> write);
   // Logs the call's line and counts it in the metrics.

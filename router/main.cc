@@ -20,9 +20,16 @@
 // default: a deployment opts into a second public port), with /metrics and /healthz on the same
 // port. --metrics_listen stays for deployments that scrape a separate port (and the workers keep
 // common/metrics_http_server for theirs).
+//
+// Callers (router/tenants.h, docs/http-api.md "Tenants and API keys"): --tenants_file=FILE maps
+// API keys (stored as SHA-256 hex) to tenants with their limits; it is reloaded when it changes
+// (polled every --tenants_poll_interval) and on SIGHUP, and a file that does not parse keeps the
+// previous table. --allow_anonymous serves calls without a key (the local launcher sets it on
+// loopback). With neither, the router refuses to start.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +60,7 @@
 #include "router/router_admin_service.h"
 #include "router/placement.h"
 #include "router/router_metrics.h"
+#include "router/tenants.h"
 #include "router/worker_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -104,6 +112,13 @@ ABSL_FLAG(absl::Duration, http_read_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, max_chat_text_bytes, "4MiB",
           "Most chat text bytes in one request (all messages; the completion prompt over HTTP), "
           "refused with INVALID_ARGUMENT before it is rendered or tokenized.");
+ABSL_FLAG(std::string, tenants_file, "",
+          "JSON file of tenants and their API keys' SHA-256 (router/tenants.h); reloaded when it "
+          "changes and on SIGHUP. Empty: no keys (then --allow_anonymous must be set).");
+ABSL_FLAG(bool, allow_anonymous, false,
+          "Serve calls that send no API key, without limits (for a local, trusted setup).");
+ABSL_FLAG(absl::Duration, tenants_poll_interval, absl::Seconds(2),
+          "How often --tenants_file is checked for changes.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
 
 namespace deepinfer::router {
@@ -200,8 +215,29 @@ int Main() {
   absl::StatusOr<std::unique_ptr<RouterMetrics>> metrics = RouterMetrics::Create(&metrics_registry);
   if (!metrics.ok()) return Fail(metrics.status());
 
+  if (absl::GetFlag(FLAGS_tenants_poll_interval) <= absl::ZeroDuration()) {
+    return Fail(FlagError("tenants_poll_interval", "expected > 0"));
+  }
+  TenantsOptions tenants_options;
+  tenants_options.file = absl::GetFlag(FLAGS_tenants_file);
+  tenants_options.allow_anonymous = absl::GetFlag(FLAGS_allow_anonymous);
+  tenants_options.metrics = &metrics_registry;
+  absl::StatusOr<std::unique_ptr<Tenants>> tenants = Tenants::Create(tenants_options);
+  if (!tenants.ok()) return Fail(tenants.status());
+  if (tenants_options.allow_anonymous) {
+    const bool loopback = listen->host == "127.0.0.1" || listen->host == "::1" ||
+                          listen->host == "localhost";
+    if (!loopback) {
+      spdlog::warn("--allow_anonymous on {}: anyone who reaches this address may call without "
+                   "a key", listen->ToString());
+    }
+  }
+  Tenants::InstallReloadOnSighup();
+  (*tenants)->Watch(absl::GetFlag(FLAGS_tenants_poll_interval));
+
   InferenceServiceOptions service_options;
   service_options.model_id = model_id;
+  service_options.tenants = tenants->get();
   service_options.placement_policy = absl::GetFlag(FLAGS_placement);
   // The flag counts "at most N" uncached tokens; the policy's threshold is "fewer than".
   service_options.placement.local_prefill_threshold_tokens = colocated > 0 ? colocated + 1 : 0;
@@ -330,6 +366,16 @@ int Main() {
       return metrics_registry.Serialize();
     };
     api_options.healthy = [service] { return !service->draining(); };
+    Tenants* tenant_table = tenants->get();
+    api_options.authorize = [tenant_table, model_id](const HttpRequest& request) -> absl::Status {
+      std::optional<absl::string_view> authorization;
+      const std::string header = request.Header("Authorization");
+      if (!header.empty()) authorization = header;
+      absl::StatusOr<std::shared_ptr<const Tenant>> tenant =
+          tenant_table->Authenticate(authorization);
+      if (!tenant.ok()) return tenant.status();
+      return tenant_table->CheckModel(**tenant, model_id);
+    };
     absl::StatusOr<std::unique_ptr<OpenAiApi>> api = OpenAiApi::Create(
         grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args),
         std::move(api_options));

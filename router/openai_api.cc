@@ -453,6 +453,16 @@ HttpError ErrorFromStatus(const absl::Status& status, Endpoint endpoint) {
       }
       break;
     }
+    case absl::StatusCode::kUnauthenticated:
+      e.status = 401;
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      e.status = 403;
+      e.type = "permission_error";
+      e.code = "permission_denied";
+      break;
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
       e.status = 400;
@@ -737,6 +747,10 @@ class RelayCall final : public grpc::ClientReadReactor<Chunk> {
 
   grpc::ClientContext* context() { return &context_; }
   const openai::ParsedRequest& request() const { return request_; }
+  // The HTTP Authorization header, forwarded as the call's `authorization` metadata.
+  void SetAuthorization(const std::string& authorization) {
+    if (!authorization.empty()) context_.AddMetadata("authorization", authorization);
+  }
 
   void Start() {
     responder_->OnClientGone([cancel = cancel_] { cancel->Cancel(); });
@@ -784,9 +798,17 @@ class RelayCall final : public grpc::ClientReadReactor<Chunk> {
         responder_->Respond(200, kJson, openai::Dump(builder_.Final()) + "\n");
       }
     } else {
-      const openai::HttpError error = openai::ErrorFromStatus(
+      openai::HttpError error = openai::ErrorFromStatus(
           absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()),
           request_.endpoint);
+      const auto& trailers = context_.GetServerTrailingMetadata();
+      if (auto it = trailers.find("retry-after"); it != trailers.end() && error.status == 429) {
+        int seconds = 0;
+        if (absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &seconds) &&
+            seconds > 0) {
+          error.retry_after_s = seconds;
+        }
+      }
       if (stream_started_) {
         responder_->Write(openai::ResponseBuilder::StreamErrorEvent(error), nullptr);
         responder_->EndStream();
@@ -838,6 +860,12 @@ bool OpenAiApi::WaitIdle(absl::Duration timeout) const {
 
 void OpenAiApi::Handle(HttpRequest request, std::shared_ptr<HttpResponder> responder) {
   const std::string& path = request.path;
+  if (absl::StartsWith(path, "/v1/") && options_.authorize) {
+    if (absl::Status s = options_.authorize(request); !s.ok()) {
+      RespondError(*responder, openai::ErrorFromStatus(s, openai::Endpoint::kChat));
+      return;
+    }
+  }
   auto method_is = [&](absl::string_view method) {
     if (request.method == method) return true;
     openai::HttpError e;
@@ -902,11 +930,13 @@ void OpenAiApi::Completions(openai::Endpoint endpoint, const HttpRequest& reques
   if (endpoint == openai::Endpoint::kChat) {
     auto* call = new RelayCall<v1::ChatChunk>(std::move(*parsed), std::move(responder), model,
                                               options_.token_text, &in_flight_);
+    call->SetAuthorization(request.Header("Authorization"));
     stub_->async()->Chat(call->context(), &call->request().chat, call);
     call->Start();
   } else {
     auto* call = new RelayCall<v1::GenerateChunk>(std::move(*parsed), std::move(responder), model,
                                                   options_.token_text, &in_flight_);
+    call->SetAuthorization(request.Header("Authorization"));
     stub_->async()->Generate(call->context(), &call->request().generate, call);
     call->Start();
   }

@@ -21,8 +21,12 @@
 //   400 a field is malformed, out of range or unsupported (param names it, in the request's own
 //       terms: "max_tokens", "messages[0].content[1].image_url", "stop"); malformed JSON; invalid
 //       UTF-8 (param names the field that holds it)
+//   401 UNAUTHENTICATED: no, malformed or unknown API key (the Authorization header, forwarded
+//       to the gRPC call as `authorization` metadata); 403 PERMISSION_DENIED: the key's tenant
+//       may not use the model or the priority
 //   404 unknown model (code "model_not_found") or path; 405 wrong method on a known path
-//   409 the request id is already running; 429 RESOURCE_EXHAUSTED (with Retry-After);
+//   409 the request id is already running; 429 RESOURCE_EXHAUSTED (with Retry-After: the
+//       call's `retry-after` trailing metadata, else 1);
 //   503 UNAVAILABLE (no worker, draining); 504 DEADLINE_EXCEEDED; 500 anything else.
 // An error after a stream's first chunk arrives as a last `data: {"error": {...}}` event.
 //
@@ -92,6 +96,7 @@ struct HttpError {
 // field names (sampling.max_tokens -> max_tokens, messages[0].content[1].image ->
 // messages[0].content[1].image_url, prompt_token_ids[3] -> prompt), except an unknown model ->
 // 404; NOT_FOUND 404; ALREADY_EXISTS 409; RESOURCE_EXHAUSTED 429 + Retry-After: 1;
+// UNAUTHENTICATED 401; PERMISSION_DENIED 403;
 // FAILED_PRECONDITION 400; UNAVAILABLE 503; DEADLINE_EXCEEDED 504; CANCELLED 499; other 500.
 HttpError ErrorFromStatus(const absl::Status& status, Endpoint endpoint);
 
@@ -161,6 +166,10 @@ struct OpenAiApiOptions {
   std::function<std::string()> metrics;
   // GET /healthz: 200 "ok" when true, else 503; null -> 404.
   std::function<bool()> healthy;
+  // Checks the caller of every /v1/ request before its body is parsed (kUnauthenticated ->
+  // 401, kPermissionDenied -> 403); null: no check here (the gRPC service still checks the
+  // forwarded key).
+  std::function<absl::Status(const HttpRequest&)> authorize;
 };
 
 class OpenAiApi {

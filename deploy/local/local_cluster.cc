@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -67,6 +68,18 @@ std::vector<std::string> RouterCommandLine(const LocalClusterConfig& config,
       absl::StrCat("--model=", config.model_dir),
       absl::StrCat("--log_level=", config.log_level),
   };
+  // A local cluster on loopback is a trusted setup: calls without an API key are served unless
+  // the caller configures tenants itself (--tenants_file or an explicit --allow_anonymous).
+  bool tenants_configured = false;
+  for (const std::string& flag : config.router_flags) {
+    if (absl::StartsWith(flag, "--tenants_file") || absl::StartsWith(flag, "--allow_anonymous") ||
+        absl::StartsWith(flag, "--noallow_anonymous")) {
+      tenants_configured = true;
+    }
+  }
+  const std::string host = config.router_listen.substr(0, config.router_listen.rfind(':'));
+  const bool loopback = host == "127.0.0.1" || host == "localhost" || host == "[::1]";
+  if (!tenants_configured && loopback) argv.push_back("--allow_anonymous");
   argv.insert(argv.end(), config.router_flags.begin(), config.router_flags.end());
   return argv;
 }

@@ -63,7 +63,9 @@ struct LocalClusterConfig {
   // The router's --listen. Port 0 picks a free one (tests); the launcher uses 127.0.0.1:50051.
   std::string router_listen = "127.0.0.1:0";
   std::string log_level = "info";
-  // Appended to each role's command line (e.g. "--heartbeat_interval=200ms").
+  // Appended to each role's command line (e.g. "--heartbeat_interval=200ms"). A router on a
+  // loopback router_listen also gets --allow_anonymous unless router_flags name
+  // --tenants_file or --[no]allow_anonymous (router/tenants.h).
   std::vector<std::string> router_flags;
   std::vector<std::string> prefill_flags;
   std::vector<std::string> decode_flags;

@@ -22,8 +22,10 @@
 namespace deepinfer::deploy {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::Pair;
 
 class LocalClusterUnitTest : public ::testing::Test {
@@ -77,7 +79,18 @@ TEST_F(LocalClusterUnitTest, RouterCommandLine) {
   EXPECT_THAT(RouterCommandLine(config_, "/l/router.port"),
               ElementsAre(config_.bin_dir + "/router/router", "--listen=127.0.0.1:50051",
                           "--port_file=/l/router.port", "--model=/models/m", "--log_level=debug",
-                          "--heartbeat_interval=200ms", "--missed_heartbeats=2"));
+                          "--allow_anonymous", "--heartbeat_interval=200ms",
+                          "--missed_heartbeats=2"));
+}
+
+TEST_F(LocalClusterUnitTest, RouterAnonymousOnlyOnLoopbackAndUnlessTenantsAreGiven) {
+  config_.router_flags = {"--tenants_file=/t.json"};
+  EXPECT_THAT(RouterCommandLine(config_, "/l/router.port"),
+              Not(Contains("--allow_anonymous")));
+  config_.router_flags = {};
+  config_.router_listen = "0.0.0.0:50051";
+  EXPECT_THAT(RouterCommandLine(config_, "/l/router.port"),
+              Not(Contains("--allow_anonymous")));
 }
 
 TEST_F(LocalClusterUnitTest, WorkerCommandLines) {
