@@ -1,18 +1,23 @@
 #include "router/inference_service.h"
 
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "api/request_validation.h"
+#include "common/fake_clock.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
@@ -26,6 +31,7 @@
 #include "proto/deepinfer/v1/inference.grpc.pb.h"
 #include "router/prompt_block_hashes.h"
 #include "router/router_metrics.h"
+#include "router/tenants.h"
 #include "router/worker_registry.h"
 
 namespace deepinfer::router {
@@ -989,6 +995,223 @@ TEST_F(InferenceServiceTest, MetricsCountCallsTokensAndPlacementsOverHttp) {
   ASSERT_TRUE(Generate(SimpleGenerate("m-4", 20)).status.ok());
   EXPECT_EQ(scrape("deepinfer_placement_decisions_total{outcome=\"local_below_threshold\"}"), 1);
   http->Stop();
+}
+
+// --- Tenants: every public method checks the caller (router/tenants.h) ---
+
+std::string TenantEntry(absl::string_view id, absl::string_view key, absl::string_view extra = "") {
+  return absl::StrCat("{\"id\": \"", id, "\", \"key_sha256\": [\"", HashApiKey(key), "\"]",
+                      extra.empty() ? "" : ", ", extra, "}");
+}
+
+class TenantsServiceTest : public InferenceServiceTest {
+ protected:
+  void SetUp() override {
+    InferenceServiceTest::SetUp();
+    file_ = absl::StrCat(::testing::TempDir(), "/tenants_service_", getpid(), ".json");
+    WriteTenants({TenantEntry("acme", "key-acme",
+                              absl::StrCat("\"models\": [\"", kModelId, "\"], \"max_priority\": 5")),
+                  TenantEntry("beta", "key-beta"),
+                  TenantEntry("other", "key-other", "\"models\": [\"some-other-model\"]"),
+                  TenantEntry("revoked", "key-revoked"),
+                  TenantEntry("slow", "key-slow",
+                              "\"requests_per_second\": 1, \"max_concurrent_streams\": 1")});
+    absl::StatusOr<std::unique_ptr<Tenants>> tenants =
+        Tenants::Create({.file = file_, .clock = clock_.AsFunction()});
+    ASSERT_TRUE(tenants.ok()) << tenants.status();
+    tenants_ = std::move(*tenants);
+    StartService(InferenceServiceOptions{.model_id = kModelId, .tenants = tenants_.get()});
+  }
+  void TearDown() override { std::remove(file_.c_str()); }
+
+  void WriteTenants(const std::vector<std::string>& entries) {
+    const std::string tmp = file_ + ".tmp";
+    std::ofstream(tmp) << "{\"tenants\": [" << absl::StrJoin(entries, ", ") << "]}";
+    ASSERT_EQ(std::rename(tmp.c_str(), file_.c_str()), 0);
+  }
+
+  // An authorization value; "" sends none.
+  static void Authorize(grpc::ClientContext* context, const std::string& authorization) {
+    if (!authorization.empty()) context->AddMetadata("authorization", authorization);
+  }
+
+  grpc::Status CallChat(const std::string& authorization, ChatRequest request = SimpleChat()) {
+    grpc::ClientContext context;
+    Authorize(&context, authorization);
+    SetDeadline(&context, absl::Seconds(20));
+    std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub_->Chat(&context, request);
+    ChatChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  }
+  grpc::Status CallGenerate(const std::string& authorization,
+                            GenerateRequest request = SimpleGenerate(),
+                            std::string* retry_after = nullptr) {
+    grpc::ClientContext context;
+    Authorize(&context, authorization);
+    SetDeadline(&context, absl::Seconds(20));
+    std::unique_ptr<grpc::ClientReader<GenerateChunk>> reader = stub_->Generate(&context, request);
+    GenerateChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    grpc::Status status = reader->Finish();
+    if (retry_after != nullptr) {
+      auto it = context.GetServerTrailingMetadata().find("retry-after");
+      *retry_after = it == context.GetServerTrailingMetadata().end()
+                         ? ""
+                         : std::string(it->second.data(), it->second.size());
+    }
+    return status;
+  }
+  grpc::Status CallListModels(const std::string& authorization) {
+    grpc::ClientContext context;
+    Authorize(&context, authorization);
+    v1::ListModelsResponse response;
+    return stub_->ListModels(&context, {}, &response);
+  }
+  grpc::Status CallAbort(const std::string& authorization, const std::string& id,
+                         bool* found = nullptr) {
+    grpc::ClientContext context;
+    Authorize(&context, authorization);
+    v1::AbortRequest request;
+    request.set_request_id(id);
+    v1::AbortResponse response;
+    grpc::Status status = stub_->Abort(&context, request, &response);
+    if (found != nullptr) *found = response.found();
+    return status;
+  }
+
+  FakeClock clock_;
+  std::string file_;
+  std::unique_ptr<Tenants> tenants_;
+};
+
+TEST_F(TenantsServiceTest, EveryMethodRefusesCallersWithoutAGoodKey) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  // The revoked key works until the file without it is reloaded.
+  ASSERT_TRUE(CallListModels("Bearer key-revoked").ok());
+  WriteTenants({TenantEntry("acme", "key-acme"), TenantEntry("other", "key-other",
+                                                             "\"models\": [\"x\"]")});
+  ASSERT_TRUE(tenants_->Reload().ok());
+
+  struct Case {
+    std::string name;
+    std::string authorization;
+    grpc::StatusCode code;
+  };
+  const std::vector<Case> cases = {
+      {"no key", "", grpc::StatusCode::UNAUTHENTICATED},
+      {"not a bearer token", "Basic a2V5LWFjbWU=", grpc::StatusCode::UNAUTHENTICATED},
+      {"unknown key", "Bearer key-nobody", grpc::StatusCode::UNAUTHENTICATED},
+      {"revoked key", "Bearer key-revoked", grpc::StatusCode::UNAUTHENTICATED},
+      {"key for another model", "Bearer key-other", grpc::StatusCode::PERMISSION_DENIED},
+  };
+  using Method = std::function<grpc::Status(const std::string&)>;
+  const std::vector<std::pair<std::string, Method>> methods = {
+      {"Chat", [&](const std::string& a) { return CallChat(a); }},
+      {"Generate", [&](const std::string& a) { return CallGenerate(a); }},
+      {"ListModels", [&](const std::string& a) { return CallListModels(a); }},
+      {"Abort", [&](const std::string& a) { return CallAbort(a, "some-id"); }},
+  };
+  for (const auto& [method, call] : methods) {
+    for (const Case& c : cases) {
+      const grpc::Status status = call(c.authorization);
+      EXPECT_EQ(status.error_code(), c.code)
+          << method << ", " << c.name << ": " << status.error_message();
+    }
+  }
+  // Nothing reached a worker.
+  EXPECT_TRUE(decode->requests().empty());
+  // The good key is served.
+  EXPECT_TRUE(CallGenerate("Bearer key-acme").ok());
+  EXPECT_EQ(decode->requests().size(), 1u);
+}
+
+TEST_F(TenantsServiceTest, PriorityAboveTheTenantsIsRefused) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  ChatRequest request = SimpleChat();
+  request.set_priority(6);
+  const grpc::Status status = CallChat("Bearer key-acme", request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(status.error_message().find("priority"), std::string::npos);
+  EXPECT_TRUE(decode->requests().empty());
+  request.set_priority(5);
+  EXPECT_TRUE(CallChat("Bearer key-acme", request).ok());
+  ASSERT_EQ(decode->requests().size(), 1u);
+  EXPECT_EQ(decode->requests()[0].priority(), 5);
+}
+
+TEST_F(TenantsServiceTest, CacheSaltComesFromTheTenant) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  GenerateRequest request = SimpleGenerate();
+  request.set_cache_salt("someone-elses-salt");
+  ASSERT_TRUE(CallGenerate("Bearer key-acme", request).ok());
+  ASSERT_TRUE(CallGenerate("Bearer key-beta", request).ok());
+  ASSERT_EQ(decode->requests().size(), 2u);
+  EXPECT_EQ(decode->requests()[0].cache_salt(), Tenants::CacheSalt(Tenant{.cache_namespace = "acme"}, ""));
+  EXPECT_NE(decode->requests()[0].cache_salt(), decode->requests()[1].cache_salt());
+  EXPECT_NE(decode->requests()[0].cache_salt(), "someone-elses-salt");
+}
+
+TEST_F(TenantsServiceTest, AbortOfAnotherTenantsRequestFindsNothing) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.tokens = 1000, .per_token_delay = absl::Milliseconds(5)});
+  grpc::ClientContext context;
+  Authorize(&context, "Bearer key-acme");
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub_->Chat(&context, SimpleChat("t-1"));
+  ChatChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  bool found = true;
+  ASSERT_TRUE(CallAbort("Bearer key-beta", "t-1", &found).ok());
+  EXPECT_FALSE(found);
+  ASSERT_TRUE(reader->Read(&chunk));  // still streaming
+  EXPECT_EQ(chunk.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  ASSERT_TRUE(CallAbort("Bearer key-acme", "t-1", &found).ok());
+  EXPECT_TRUE(found);
+  ChatChunk last;
+  while (reader->Read(&chunk)) last = chunk;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_ABORTED);
+}
+
+TEST_F(TenantsServiceTest, RequestRateWithRetryAfter) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  ASSERT_TRUE(CallGenerate("Bearer key-slow").ok());
+  std::string retry_after;
+  const grpc::Status refused = CallGenerate("Bearer key-slow", SimpleGenerate(), &retry_after);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("requests_per_second"), std::string::npos);
+  EXPECT_EQ(retry_after, "1");
+  EXPECT_EQ(decode->requests().size(), 1u);
+  // Other tenants are not limited by it.
+  EXPECT_TRUE(CallGenerate("Bearer key-acme").ok());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(CallGenerate("Bearer key-slow").ok());
+}
+
+TEST_F(TenantsServiceTest, ConcurrentStreamsAreCapped) {
+  FakeDecodeWorker* decode = AddDecode("d0", /*can_prefill=*/true);
+  decode->SetScript({.tokens = 1000, .per_token_delay = absl::Milliseconds(5)});
+  grpc::ClientContext context;
+  Authorize(&context, "Bearer key-slow");
+  SetDeadline(&context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<ChatChunk>> reader = stub_->Chat(&context, SimpleChat("s-1"));
+  ChatChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  clock_.Advance(absl::Seconds(10));  // the request rate is not what refuses the next one
+  std::string retry_after;
+  const grpc::Status refused = CallGenerate("Bearer key-slow", SimpleGenerate(), &retry_after);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("max_concurrent_streams"), std::string::npos);
+  EXPECT_EQ(retry_after, "1");
+  ASSERT_TRUE(CallAbort("Bearer key-slow", "s-1").ok());
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  decode->SetScript({});
+  EXPECT_TRUE(CallGenerate("Bearer key-slow").ok());
 }
 
 }  // namespace
