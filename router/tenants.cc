@@ -343,6 +343,9 @@ void Tenants::InstallReloadOnSighup() {
 
 absl::StatusOr<std::shared_ptr<const Tenant>> Tenants::Authenticate(
     std::optional<absl::string_view> authorization) {
+  // Without a tenants file there is nobody but anonymous: a key is not checked (clients such as
+  // the openai SDK always send one).
+  if (options_.file.empty()) return anonymous_;
   if (!authorization.has_value()) {
     if (options_.allow_anonymous) return anonymous_;
     RecordRejection(nullptr, "unauthenticated");

@@ -32,7 +32,9 @@
 // bucket state of a tenant id survives reloads.
 //
 // Anonymous calls (no authorization metadata) are served only with allow_anonymous, as the
-// "anonymous" tenant: no limits, any priority, and the client's own cache salt.
+// "anonymous" tenant: no limits, any priority, and the client's own cache salt. Without a tenants
+// file every call is anonymous and a key it sends is ignored (the openai SDK always sends one);
+// with a file, a key that is sent must be valid even when anonymous calls are allowed.
 //
 // Cache isolation: CacheSalt gives the salt a request's prefix-cache hashes use: the tenant's
 // cache namespace, so two tenants never share blocks or see each other's cached_tokens; a tenant

@@ -138,6 +138,12 @@ TEST(TenantsTest, AuthenticatesKeysAndAnonymous) {
   // A key that is sent is checked even when anonymous calls are allowed.
   EXPECT_EQ((*open)->Authenticate("Bearer key-b").status().code(),
             absl::StatusCode::kUnauthenticated);
+
+  // Without a file, everyone is anonymous, whatever key they send.
+  auto no_file = Tenants::Create({.allow_anonymous = true});
+  ASSERT_TRUE(no_file.ok());
+  EXPECT_EQ((*(*no_file)->Authenticate("Bearer anything"))->id, kAnonymousTenant);
+  EXPECT_EQ((*(*no_file)->Authenticate(std::nullopt))->id, kAnonymousTenant);
 }
 
 TEST(TenantsTest, ModelAndPriorityArePermissions) {

@@ -308,6 +308,69 @@ def image_checks(client, model, image_path):
                  400, "messages[0].content[1].image_url", "an image that is not PNG or JPEG")
 
 
+def tenant_checks(base_url, model, port):
+    """Against a router with --tenants_file (keys: tests/openai_http_test.cc)."""
+    import openai
+
+    def client(key):
+        return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60)
+
+    alice, bob, other, tiny = (client(k) for k in ("key-alice", "key-bob", "key-other", "key-tiny"))
+    msgs = [{"role": "user", "content": "hi"}]
+
+    # 401: no key (raw HTTP; the client always sends one), an unknown key; 403: another model's
+    # key, a priority above the tenant's.
+    resp = raw_http(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    check(resp is not None and resp[0] == 401, f"/v1/models without a key: {resp and resp[0]}")
+    resp = post(port, "/v1/chat/completions",
+                json.dumps({"model": model, "messages": msgs}).encode())
+    check(resp is not None and resp[0] == 401, f"chat without a key: {resp and resp[0]}")
+    e = expect_error(lambda: client("key-nobody").models.list(), 401, None, "unknown key, models")
+    if e is not None:
+        check(e.body.get("type") == "authentication_error", f"401 body: {e.body}")
+    expect_error(lambda: client("key-nobody").chat.completions.create(
+        model=model, messages=msgs, max_tokens=2), 401, None, "unknown key, chat")
+    expect_error(lambda: client("key-nobody").completions.create(
+        model=model, prompt="hi", max_tokens=2), 401, None, "unknown key, completions")
+    expect_error(lambda: other.models.list(), 403, None, "another model's key, models")
+    expect_error(lambda: other.chat.completions.create(model=model, messages=msgs, max_tokens=2),
+                 403, None, "another model's key, chat")
+    expect_error(lambda: alice.chat.completions.create(
+        model=model, messages=msgs, max_tokens=2, extra_body={"priority": 9}),
+        403, None, "a priority above the tenant's")
+    check([m.id for m in alice.models.list().data] == [model], "a good key lists the model")
+
+    # 429 with the tenant's Retry-After: one request, then the bucket is empty for ~1000 s.
+    tiny.chat.completions.create(model=model, messages=msgs, max_tokens=2)
+    e = expect_error(lambda: tiny.chat.completions.create(model=model, messages=msgs, max_tokens=2),
+                     429, None, "over requests_per_second")
+    if e is not None:
+        retry = e.response.headers.get("retry-after", "")
+        check(retry.isdigit() and 990 <= int(retry) <= 1000, f"429 Retry-After {retry!r}")
+        check("requests_per_second" in e.body.get("message", ""), f"429 names the limit: {e.body}")
+
+    # Isolation: the same prompt from two tenants shares no cache blocks.
+    prompt = [{"role": "user", "content": "Isolation check: the quick brown fox jumps over the "
+                                          "lazy dog, again and again, until the story ends."}]
+
+    def cached(c, salt=None):
+        extra = {"cache_salt": salt} if salt else {}
+        r = c.chat.completions.create(model=model, messages=prompt, max_tokens=2, temperature=0,
+                                      extra_body=extra)
+        d = r.usage.prompt_tokens_details
+        return (d.cached_tokens if d else 0), r.usage.prompt_tokens
+
+    first = cached(alice)
+    again = cached(alice)
+    check(first[0] == 0, f"alice's first request has no cached tokens: {first}")
+    check(again[0] > 0, f"alice's repeat hits her cache: {again}")
+    bob_first = cached(bob)
+    check(bob_first[0] == 0, f"bob's identical prompt sees none of alice's cache: {bob_first}")
+    # Naming alice's namespace as the cache salt does not help: the salt is the tenant's.
+    bob_salted = cached(client("key-carol"), salt="tenant:alice")
+    check(bob_salted[0] == 0, f"a client-chosen salt does not reach another tenant: {bob_salted}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check_client", action="store_true")
@@ -331,6 +394,8 @@ def main():
             "no worker left")
         if e is not None:
             check(e.body.get("type") == "service_unavailable", f"503 body: {e.body}")
+    elif args.phase == "tenants":
+        tenant_checks(args.base_url, args.model, port)
     elif args.phase == "image":
         image_checks(client, args.model, args.image)
     if FAILURES:
