@@ -1,6 +1,10 @@
 #include "router/tenants.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <fstream>
@@ -243,6 +247,40 @@ TEST(TenantsTest, ReloadRevokesAndBadReloadKeepsTheTable) {
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.message(), HasSubstr(file.path()));
   EXPECT_TRUE((*tenants)->Authenticate("Bearer key-a").ok());
+}
+
+TEST(TenantsTest, SighupReloadsAFileWhoseTimeAndSizeDidNotChange) {
+  TenantsFile file;
+  file.Write(FileJson({TenantJson("a", "key-1")}));
+  struct stat before {};
+  ASSERT_EQ(::stat(file.path().c_str(), &before), 0);
+  auto tenants = Tenants::Create({.file = file.path()});
+  ASSERT_TRUE(tenants.ok());
+  // Same length, same modification time: only the signal can tell.
+  file.Write(FileJson({TenantJson("a", "key-2")}));
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, file.path().c_str(), times, 0), 0);
+  (*tenants)->ReloadIfChanged();
+  EXPECT_TRUE((*tenants)->Authenticate("Bearer key-1").ok());
+  Tenants::InstallReloadOnSighup();
+  ASSERT_EQ(std::raise(SIGHUP), 0);
+  (*tenants)->ReloadIfChanged();
+  EXPECT_FALSE((*tenants)->Authenticate("Bearer key-1").ok());
+  EXPECT_TRUE((*tenants)->Authenticate("Bearer key-2").ok());
+}
+
+TEST(TenantsTest, WatchPicksUpAChangedFile) {
+  TenantsFile file;
+  file.Write(FileJson({TenantJson("a", "key-1")}));
+  auto tenants = Tenants::Create({.file = file.path()});
+  ASSERT_TRUE(tenants.ok());
+  (*tenants)->Watch(absl::Milliseconds(10));
+  file.Write(FileJson({TenantJson("a", "key-1"), TenantJson("b", "key-two")}));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!(*tenants)->Authenticate("Bearer key-two").ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE((*tenants)->Authenticate("Bearer key-two").ok());
 }
 
 TEST(TenantsTest, MetricsUseConfiguredIdsOnly) {
