@@ -1,5 +1,6 @@
 #include "router/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -747,9 +748,14 @@ class RelayCall final : public grpc::ClientReadReactor<Chunk> {
 
   grpc::ClientContext* context() { return &context_; }
   const openai::ParsedRequest& request() const { return request_; }
-  // The HTTP Authorization header, forwarded as the call's `authorization` metadata.
+  // The HTTP Authorization header, forwarded as the call's `authorization` metadata. A value
+  // gRPC cannot carry (not printable ASCII) is forwarded as one no key matches, so the call is
+  // refused as unauthenticated instead of failing inside gRPC.
   void SetAuthorization(const std::string& authorization) {
-    if (!authorization.empty()) context_.AddMetadata("authorization", authorization);
+    if (authorization.empty()) return;
+    const bool printable = std::all_of(authorization.begin(), authorization.end(),
+                                       [](char c) { return c >= 0x20 && c <= 0x7e; });
+    context_.AddMetadata("authorization", printable ? authorization : "invalid");
   }
 
   void Start() {

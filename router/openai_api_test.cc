@@ -224,6 +224,14 @@ TEST(ErrorFromStatusTest, MapsCodesAndTranslatesFieldPaths) {
   EXPECT_EQ(e.retry_after_s, 1);
   EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("no decode worker"), Endpoint::kChat).status,
             503);
+  e = ErrorFromStatus(absl::UnauthenticatedError("authorization: unknown API key"),
+                      Endpoint::kChat);
+  EXPECT_EQ(e.status, 401);
+  EXPECT_EQ(e.type, "authentication_error");
+  e = ErrorFromStatus(absl::PermissionDeniedError("model: tenant \"a\" may not use"),
+                      Endpoint::kCompletion);
+  EXPECT_EQ(e.status, 403);
+  EXPECT_EQ(e.type, "permission_error");
   EXPECT_EQ(ErrorFromStatus(absl::DeadlineExceededError("late"), Endpoint::kChat).status, 504);
   EXPECT_EQ(ErrorFromStatus(absl::AlreadyExistsError("request_id: x"), Endpoint::kChat).status,
             409);

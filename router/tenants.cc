@@ -381,7 +381,8 @@ absl::Status Tenants::CheckModel(const Tenant& tenant, absl::string_view model) 
 }
 
 absl::Status Tenants::CheckPriority(const Tenant& tenant, int32_t priority) {
-  if (priority <= tenant.max_priority) return absl::OkStatus();
+  // Out of the API's range: request validation refuses it as kInvalidArgument naming priority.
+  if (priority <= tenant.max_priority || priority > 100) return absl::OkStatus();
   RecordRejection(&tenant, "priority");
   return absl::PermissionDeniedError(absl::StrCat("priority: tenant \"", tenant.id,
                                                   "\" may use at most ", tenant.max_priority,

@@ -136,6 +136,8 @@ class Tenants {
       std::optional<absl::string_view> authorization);
   // kPermissionDenied when `tenant` may not use `model`.
   absl::Status CheckModel(const Tenant& tenant, absl::string_view model);
+  // kPermissionDenied for a priority above the tenant's max_priority; one above 100 (out of the
+  // API's range) passes, for request validation to refuse as kInvalidArgument.
   absl::Status CheckPriority(const Tenant& tenant, int32_t priority);
 
   // A running stream of a tenant: holds one of its concurrent-stream slots until destroyed.

@@ -159,6 +159,7 @@ TEST(TenantsTest, ModelAndPriorityArePermissions) {
   EXPECT_TRUE((*tenants)->CheckPriority(t, 3).ok());
   EXPECT_TRUE((*tenants)->CheckPriority(t, -100).ok());
   EXPECT_EQ((*tenants)->CheckPriority(t, 4).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*tenants)->CheckPriority(t, 1000).ok());  // out of range: validation's to refuse
 }
 
 TEST(TenantsTest, RequestsPerSecondWithRetryHint) {
