@@ -27,7 +27,7 @@
 //     kResourceExhausted naming the limit, with the seconds to wait (RetryAfterSeconds).
 // Limits are token buckets refilled continuously with one second of burst: requests_per_second
 // admits at most max(1, rate) requests at once; tokens_per_second is charged the prompt tokens
-// when a request is admitted and its completion tokens as they are generated, may go into debt
+// when a request is admitted and its completion tokens when it ends, may go into debt
 // (a request is never refused for its own size), and refuses new requests while in debt. The
 // bucket state of a tenant id survives reloads.
 //
