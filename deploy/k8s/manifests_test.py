@@ -369,6 +369,24 @@ def consistency_errors(objects, worker_pools=WORKER_POOLS, gpu_pools=GPU_POOLS):
                 errs.append("RBAC: ServiceAccount %s may not %s deployments/scale of "
                             "deepinfer-%s" % (router_sa, verb, pool))
 
+    # The router authenticates callers: a tenants file mounted from a Secret, or anonymous access
+    # said out loud (the router refuses to start with neither).
+    router = deployments.get("deepinfer-router")
+    if router is not None:
+        pod = router["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        args = c.get("args", [])
+        tenants = flag(args, "tenants_file")
+        if tenants is None and "--allow_anonymous" not in args:
+            errs.append("Deployment/deepinfer-router: neither --tenants_file nor --allow_anonymous")
+        if tenants is not None:
+            volumes = {v["name"]: v for v in pod.get("volumes", [])}
+            mounted = [m for m in c.get("volumeMounts", [])
+                       if tenants.startswith(m["mountPath"].rstrip("/") + "/")]
+            if not mounted or "secret" not in volumes.get(mounted[0]["name"], {}):
+                errs.append("Deployment/deepinfer-router: --tenants_file=%s is not on a Secret "
+                            "volume" % tenants)
+
     # ServiceMonitor: selects every Service, each of which has its endpoint port.
     for sm in by_kind(objects, "ServiceMonitor").values():
         sel = sm["spec"]["selector"].get("matchLabels", {})
@@ -586,6 +604,11 @@ class ManifestsTest(unittest.TestCase):
             ("Service", "deepinfer-decode",
              lambda s: s["metadata"]["labels"].pop("app.kubernetes.io/name"),
              "does not select Service/deepinfer-decode"),
+            ("Deployment", "deepinfer-router", lambda d: set_arg(d, "tenants_file", None),
+             "neither --tenants_file nor --allow_anonymous"),
+            ("Deployment", "deepinfer-router",
+             lambda d: set_arg(d, "tenants_file", "/models/model/tenants.json"),
+             "is not on a Secret volume"),
         ]
         for kind, name, mutate, expected in cases:
             with self.subTest(kind=kind, name=name, expected=expected):
