@@ -342,8 +342,9 @@ std::vector<std::pair<double, std::vector<const GoodputPoint*>>> ByRate(
   return out;
 }
 
-// The candidate's goodput against the best other configuration's at one rate; nullopt when
-// either is missing.
+// The candidate's SLO attainment against the best other configuration's at one rate (the same
+// requests were offered to each, so this compares requests served within the SLOs without the
+// noise of each run's own duration, goodput's denominator); nullopt when either is missing.
 struct Verdict {
   bool holds = false;
   double ratio = 0;  // candidate / best other; 0 when the best other is 0
@@ -356,14 +357,14 @@ std::optional<Verdict> Judge(const std::vector<const GoodputPoint*>& at_rate,
   for (const GoodputPoint* p : at_rate) {
     if (p->config == candidate) {
       c = p;
-    } else if (best == nullptr || p->goodput > best->goodput) {
+    } else if (best == nullptr || p->attainment > best->attainment) {
       best = p;
     }
   }
   if (c == nullptr || best == nullptr) return std::nullopt;
   Verdict v;
-  v.holds = c->goodput >= best->goodput;
-  v.ratio = best->goodput > 0 ? c->goodput / best->goodput : 0;
+  v.holds = c->attainment >= best->attainment;
+  v.ratio = best->attainment > 0 ? c->attainment / best->attainment : 0;
   v.best_other = best->config;
   return v;
 }
@@ -396,7 +397,7 @@ std::string FormatGoodputTable(const std::vector<GoodputPoint>& points,
   for (const auto& [rate, at_rate] : by_rate) {
     const std::optional<Verdict> v = Judge(at_rate, candidate);
     if (!v.has_value()) continue;
-    absl::StrAppendFormat(&out, "rate %.2f: %s goodput %s the best other (%s), ratio %.3f\n", rate,
+    absl::StrAppendFormat(&out, "rate %.2f: %s requests within SLO %s the best other's (%s), ratio %.3f\n", rate,
                           candidate, v->holds ? ">=" : "<", v->best_other, v->ratio);
   }
   return out;

@@ -134,7 +134,9 @@ std::vector<std::pair<std::string, double>> MaxRateWithinSlo(
     const std::vector<GoodputPoint>& points, double target = 0.9);
 
 // The table (one row per rate and configuration, rates ascending) and, per rate, whether the
-// configuration named `candidate` reaches the goodput of the best other one (its ratio to it).
+// configuration named `candidate` serves at least as many of the requests within the SLOs as the
+// best other one (attainment; every configuration at a rate was sent the same requests, while
+// goodput also divides by each run's own duration), with the ratio of the attainments.
 std::string FormatGoodputTable(const std::vector<GoodputPoint>& points,
                                const std::string& candidate);
 nlohmann::json GoodputJson(const std::vector<GoodputPoint>& points, const std::string& candidate);
