@@ -20,7 +20,7 @@
 # GOODPUT_SLO_ITL_MS), writes it as JSON and, when matplotlib imports, a plot.
 #
 #   tools/bench/goodput.sh [MODEL_DIR] [OUT_DIR]       (defaults: models/demo, a new temp dir)
-#   GOODPUT_RATES="2,4,8"     session arrival rates (per second)
+#   GOODPUT_RATES="2,4,6,8"   session arrival rates (per second)
 #   GOODPUT_SESSIONS=60       sessions per run (each rate and configuration)
 #   GOODPUT_CODING_FRACTION=0.3, GOODPUT_CONTEXT_WORDS=1200, GOODPUT_TURNS=2: the coding sessions
 #   GOODPUT_SLO_TTFT_MS=1000, GOODPUT_SLO_ITL_MS=25
@@ -33,7 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-models/demo}
 OUT=${2:-$(mktemp -d "${TMPDIR:-/tmp}/goodput-XXXXXX")}
-RATES=${GOODPUT_RATES:-2,4,8}
+RATES=${GOODPUT_RATES:-2,4,6,8}
 SESSIONS=${GOODPUT_SESSIONS:-60}
 CODING_FRACTION=${GOODPUT_CODING_FRACTION:-0.3}
 CONTEXT_WORDS=${GOODPUT_CONTEXT_WORDS:-1200}
