@@ -27,7 +27,7 @@
 #   GOODPUT_LOCAL_TOKENS=256, GOODPUT_TRANSFER_FRACTION=0.05: the conditional cluster's router
 #   GOODPUT_SEED=1
 # With models/demo (2048 positions) a coding session's first prompt is ~1800 tokens (~0.4 s of
-# prefill on one core), a chat prompt ~60; the SLOs are 2.5x that long prefill and a stall of
+# prefill on one core), a chat prompt ~100 (median); the SLOs are 2.5x that long prefill and a stall of
 # about a 128-token prefill chunk between two tokens.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
