@@ -14,7 +14,9 @@
 // Invalid flags exit with status 2 and a message naming the flag.
 //
 // Placement: --placement=cache_aware (prefix overlap + load, the default) or least_loaded, with
-// the cost weights --placement_w_*; --metrics_listen=host:port serves Prometheus /metrics.
+// the cost weights --placement_w_*; --colocated_prefill_tokens and --max_exposed_transfer_fraction
+// decide when a can_prefill decode node prefills itself; --metrics_listen=host:port serves
+// Prometheus /metrics.
 //
 // --http_listen=host:port serves the OpenAI-compatible HTTP API (router/openai_api.h; off by
 // default: a deployment opts into a second public port), with /metrics and /healthz on the same
@@ -80,6 +82,10 @@ ABSL_FLAG(int, missed_heartbeats, 3,
 ABSL_FLAG(int, colocated_prefill_tokens, 0,
           "Prompts with at most this many uncached tokens are prefilled on the decode node itself "
           "(when it can prefill); 0 = never, except when no prefill worker is live.");
+ABSL_FLAG(double, max_exposed_transfer_fraction, 0,
+          "A can_prefill decode node prefills a prompt itself when the measured KV transfer left "
+          "exposed after a remote prefill would exceed this fraction of that prefill's compute "
+          "(finite, >= 0; 0 = off: only --colocated_prefill_tokens decides).");
 ABSL_FLAG(std::string, placement, "cache_aware",
           "Placement policy: cache_aware (prefix-cache overlap and load) or least_loaded.");
 ABSL_FLAG(double, placement_w_uncached_tokens, 1.0,
@@ -247,8 +253,12 @@ int Main() {
   service_options.placement.w_running_sequences =
       absl::GetFlag(FLAGS_placement_w_running_sequences);
   service_options.placement.rng_seed = registry_options.rng_seed;
+  service_options.placement.max_exposed_transfer_fraction =
+      absl::GetFlag(FLAGS_max_exposed_transfer_fraction);
   if (absl::Status s = ValidatePlacementOptions(service_options.placement); !s.ok()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--placement_", s.message())));
+    // The transfer-cost option's flag has its own name; the weights' flags are placement_*.
+    const bool own = absl::StartsWith(s.message(), "max_exposed_transfer_fraction");
+    return Fail(absl::InvalidArgumentError(absl::StrCat(own ? "--" : "--placement_", s.message())));
   }
   if (absl::Status s = CreatePlacementPolicy(service_options.placement_policy,
                                              service_options.placement, "placement")

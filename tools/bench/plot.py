@@ -7,6 +7,11 @@ several files from runs at different rates are given, throughput and p90 latency
 
 File names may carry the rate as `--label rate=...`; otherwise the measured request throughput is
 used as the x axis.
+
+    python3 tools/bench/plot.py --out docs --goodput goodput.json   # bench --goodput_json
+
+draws goodput, TTFT p90 and ITL p90 against the offered rate, one line per configuration, with
+the SLOs as dashed lines (goodput.png).
 """
 import argparse
 import collections
@@ -59,13 +64,48 @@ def p90(v):
     return v[min(len(v) - 1, int(0.9 * (len(v) - 1) + 0.5))]
 
 
+def plot_goodput(path, out):
+    with open(path) as f:
+        g = json.load(f)
+    points = g["points"]
+    configs = []
+    for p in points:
+        if p["config"] not in configs:
+            configs.append(p["config"])
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for c in configs:
+        ps = sorted((p for p in points if p["config"] == c), key=lambda p: p["rate"])
+        xs = [p["rate"] for p in ps]
+        axes[0].plot(xs, [p["goodput"] for p in ps], "o-", label=c)
+        axes[1].plot(xs, [p["ttft_ms"]["p90"] for p in ps], "o-", label=c)
+        axes[2].plot(xs, [p["itl_ms"]["p90"] for p in ps], "o-", label=c)
+    if points:
+        axes[1].axhline(points[0]["slo_ttft_ms"], color="gray", ls="--", lw=1, label="SLO")
+        axes[2].axhline(points[0]["slo_itl_ms"], color="gray", ls="--", lw=1, label="SLO")
+    names = ("goodput (req/s within both SLOs)", "TTFT p90 (ms)", "ITL p90 (ms)")
+    for ax, name in zip(axes, names):
+        ax.set_xlabel("offered rate (sessions/s)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "goodput.png"), dpi=80)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("files", nargs="+")
+    ap.add_argument("files", nargs="*")
     ap.add_argument("--out", required=True, help="output directory for PNG files")
     ap.add_argument("--rates", default="", help="comma-separated offered rates, one per file")
+    ap.add_argument("--goodput", default="", help="a bench --goodput_json file to plot")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.goodput:
+        plot_goodput(args.goodput, args.out)
+        print(f"wrote {os.path.join(args.out, 'goodput.png')}")
+    if not args.files:
+        return
     rates = [float(x) for x in args.rates.split(",")] if args.rates else []
     by_side = collections.defaultdict(list)  # side -> [(file index, metrics)]
     for i, path in enumerate(args.files):

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -285,6 +286,160 @@ std::string FormatComparison(const Summary& a, const std::string& name_a, const 
     row("decode queue mean (ms)", a.decode_queue_ms.mean, b.decode_queue_ms.mean);
   }
   return out;
+}
+
+GoodputPoint EvaluateGoodput(const std::vector<RequestRecord>& records, double slo_ttft_ms,
+                             double slo_itl_ms) {
+  GoodputPoint p;
+  p.slo_ttft_ms = slo_ttft_ms;
+  p.slo_itl_ms = slo_itl_ms;
+  const Summary s = Summarize(records, slo_ttft_ms, /*slo_tpot_ms=*/1e300);
+  p.ttft_ms = s.ttft_ms;
+  p.itl_ms = s.itl_ms;
+  p.request_throughput = s.request_throughput;
+  p.output_token_throughput = s.output_token_throughput;
+  for (const RequestRecord& r : records) {
+    if (r.warmup) continue;
+    ++p.requests;
+    if (!r.ok || r.chunk_times_s.empty()) continue;
+    if ((r.chunk_times_s.front() - r.send_s) * 1e3 > slo_ttft_ms) continue;
+    std::vector<double> gaps;
+    for (size_t i = 0; i < r.chunk_times_s.size(); ++i) {
+      if (i > 0) gaps.push_back((r.chunk_times_s[i] - r.chunk_times_s[i - 1]) * 1e3);
+      for (int k = 1; k < r.chunk_tokens[i]; ++k) gaps.push_back(0.0);
+    }
+    if (!gaps.empty() && Summarize(std::move(gaps)).p90 > slo_itl_ms) continue;
+    ++p.met;
+  }
+  if (p.requests > 0) p.attainment = static_cast<double>(p.met) / p.requests;
+  if (s.duration_s > 0) p.goodput = p.met / s.duration_s;
+  return p;
+}
+
+std::vector<std::pair<std::string, double>> MaxRateWithinSlo(
+    const std::vector<GoodputPoint>& points, double target) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const GoodputPoint& p : points) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == p.config; });
+    if (it == out.end()) it = out.insert(out.end(), {p.config, 0.0});
+    if (p.attainment >= target) it->second = std::max(it->second, p.rate);
+  }
+  return out;
+}
+
+namespace {
+
+// Rates ascending, each with its points in their given order.
+std::vector<std::pair<double, std::vector<const GoodputPoint*>>> ByRate(
+    const std::vector<GoodputPoint>& points) {
+  std::vector<std::pair<double, std::vector<const GoodputPoint*>>> out;
+  for (const GoodputPoint& p : points) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == p.rate; });
+    if (it == out.end()) it = out.insert(out.end(), {p.rate, {}});
+    it->second.push_back(&p);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+// The candidate's SLO attainment against the best other configuration's at one rate (the same
+// requests were offered to each, so this compares requests served within the SLOs without the
+// noise of each run's own duration, goodput's denominator); nullopt when either is missing.
+struct Verdict {
+  bool holds = false;
+  double ratio = 0;  // candidate / best other; 0 when the best other is 0
+  std::string best_other;
+};
+std::optional<Verdict> Judge(const std::vector<const GoodputPoint*>& at_rate,
+                             const std::string& candidate) {
+  const GoodputPoint* c = nullptr;
+  const GoodputPoint* best = nullptr;
+  for (const GoodputPoint* p : at_rate) {
+    if (p->config == candidate) {
+      c = p;
+    } else if (best == nullptr || p->attainment > best->attainment) {
+      best = p;
+    }
+  }
+  if (c == nullptr || best == nullptr) return std::nullopt;
+  Verdict v;
+  v.holds = c->attainment >= best->attainment;
+  v.ratio = best->attainment > 0 ? c->attainment / best->attainment : 0;
+  v.best_other = best->config;
+  return v;
+}
+
+}  // namespace
+
+std::string FormatGoodputTable(const std::vector<GoodputPoint>& points,
+                               const std::string& candidate) {
+  std::string out;
+  if (points.empty()) return out;
+  absl::StrAppendFormat(&out, "SLOs: TTFT <= %.0f ms and per-request ITL p90 <= %.0f ms\n",
+                        points[0].slo_ttft_ms, points[0].slo_itl_ms);
+  absl::StrAppendFormat(&out, "%6s  %-15s %5s %5s %7s %9s %9s %9s %8s %8s %7s %9s\n", "rate",
+                        "config", "reqs", "met", "attain", "goodput", "TTFT p50", "TTFT p90",
+                        "ITL p50", "ITL p90", "req/s", "out tok/s");
+  const auto by_rate = ByRate(points);
+  for (const auto& [rate, at_rate] : by_rate) {
+    for (const GoodputPoint* p : at_rate) {
+      absl::StrAppendFormat(&out, "%6.2f  %-15s %5d %5d %7.2f %9.3f %9.1f %9.1f %8.1f %8.1f %7.3f %9.1f\n",
+                            rate, p->config, p->requests, p->met, p->attainment, p->goodput,
+                            p->ttft_ms.median, p->ttft_ms.p90, p->itl_ms.median, p->itl_ms.p90,
+                            p->request_throughput, p->output_token_throughput);
+    }
+  }
+  absl::StrAppend(&out, "max rate with attainment >= 0.90:");
+  for (const auto& [config, rate] : MaxRateWithinSlo(points)) {
+    absl::StrAppendFormat(&out, "  %s %.2f", config, rate);
+  }
+  absl::StrAppend(&out, "\n");
+  for (const auto& [rate, at_rate] : by_rate) {
+    const std::optional<Verdict> v = Judge(at_rate, candidate);
+    if (!v.has_value()) continue;
+    absl::StrAppendFormat(&out, "rate %.2f: %s requests within SLO %s the best other's (%s), ratio %.3f\n", rate,
+                          candidate, v->holds ? ">=" : "<", v->best_other, v->ratio);
+  }
+  return out;
+}
+
+nlohmann::json GoodputJson(const std::vector<GoodputPoint>& points, const std::string& candidate) {
+  nlohmann::json j = nlohmann::json::object();
+  nlohmann::json rows = nlohmann::json::array();
+  for (const GoodputPoint& p : points) {
+    rows.push_back({{"config", p.config},
+                    {"rate", p.rate},
+                    {"requests", p.requests},
+                    {"met", p.met},
+                    {"attainment", p.attainment},
+                    {"goodput", p.goodput},
+                    {"request_throughput", p.request_throughput},
+                    {"output_token_throughput", p.output_token_throughput},
+                    {"slo_ttft_ms", p.slo_ttft_ms},
+                    {"slo_itl_ms", p.slo_itl_ms},
+                    {"ttft_ms", DistJson(p.ttft_ms)},
+                    {"itl_ms", DistJson(p.itl_ms)}});
+  }
+  j["points"] = rows;
+  nlohmann::json max_rate = nlohmann::json::object();
+  for (const auto& [config, rate] : MaxRateWithinSlo(points)) max_rate[config] = rate;
+  j["max_rate_within_slo"] = max_rate;
+  nlohmann::json verdicts = nlohmann::json::array();
+  bool all = true, any = false;
+  for (const auto& [rate, at_rate] : ByRate(points)) {
+    const std::optional<Verdict> v = Judge(at_rate, candidate);
+    if (!v.has_value()) continue;
+    any = true;
+    all &= v->holds;
+    verdicts.push_back({{"rate", rate},
+                        {"holds", v->holds},
+                        {"ratio", v->ratio},
+                        {"best_other", v->best_other}});
+  }
+  j["candidate"] = candidate;
+  j["candidate_verdicts"] = verdicts;
+  j["candidate_at_least_best_other_at_every_rate"] = any && all;
+  return j;
 }
 
 }  // namespace deepinfer::bench

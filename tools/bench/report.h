@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -106,6 +107,39 @@ nlohmann::json RecordJson(const RequestRecord& r);
 // Side-by-side table of two summaries with ratios b / a for every figure.
 std::string FormatComparison(const Summary& a, const std::string& name_a, const Summary& b,
                              const std::string& name_b);
+
+// Goodput comparison (bench --goodput_targets, tools/bench/goodput.sh): one configuration at one
+// arrival rate. A request meets the SLOs when it completed, its TTFT <= slo_ttft_ms and the 90th
+// percentile of its own ITL gaps (as in Summary's ITL) <= slo_itl_ms; a request with one chunk
+// passes the ITL SLO. goodput = requests meeting both / the run's duration (Summary's); attainment
+// = requests meeting both / requests sent (warm-up excluded; failures count as misses).
+struct GoodputPoint {
+  std::string config;
+  double rate = 0;  // offered session arrivals per second
+  int64_t requests = 0;
+  int64_t met = 0;
+  double attainment = 0;
+  double goodput = 0;  // req/s within both SLOs
+  double request_throughput = 0, output_token_throughput = 0;
+  double slo_ttft_ms = 0, slo_itl_ms = 0;
+  Distribution ttft_ms, itl_ms;  // every request's TTFT; every ITL gap (Summary's)
+};
+
+GoodputPoint EvaluateGoodput(const std::vector<RequestRecord>& records, double slo_ttft_ms,
+                             double slo_itl_ms);
+
+// Per configuration, the highest rate among `points` whose attainment is >= `target` (0 when
+// none): DistServe's "max rate within SLO". Configurations in their first-seen order.
+std::vector<std::pair<std::string, double>> MaxRateWithinSlo(
+    const std::vector<GoodputPoint>& points, double target = 0.9);
+
+// The table (one row per rate and configuration, rates ascending) and, per rate, whether the
+// configuration named `candidate` serves at least as many of the requests within the SLOs as the
+// best other one (attainment; every configuration at a rate was sent the same requests, while
+// goodput also divides by each run's own duration), with the ratio of the attainments.
+std::string FormatGoodputTable(const std::vector<GoodputPoint>& points,
+                               const std::string& candidate);
+nlohmann::json GoodputJson(const std::vector<GoodputPoint>& points, const std::string& candidate);
 
 }  // namespace deepinfer::bench
 

@@ -128,5 +128,77 @@ TEST(ReportTest, TtftBreakdownOfDisaggregatedRequests) {
   EXPECT_EQ(FormatSummary(c, "t").find("TTFT breakdown"), std::string::npos);
 }
 
+TEST(ReportTest, GoodputNeedsTtftAndEachRequestsItlP90WithinSlo) {
+  std::vector<RequestRecord> recs;
+  // Meets both: TTFT 100 ms, ten 10 ms gaps.
+  std::vector<double> steady = {0.1};
+  for (int i = 1; i <= 10; ++i) steady.push_back(0.1 + 0.01 * i);
+  recs.push_back(Rec(0.0, steady, std::vector<int>(steady.size(), 1)));
+  // TTFT 300 ms: misses the 200 ms TTFT SLO.
+  recs.push_back(Rec(0.0, {0.3, 0.31}, {1, 1}));
+  // TTFT 100 ms, but 2 of its 4 gaps are 100 ms stalls (a prefill in the way): ITL p90 > 50 ms.
+  recs.push_back(Rec(1.0, {1.1, 1.11, 1.21, 1.31, 1.32}, {1, 1, 1, 1, 1}));
+  // One stall among ten gaps: its p90 (interpolated) is 19 ms, within the SLO.
+  std::vector<double> one_stall = {1.1};
+  for (int i = 1; i <= 10; ++i) one_stall.push_back(one_stall.back() + (i == 5 ? 0.1 : 0.01));
+  recs.push_back(Rec(1.0, one_stall, std::vector<int>(one_stall.size(), 1)));
+  // One token only: passes the ITL SLO.
+  recs.push_back(Rec(1.5, {1.6}, {1}));
+  RequestRecord bad = Rec(1.5, {}, {}, /*ok=*/false);
+  bad.end_s = 2.0;
+  recs.push_back(bad);
+  RequestRecord warm = Rec(0.0, {0.1}, {1});
+  warm.warmup = true;
+  recs.push_back(warm);
+  GoodputPoint p = EvaluateGoodput(recs, /*slo_ttft_ms=*/200, /*slo_itl_ms=*/50);
+  EXPECT_EQ(p.requests, 6);
+  EXPECT_EQ(p.met, 3);
+  EXPECT_DOUBLE_EQ(p.attainment, 0.5);
+  EXPECT_DOUBLE_EQ(p.goodput, 3 / 2.0);  // duration: first send 0 -> last end 2.0
+  EXPECT_EQ(p.ttft_ms.count, 5);
+  EXPECT_DOUBLE_EQ(p.slo_itl_ms, 50);
+}
+
+TEST(ReportTest, GoodputTableJudgesTheCandidateAgainstTheBestOtherAtEveryRate) {
+  auto point = [](std::string config, double rate, double goodput, double attainment) {
+    GoodputPoint p;
+    p.config = std::move(config);
+    p.rate = rate;
+    p.goodput = goodput;
+    p.attainment = attainment;
+    p.slo_ttft_ms = 1000;
+    p.slo_itl_ms = 50;
+    return p;
+  };
+  // At rate 1 the candidate's goodput is a hair below colocated's (a longer run) while it serves
+  // more of the same requests within the SLOs: attainment decides.
+  std::vector<GoodputPoint> points = {
+      point("colocated", 2, 1.0, 0.6),      point("disaggregated", 2, 1.5, 0.92),
+      point("conditional", 2, 1.4, 0.9),    point("colocated", 1, 0.91, 0.95),
+      point("disaggregated", 1, 0.8, 0.9),  point("conditional", 1, 0.9, 0.97)};
+  const auto max_rate = MaxRateWithinSlo(points);
+  ASSERT_EQ(max_rate.size(), 3u);
+  EXPECT_EQ(max_rate[0], std::make_pair(std::string("colocated"), 1.0));
+  EXPECT_EQ(max_rate[1], std::make_pair(std::string("disaggregated"), 2.0));
+  EXPECT_EQ(max_rate[2], std::make_pair(std::string("conditional"), 2.0));
+
+  const nlohmann::json j = GoodputJson(points, "conditional");
+  ASSERT_EQ(j["candidate_verdicts"].size(), 2u);
+  EXPECT_EQ(j["candidate_verdicts"][0]["rate"], 1.0);  // rates ascending
+  EXPECT_TRUE(j["candidate_verdicts"][0]["holds"]);    // 0.97 >= colocated's 0.95
+  EXPECT_EQ(j["candidate_verdicts"][0]["best_other"], "colocated");
+  EXPECT_FALSE(j["candidate_verdicts"][1]["holds"]);   // 0.9 < disaggregated's 0.92
+  EXPECT_EQ(j["candidate_verdicts"][1]["best_other"], "disaggregated");
+  EXPECT_FALSE(j["candidate_at_least_best_other_at_every_rate"]);
+  EXPECT_EQ(j["points"].size(), 6u);
+
+  const std::string table = FormatGoodputTable(points, "conditional");
+  EXPECT_NE(table.find("TTFT <= 1000 ms"), std::string::npos);
+  EXPECT_NE(table.find("rate 2.00: conditional requests within SLO < the best other's "
+                       "(disaggregated)"),
+            std::string::npos);
+  EXPECT_LT(table.find("  1.00  colocated"), table.find("  2.00  colocated"));
+}
+
 }  // namespace
 }  // namespace deepinfer::bench

@@ -45,9 +45,13 @@ std::string RandomText(uint64_t seed, int words, bool code_like) {
 }
 
 absl::StatusOr<std::vector<SessionPlan>> GenerateWorkload(const WorkloadOptions& o) {
-  if (o.kind != "chat" && o.kind != "coding" && o.kind != "summarize") {
+  if (o.kind != "chat" && o.kind != "coding" && o.kind != "summarize" && o.kind != "mixed") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kind: expected chat, coding, summarize or mixed, got \"", o.kind, "\""));
+  }
+  if (o.kind == "mixed" && !(o.mixed_coding_fraction >= 0 && o.mixed_coding_fraction <= 1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("kind: expected chat, coding or summarize, got \"", o.kind, "\""));
+        absl::StrCat("mixed_coding_fraction: expected in [0, 1], got ", o.mixed_coding_fraction));
   }
   if (o.sessions < 1) {
     return absl::InvalidArgumentError(absl::StrCat("sessions: expected >= 1, got ", o.sessions));
@@ -55,7 +59,7 @@ absl::StatusOr<std::vector<SessionPlan>> GenerateWorkload(const WorkloadOptions&
   if (o.max_input_words < 1 || o.max_output_tokens < 1) {
     return absl::InvalidArgumentError("max_input_words / max_output_tokens: expected >= 1");
   }
-  if (o.kind == "coding" && o.coding_turns < 1) {
+  if ((o.kind == "coding" || o.kind == "mixed") && o.coding_turns < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("coding_turns: expected >= 1, got ", o.coding_turns));
   }
@@ -69,14 +73,20 @@ absl::StatusOr<std::vector<SessionPlan>> GenerateWorkload(const WorkloadOptions&
     SessionPlan p;
     p.id = static_cast<uint64_t>(s);
     const uint64_t text_seed = rng();
-    if (o.kind == "chat") {
+    std::string kind = o.kind;
+    if (kind == "mixed") {
+      kind = std::uniform_real_distribution<double>(0, 1)(rng) < o.mixed_coding_fraction
+                 ? "coding"
+                 : "chat";
+    }
+    if (kind == "chat") {
       std::lognormal_distribution<double> in(std::log(o.chat_input_words), o.sigma);
       std::lognormal_distribution<double> outl(std::log(o.chat_output_tokens), o.sigma);
       const int words = Clamp(in(rng), 1, o.max_input_words);
       p.system = "You are a helpful assistant.";
       p.turns.push_back({RandomText(text_seed, words, false),
                          static_cast<uint32_t>(Clamp(outl(rng), 1, o.max_output_tokens))});
-    } else if (o.kind == "coding") {
+    } else if (kind == "coding") {
       const int context = Clamp(o.coding_context_words, 1, o.max_input_words);
       p.system = absl::StrCat("You are a coding agent. Project files follow.\n",
                               RandomText(text_seed, context, true));

@@ -15,6 +15,10 @@
 //              history) resent every turn, a short new instruction, a medium-length answer;
 //              several sessions interleave, so prefix reuse across turns is what matters.
 //   summarize  long-context summarisation: one long document, a short summary.
+//   mixed      each session, drawn from the seed, is a coding session (probability
+//              mixed_coding_fraction: long prompts) or a chat session (short prompts), with the
+//              options of those kinds: long prefills arriving among short requests' decodes, the
+//              load that separates colocated from disaggregated serving (tools/bench/goodput.sh).
 //
 // Lengths are in words of generated text (the server's tokenizer decides the token count; the
 // runner records the real counts from usage). Each length is clamped to the given bounds so a
@@ -46,7 +50,7 @@ struct SessionPlan {
 };
 
 struct WorkloadOptions {
-  std::string kind = "chat";  // chat | coding | summarize
+  std::string kind = "chat";  // chat | coding | summarize | mixed
   uint64_t seed = 1;
   int sessions = 100;
   // chat: median input/output words (log-normal, sigma below).
@@ -60,6 +64,8 @@ struct WorkloadOptions {
   int coding_instruction_words = 12;
   int coding_answer_tokens = 64;
   double coding_think_time_s = 0.0;
+  // mixed: share of sessions that are coding sessions, in [0, 1].
+  double mixed_coding_fraction = 0.25;
   // summarize: document words and summary tokens.
   int summarize_document_words = 1200;
   int summarize_output_tokens = 32;
@@ -68,7 +74,7 @@ struct WorkloadOptions {
   int max_output_tokens = 512;
 };
 
-// kInvalidArgument naming the option (e.g. "kind: expected chat, coding or summarize, got
+// kInvalidArgument naming the option (e.g. "kind: expected chat, coding, summarize or mixed, got
 // \"x\"") for bad options.
 absl::StatusOr<std::vector<SessionPlan>> GenerateWorkload(const WorkloadOptions& options);
 

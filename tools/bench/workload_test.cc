@@ -64,6 +64,42 @@ TEST(WorkloadTest, CodingSessionsShareOneContextAcrossTurns) {
   EXPECT_NE((*w)[0].system, (*w)[1].system);  // sessions have their own context
 }
 
+TEST(WorkloadTest, MixedInterleavesLongCodingAndShortChatSessionsFromTheSeed) {
+  WorkloadOptions o;
+  o.kind = "mixed";
+  o.sessions = 200;
+  o.mixed_coding_fraction = 0.25;
+  o.coding_turns = 2;
+  o.coding_context_words = 800;
+  o.max_input_words = 1000;
+  auto w = GenerateWorkload(o);
+  auto again = GenerateWorkload(o);
+  ASSERT_TRUE(w.ok() && again.ok());
+  int coding = 0;
+  bool chat_after_coding = false;
+  for (size_t i = 0; i < w->size(); ++i) {
+    const SessionPlan& s = (*w)[i];
+    EXPECT_EQ(s.system, (*again)[i].system);
+    ASSERT_EQ(s.turns.size(), (*again)[i].turns.size());
+    EXPECT_EQ(s.turns[0].instruction, (*again)[i].turns[0].instruction);
+    if (s.turns.size() == 2) {
+      ++coding;
+      EXPECT_GT(s.system.size(), 8 * s.turns[0].instruction.size());  // long shared context
+    } else {
+      ASSERT_EQ(s.turns.size(), 1u);
+      EXPECT_EQ(s.system, "You are a helpful assistant.");
+      chat_after_coding |= coding > 0;
+    }
+  }
+  EXPECT_GT(coding, 30);  // ~50 of 200
+  EXPECT_LT(coding, 75);
+  EXPECT_TRUE(chat_after_coding);  // interleaved, not one block after the other
+  o.mixed_coding_fraction = 0;
+  for (const auto& s : *GenerateWorkload(o)) EXPECT_EQ(s.turns.size(), 1u);
+  o.mixed_coding_fraction = 1;
+  for (const auto& s : *GenerateWorkload(o)) EXPECT_EQ(s.turns.size(), 2u);
+}
+
 TEST(WorkloadTest, BadOptionsNameTheOption) {
   WorkloadOptions o;
   o.kind = "poetry";
@@ -71,6 +107,11 @@ TEST(WorkloadTest, BadOptionsNameTheOption) {
   o.kind = "chat";
   o.sessions = 0;
   EXPECT_NE(GenerateWorkload(o).status().message().find("sessions:"), std::string::npos);
+  o.sessions = 1;
+  o.kind = "mixed";
+  o.mixed_coding_fraction = 1.5;
+  EXPECT_NE(GenerateWorkload(o).status().message().find("mixed_coding_fraction:"),
+            std::string::npos);
 }
 
 }  // namespace
