@@ -213,6 +213,7 @@ cfg=(
   --config.cmd /usr/local/bin/launcher
   --config.cmd --model=/models/model
   --config.cmd --router_listen=0.0.0.0:50051
+  --config.cmd --router_flags=--allow_anonymous
   --config.label "org.opencontainers.image.title=deepinfer$suffix"
   --config.label "org.opencontainers.image.description=deepinfer LLM serving ($kind)"
   --config.label "org.opencontainers.image.version=$version"

@@ -98,6 +98,7 @@ print(s.getsockname()[1])')
 # The image's default command (build_image.sh), with a free loopback port and a ready file.
 t0=$(date +%s.%N)
 in_image sh -c "exec /usr/local/bin/launcher --model=/models/model --router_listen=127.0.0.1:$port \
+  --router_flags=--allow_anonymous \
   --kv_blocks=256 --threads=1 --ready_file=/tmp/ready --log_dir=/tmp/logs --startup_timeout=120s \
   >/tmp/launcher.out 2>&1 & pid=\$!
   for i in \$(seq 1 1200); do [ -s /tmp/ready ] && break; kill -0 \$pid || break; sleep 0.05; done
