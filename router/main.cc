@@ -88,8 +88,9 @@ ABSL_FLAG(double, max_exposed_transfer_fraction, 0,
           "(finite, >= 0; 0 = off: only --colocated_prefill_tokens decides).");
 ABSL_FLAG(bool, load_aware_local_prefill, false,
           "A can_prefill decode node prefills a prompt itself (above --colocated_prefill_tokens "
-          "too) when its own queued prompt tokens plus this prompt are predicted to finish sooner "
-          "than on the least-loaded prefill node plus the exposed KV transfer (measured rates "
+          "too) when its queued prompt tokens plus this prompt plus the stall this prefill adds "
+          "to each of its running decodes are predicted to take less time than the least-loaded "
+          "prefill node's queue plus this prompt plus the exposed KV transfer (measured rates "
           "from finished requests; token counts until measured).");
 ABSL_FLAG(std::string, placement, "cache_aware",
           "Placement policy: cache_aware (prefix-cache overlap and load) or least_loaded.");

@@ -119,7 +119,8 @@ bool TransferTooCostly(const PlacementOptions& options, const PlacementRequest& 
 }
 
 // Load-aware local prefill (header comment): the predicted times to the prompt's KV being ready
-// on the decode worker, prefilled there or on `prefill`; in microseconds when the transfer cost
+// on the decode worker, prefilled there or on `prefill`, the local one plus the stall its compute
+// adds to each of the decode worker's running sequences; in microseconds when the transfer cost
 // model predicts, else in tokens.
 struct LoadComparison {
   double local = 0;
@@ -136,14 +137,16 @@ LoadComparison CompareLoad(const PlacementRequest& request, const CandidateWorke
     const std::optional<TransferCostEstimate> local = request.transfer_cost(local_total);
     const std::optional<TransferCostEstimate> remote = request.transfer_cost(remote_total);
     const std::optional<TransferCostEstimate> own = request.transfer_cost(remote_tokens);
-    if (local.has_value() && remote.has_value() && own.has_value()) {
+    const std::optional<TransferCostEstimate> stall = request.transfer_cost(local_tokens);
+    if (local.has_value() && remote.has_value() && own.has_value() && stall.has_value()) {
       r.measured = true;
-      r.local = local->prefill_compute_us;
+      r.local = local->prefill_compute_us +
+                static_cast<double>(decode.running_sequences) * stall->prefill_compute_us;
       r.remote = remote->prefill_compute_us + own->exposed_transfer_us;
       return r;
     }
   }
-  r.local = static_cast<double>(local_total);
+  r.local = static_cast<double>(local_total + decode.running_sequences * local_tokens);
   r.remote = static_cast<double>(remote_total);
   return r;
 }
@@ -426,7 +429,8 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
       const LoadComparison& load = local_by_load.at(chosen_decode);
       absl::StrAppendFormat(&decision.reason,
                             "; prefill locally: %d uncached tokens ready sooner here (predicted "
-                            "%.0f%s) than on %s (%.0f%s, queue and exposed transfer)",
+                            "%.0f%s with the decodes' stall) than on %s (%.0f%s with exposed "
+                            "transfer)",
                             d.uncached_tokens, load.local, load.measured ? "us" : " tokens",
                             decision.costs[best_prefill_index].worker_id, load.remote,
                             load.measured ? "us" : " tokens");

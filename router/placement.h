@@ -27,11 +27,14 @@
 // E its exposed transfer (PlacementRequest::transfer_cost):
 //   remote = C(P.queued_input_tokens + P's uncached tokens) + E(P's uncached tokens), where P is
 //            the prefill worker with the lowest prefill cost (the one a remote prefill gets);
-//   local  = C(decode worker's queued_input_tokens + its uncached tokens).
-// The decode worker prefills locally when local < remote (ties stay remote). Both workers are
-// taken to compute at the measured rate; the stall a local prefill adds to the decode worker's
-// running sequences is not counted (the ITL side is left to the threshold). Before the model has
-// a prediction (or without transfer_cost) the same comparison runs in tokens with E = 0.
+//   local  = C(decode worker's queued_input_tokens + its uncached tokens)
+//            + running_sequences * C(its uncached tokens),
+// the last term being the stall the local prefill adds to each sequence decoding there (its
+// tokens wait for the prefill's chunks), so that the comparison is of the latency added to all
+// requests, not only to this one's first token. The decode worker prefills locally when
+// local < remote (ties stay remote). Both workers are taken to compute at the measured rate.
+// Before the model has a prediction (or without transfer_cost) the same comparison runs in
+// tokens (C(n) = n, E = 0).
 // Candidates whose costs are equal (within a relative 1e-9) are broken by a power-of-two random
 // choice: two of the tied are drawn at random and the one with the lower secondary load wins
 // (prefill: shorter queue; decode: fewer running sequences, then more free KV blocks); when
@@ -164,8 +167,9 @@ struct PlacementOptions {
   // 0 turns the rule off. >= 0, finite.
   double max_exposed_transfer_fraction = 0;
   // Prefill locally on a can_prefill decode worker (at or above the threshold too) when that is
-  // predicted to have the prompt's KV ready sooner than the least-loaded prefill worker plus the
-  // exposed transfer (file comment: load-aware local prefill).
+  // predicted to add less latency (its queue, the prompt, and the stall of its running decodes)
+  // than the least-loaded prefill worker's queue, the prompt and the exposed transfer (file
+  // comment: load-aware local prefill).
   bool load_aware_local_prefill = false;
   // CacheAwarePolicy weights, all >= 0 and finite:
   //   prefill cost = w_uncached_tokens * uncached tokens + w_queued_tokens * queued input tokens
