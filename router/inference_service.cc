@@ -260,7 +260,8 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
   preq.block_size = block_size;
   // The prompt plus the first generated token.
   preq.blocks_needed = (preq.prompt_tokens + 1 + block_size - 1) / block_size;
-  if (options_.placement.max_exposed_transfer_fraction > 0) {
+  if (options_.placement.max_exposed_transfer_fraction > 0 ||
+      options_.placement.load_aware_local_prefill) {
     preq.transfer_cost = [this](int64_t tokens) { return transfer_cost_.Predict(tokens); };
   }
   absl::StatusOr<PlacementDecision> decision = policy_->Decide(preq, candidates);

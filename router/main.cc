@@ -14,9 +14,9 @@
 // Invalid flags exit with status 2 and a message naming the flag.
 //
 // Placement: --placement=cache_aware (prefix overlap + load, the default) or least_loaded, with
-// the cost weights --placement_w_*; --colocated_prefill_tokens and --max_exposed_transfer_fraction
-// decide when a can_prefill decode node prefills itself; --metrics_listen=host:port serves
-// Prometheus /metrics.
+// the cost weights --placement_w_*; --colocated_prefill_tokens, --max_exposed_transfer_fraction
+// and --load_aware_local_prefill decide when a can_prefill decode node prefills itself;
+// --metrics_listen=host:port serves Prometheus /metrics.
 //
 // --http_listen=host:port serves the OpenAI-compatible HTTP API (router/openai_api.h; off by
 // default: a deployment opts into a second public port), with /metrics and /healthz on the same
@@ -86,6 +86,12 @@ ABSL_FLAG(double, max_exposed_transfer_fraction, 0,
           "A can_prefill decode node prefills a prompt itself when the measured KV transfer left "
           "exposed after a remote prefill would exceed this fraction of that prefill's compute "
           "(finite, >= 0; 0 = off: only --colocated_prefill_tokens decides).");
+ABSL_FLAG(bool, load_aware_local_prefill, false,
+          "A can_prefill decode node prefills a prompt itself (above --colocated_prefill_tokens "
+          "too) when its queued prompt tokens plus this prompt plus the stall this prefill adds "
+          "to each of its running decodes are predicted to take less time than the least-loaded "
+          "prefill node's queue plus this prompt plus the exposed KV transfer (measured rates "
+          "from finished requests; token counts until measured).");
 ABSL_FLAG(std::string, placement, "cache_aware",
           "Placement policy: cache_aware (prefix-cache overlap and load) or least_loaded.");
 ABSL_FLAG(double, placement_w_uncached_tokens, 1.0,
@@ -255,6 +261,8 @@ int Main() {
   service_options.placement.rng_seed = registry_options.rng_seed;
   service_options.placement.max_exposed_transfer_fraction =
       absl::GetFlag(FLAGS_max_exposed_transfer_fraction);
+  service_options.placement.load_aware_local_prefill =
+      absl::GetFlag(FLAGS_load_aware_local_prefill);
   if (absl::Status s = ValidatePlacementOptions(service_options.placement); !s.ok()) {
     // The transfer-cost option's flag has its own name; the weights' flags are placement_*.
     const bool own = absl::StartsWith(s.message(), "max_exposed_transfer_fraction");

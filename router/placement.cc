@@ -118,6 +118,39 @@ bool TransferTooCostly(const PlacementOptions& options, const PlacementRequest& 
          e->exposed_transfer_us > options.max_exposed_transfer_fraction * e->prefill_compute_us;
 }
 
+// Load-aware local prefill (header comment): the predicted times to the prompt's KV being ready
+// on the decode worker, prefilled there or on `prefill`, the local one plus the stall its compute
+// adds to each of the decode worker's running sequences; in microseconds when the transfer cost
+// model predicts, else in tokens.
+struct LoadComparison {
+  double local = 0;
+  double remote = 0;
+  bool measured = false;
+};
+LoadComparison CompareLoad(const PlacementRequest& request, const CandidateWorker& decode,
+                           int64_t local_tokens, const CandidateWorker& prefill,
+                           int64_t remote_tokens) {
+  const int64_t local_total = decode.queued_input_tokens + local_tokens;
+  const int64_t remote_total = prefill.queued_input_tokens + remote_tokens;
+  LoadComparison r;
+  if (request.transfer_cost) {
+    const std::optional<TransferCostEstimate> local = request.transfer_cost(local_total);
+    const std::optional<TransferCostEstimate> remote = request.transfer_cost(remote_total);
+    const std::optional<TransferCostEstimate> own = request.transfer_cost(remote_tokens);
+    const std::optional<TransferCostEstimate> stall = request.transfer_cost(local_tokens);
+    if (local.has_value() && remote.has_value() && own.has_value() && stall.has_value()) {
+      r.measured = true;
+      r.local = local->prefill_compute_us +
+                static_cast<double>(decode.running_sequences) * stall->prefill_compute_us;
+      r.remote = remote->prefill_compute_us + own->exposed_transfer_us;
+      return r;
+    }
+  }
+  r.local = static_cast<double>(local_total + decode.running_sequences * local_tokens);
+  r.remote = static_cast<double>(remote_total);
+  return r;
+}
+
 }  // namespace
 
 absl::string_view PlacementOutcomeName(PlacementOutcome outcome) {
@@ -130,6 +163,8 @@ absl::string_view PlacementOutcomeName(PlacementOutcome outcome) {
       return "local_prefill_no_prefill_worker";
     case PlacementOutcome::kLocalPrefillTransferCost:
       return "local_prefill_transfer_cost";
+    case PlacementOutcome::kLocalPrefillLoad:
+      return "local_prefill_load";
   }
   return "unknown";
 }
@@ -203,6 +238,7 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
   std::vector<size_t> decode;
   std::vector<const CandidateWorker*> worker;  // parallel to decision.costs
   double best_prefill_cost = std::numeric_limits<double>::infinity();
+  size_t best_prefill_index = 0;  // the first with best_prefill_cost
   for (const CandidateWorker& c : candidates) {
     if (c.role != WORKER_ROLE_PREFILL && c.role != WORKER_ROLE_DECODE) continue;
     CandidateCost cost;
@@ -212,7 +248,10 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
     if (c.role == WORKER_ROLE_PREFILL) {
       cost.cost = PrefillCost(c, cost.uncached_tokens);
       cost.eligible = true;
-      best_prefill_cost = std::min(best_prefill_cost, cost.cost);
+      if (cost.cost < best_prefill_cost) {
+        best_prefill_cost = cost.cost;
+        best_prefill_index = decision.costs.size();
+      }
       prefill.push_back(decision.costs.size());
     } else {
       decode.push_back(decision.costs.size());
@@ -222,6 +261,8 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
   }
 
   const int64_t threshold = options_.local_prefill_threshold_tokens;
+  // Decode workers that prefill locally by the load-aware rule, with its comparison.
+  absl::flat_hash_map<size_t, LoadComparison> local_by_load;
   int64_t most_free = -1;
   std::string most_free_id;
   bool any_room = false;
@@ -236,6 +277,15 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
     }
     cost.local_prefill = c.can_prefill && (prefill.empty() || cost.uncached_tokens < threshold ||
                                            TransferTooCostly(options_, request, cost.uncached_tokens));
+    if (c.can_prefill && !cost.local_prefill && options_.load_aware_local_prefill) {
+      const LoadComparison load =
+          CompareLoad(request, c, cost.uncached_tokens, *worker[best_prefill_index],
+                      decision.costs[best_prefill_index].uncached_tokens);
+      if (load.local < load.remote) {
+        cost.local_prefill = true;
+        local_by_load[k] = load;
+      }
+    }
     cost.eligible = has_room && (cost.local_prefill || !prefill.empty());
     cost.decode_cost = DecodeCost(request, c);
     if (JointCost()) {
@@ -319,6 +369,8 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
       decision.outcome = prefill.empty() ? PlacementOutcome::kLocalPrefillNoPrefillWorker
                          : d.uncached_tokens < threshold
                              ? PlacementOutcome::kLocalPrefillBelowThreshold
+                         : local_by_load.contains(chosen_decode)
+                             ? PlacementOutcome::kLocalPrefillLoad
                              : PlacementOutcome::kLocalPrefillTransferCost;
       decision.uncached_tokens = d.uncached_tokens;
     } else {
@@ -338,6 +390,9 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
         break;
       case PlacementOutcome::kLocalPrefillTransferCost:
         ++counters_.local_prefill_transfer_cost;
+        break;
+      case PlacementOutcome::kLocalPrefillLoad:
+        ++counters_.local_prefill_load;
         break;
     }
     if (decision.tie_broken) ++counters_.tie_breaks;
@@ -368,6 +423,17 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
                             "%.0fus > %g of predicted compute %.0fus",
                             d.uncached_tokens, e.exposed_transfer_us,
                             options_.max_exposed_transfer_fraction, e.prefill_compute_us);
+      break;
+    }
+    case PlacementOutcome::kLocalPrefillLoad: {
+      const LoadComparison& load = local_by_load.at(chosen_decode);
+      absl::StrAppendFormat(&decision.reason,
+                            "; prefill locally: %d uncached tokens ready sooner here (predicted "
+                            "%.0f%s with the decodes' stall) than on %s (%.0f%s with exposed "
+                            "transfer)",
+                            d.uncached_tokens, load.local, load.measured ? "us" : " tokens",
+                            decision.costs[best_prefill_index].worker_id, load.remote,
+                            load.measured ? "us" : " tokens");
       break;
     }
     case PlacementOutcome::kRemotePrefill: {

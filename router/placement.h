@@ -17,8 +17,24 @@
 //      disaggregation), or the measured transfer cost says disaggregating does not pay
 //      (Options::max_exposed_transfer_fraction with PlacementRequest::transfer_cost: the
 //      predicted exposed KV transfer of its uncached tokens exceeds that fraction of their
-//      predicted prefill compute), or there is no prefill worker at all; otherwise chooses the
+//      predicted prefill compute), or Options::load_aware_local_prefill predicts an earlier
+//      first token locally (below), or there is no prefill worker at all; otherwise chooses the
 //      prefill worker with the lowest prefill cost.
+//
+// Load-aware local prefill (Options::load_aware_local_prefill), for a can_prefill decode worker
+// whose uncached part is not below the threshold: the predicted time to the prompt's KV being
+// ready on the decode worker, both ways, with C = the transfer cost model's prefill compute and
+// E its exposed transfer (PlacementRequest::transfer_cost):
+//   remote = C(P.queued_input_tokens + P's uncached tokens) + E(P's uncached tokens), where P is
+//            the prefill worker with the lowest prefill cost (the one a remote prefill gets);
+//   local  = C(decode worker's queued_input_tokens + its uncached tokens)
+//            + running_sequences * C(its uncached tokens),
+// the last term being the stall the local prefill adds to each sequence decoding there (its
+// tokens wait for the prefill's chunks), so that the comparison is of the latency added to all
+// requests, not only to this one's first token. The decode worker prefills locally when
+// local < remote (ties stay remote). Both workers are taken to compute at the measured rate.
+// Before the model has a prediction (or without transfer_cost) the same comparison runs in
+// tokens (C(n) = n, E = 0).
 // Candidates whose costs are equal (within a relative 1e-9) are broken by a power-of-two random
 // choice: two of the tied are drawn at random and the one with the lower secondary load wins
 // (prefill: shorter queue; decode: fewer running sequences, then more free KV blocks); when
@@ -76,8 +92,8 @@ struct PlacementRequest {
   int64_t blocks_needed = 0;  // KV blocks the decode worker must have free; >= 0
   int64_t block_size = 0;     // tokens per KV block; >= 1
   // The measured cost of a remote prefill of `tokens` uncached tokens (TransferCostModel::
-  // Predict), for Options::max_exposed_transfer_fraction; empty, or nullopt (not measured yet):
-  // that rule does not apply.
+  // Predict), for Options::max_exposed_transfer_fraction and load_aware_local_prefill; empty, or
+  // nullopt (not measured yet): the first rule does not apply, the second compares tokens.
   std::function<std::optional<TransferCostEstimate>(int64_t tokens)> transfer_cost;
 };
 
@@ -86,6 +102,7 @@ enum class PlacementOutcome {
   kLocalPrefillBelowThreshold,   // uncached part below the threshold
   kLocalPrefillNoPrefillWorker,  // no prefill worker in the snapshot
   kLocalPrefillTransferCost,     // the measured transfer would cost too much of the TTFT
+  kLocalPrefillLoad,             // load-aware: local prefill predicted to finish sooner
 };
 absl::string_view PlacementOutcomeName(PlacementOutcome outcome);
 
@@ -131,6 +148,7 @@ struct PlacementCounters {
   int64_t local_prefill_below_threshold = 0;
   int64_t local_prefill_no_prefill_worker = 0;
   int64_t local_prefill_transfer_cost = 0;
+  int64_t local_prefill_load = 0;
   int64_t tie_breaks = 0;        // decisions that broke at least one tie
   int64_t no_decode_worker = 0;  // kUnavailable
   int64_t no_kv_room = 0;        // kResourceExhausted
@@ -148,6 +166,11 @@ struct PlacementOptions {
   // compute: for short prompts the fixed cost of a transfer outweighs what disaggregation saves.
   // 0 turns the rule off. >= 0, finite.
   double max_exposed_transfer_fraction = 0;
+  // Prefill locally on a can_prefill decode worker (at or above the threshold too) when that is
+  // predicted to add less latency (its queue, the prompt, and the stall of its running decodes)
+  // than the least-loaded prefill worker's queue, the prompt and the exposed transfer (file
+  // comment: load-aware local prefill).
+  bool load_aware_local_prefill = false;
   // CacheAwarePolicy weights, all >= 0 and finite:
   //   prefill cost = w_uncached_tokens * uncached tokens + w_queued_tokens * queued input tokens
   //   decode cost  = w_kv_used * (KV used fraction after placing blocks_needed)

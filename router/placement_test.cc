@@ -486,6 +486,103 @@ TEST(PlacementTest, MeasuredTransferCostKeepsShortPromptsLocal) {
   EXPECT_EQ(CacheAwarePolicy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Load-aware local prefill, measured: 50 us per token of compute plus 1 ms per prefill, 2 ms of
+// exposed transfer. A 320-token prompt (threshold 64, so not a fast-path case), C(320) = 17 ms:
+//   remote = C(prefill queue + 320) + 2 ms,
+//   local  = C(decode queue + 320) + running sequences * 17 ms.
+TEST(PlacementTest, LoadAwareLocalPrefillComparesPredictedReadyTimes) {
+  PlacementOptions o = Weights(64);
+  o.load_aware_local_prefill = true;
+  auto policy = CacheAwarePolicy::Create(o);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  TransferCostModel model({.decay = 1.0, .min_samples = 2});
+  model.Observe(100, 1000 + 100 * 50.0, 2000);
+  model.Observe(1000, 1000 + 1000 * 50.0, 2000);
+  PlacementRequest r = Request();
+  r.transfer_cost = [&](int64_t tokens) { return model.Predict(tokens); };
+
+  // Prefill queue 2000 tokens: remote = 1 ms + 2320 * 50 us + 2 ms = 119 ms; decode queue 500,
+  // 3 running: local = 1 ms + 820 * 50 us + 3 * 17 ms = 93 ms. Local.
+  auto d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), Decode("d1", true, 3, 600, 1000, 0,
+                                                                    /*queued_tokens=*/500)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillLoad) << PlacementOutcomeName(d->outcome);
+  EXPECT_EQ(d->prefill_worker, "");
+  EXPECT_EQ(d->uncached_tokens, 320);
+  EXPECT_TRUE(absl::StrContains(d->reason, "predicted 93000us with the decodes' stall) than on p1 (119000us"))
+      << d->reason;
+
+  // Idle prefill worker: remote = 1 ms + 16 ms + 2 ms = 19 ms against local 93 ms. Remote.
+  d = (*policy)->Decide(r, {Prefill("p1", 0, 0, 0), Decode("d1", true, 3, 600, 1000, 0, 500)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill) << PlacementOutcomeName(d->outcome);
+  EXPECT_EQ(d->prefill_worker, "p1");
+
+  // The stall of 6 running decodes outweighs the prefill queue: local = 42 + 6 * 17 = 144 ms.
+  d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), Decode("d1", true, 6, 600, 1000, 0, 500)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+
+  // The exposed transfer decides between equal queues and nothing decoding: both 320 queued,
+  // remote pays 2 ms more.
+  d = (*policy)->Decide(r, {Prefill("p1", 1, 320, 0), Decode("d1", true, 0, 600, 1000, 0, 320)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillLoad);
+
+  // The prefill worker the comparison uses is the least-loaded one.
+  d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), Prefill("p2", 0, 100, 0),
+                            Decode("d1", true, 3, 600, 1000, 0, 500)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+  EXPECT_EQ(d->prefill_worker, "p2");
+
+  // A decode worker that cannot prefill is never chosen to.
+  d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), Decode("d1", false, 3, 600, 1000, 0)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+  EXPECT_EQ((*policy)->counters().local_prefill_load, 2);
+  EXPECT_EQ((*policy)->counters().remote_prefill, 4);
+
+  // Off (the default): the busy prefill worker still gets the prompt.
+  auto off = CacheAwarePolicy::Create(Weights(64));
+  ASSERT_TRUE(off.ok());
+  d = (*off)->Decide(r, {Prefill("p1", 2, 2000, 0), Decode("d1", true, 3, 600, 1000, 0, 500)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+}
+
+// Before the transfer cost model predicts, the load-aware rule compares tokens: queued plus
+// uncached, plus running sequences times uncached on the decode side (ties stay remote); prompts
+// below the threshold take the fast path as before.
+TEST(PlacementTest, LoadAwareLocalPrefillComparesTokensUntilMeasured) {
+  PlacementOptions o = Weights(64);
+  o.load_aware_local_prefill = true;
+  auto policy = LeastLoadedPolicy::Create(o);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const PlacementRequest r = Request();  // no transfer_cost
+  auto d = (*policy)->Decide(r, {Prefill("p1", 1, 400, 0), Decode("d1", true, 0, 600, 1000, 0,
+                                                                   /*queued_tokens=*/399)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillLoad);
+  EXPECT_TRUE(absl::StrContains(d->reason, "predicted 719 tokens with the decodes' stall) than on p1 (720 tokens"))
+      << d->reason;
+  d = (*policy)->Decide(r, {Prefill("p1", 1, 400, 0), Decode("d1", true, 0, 600, 1000, 0, 400)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+  // One running sequence: 0 queued + 320 + 320 = 640 against 720 remote. Local.
+  d = (*policy)->Decide(r, {Prefill("p1", 1, 400, 0), Decode("d1", true, 1, 600, 1000, 0, 0)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillLoad);
+
+  PlacementRequest short_prompt = r;
+  short_prompt.prompt_tokens = 40;
+  short_prompt.blocks_needed = 3;
+  d = (*policy)->Decide(short_prompt,
+                        {Prefill("p1", 0, 0, 0), Decode("d1", true, 0, 600, 1000, 0, 5000)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillBelowThreshold);
+}
+
 TEST(PlacementTest, ConcurrentDecisionsAreAllCounted) {
   auto policy = CreatePlacementPolicy("cache_aware", Weights(0));
   ASSERT_TRUE(policy.ok());

@@ -14,7 +14,8 @@ constexpr RequestOutcome kOutcomes[] = {RequestOutcome::kOk, RequestOutcome::kEr
 constexpr PlacementOutcome kPlacements[] = {PlacementOutcome::kRemotePrefill,
                                             PlacementOutcome::kLocalPrefillBelowThreshold,
                                             PlacementOutcome::kLocalPrefillNoPrefillWorker,
-                                            PlacementOutcome::kLocalPrefillTransferCost};
+                                            PlacementOutcome::kLocalPrefillTransferCost,
+                                            PlacementOutcome::kLocalPrefillLoad};
 
 const char* PlacementLabel(PlacementOutcome outcome) {
   switch (outcome) {
@@ -26,6 +27,8 @@ const char* PlacementLabel(PlacementOutcome outcome) {
       return "local_no_prefill_worker";
     case PlacementOutcome::kLocalPrefillTransferCost:
       return "local_transfer_cost";
+    case PlacementOutcome::kLocalPrefillLoad:
+      return "local_load";
   }
   return "unknown";
 }

@@ -10,7 +10,10 @@
 #                  turns whose history it holds) prefill there (router --colocated_prefill_tokens),
 #                  and so do longer ones when the measured KV transfer would stay exposed for more
 #                  than GOODPUT_TRANSFER_FRACTION of the prefill compute (router
-#                  --max_exposed_transfer_fraction).
+#                  --max_exposed_transfer_fraction); with GOODPUT_LOAD_AWARE=1 (the default) a
+#                  longer prompt also prefills there when its own queue plus the prompt is
+#                  predicted to finish sooner than the prefill node's queue plus the prompt plus
+#                  the exposed transfer (router --load_aware_local_prefill).
 # Equal total cores: every worker node runs one forward thread, pinned to a core of its own after
 # start-up (taskset -a: all its threads), the colocated cluster's two decode nodes on cores 0 and
 # 1, the others' prefill node on 0 and decode node on 1; routers, launchers and the bench client
@@ -24,7 +27,8 @@
 #   GOODPUT_SESSIONS=60       sessions per run (each rate and configuration)
 #   GOODPUT_CODING_FRACTION=0.3, GOODPUT_CONTEXT_WORDS=1200, GOODPUT_TURNS=2: the coding sessions
 #   GOODPUT_SLO_TTFT_MS=1000, GOODPUT_SLO_ITL_MS=25
-#   GOODPUT_LOCAL_TOKENS=256, GOODPUT_TRANSFER_FRACTION=0.05: the conditional cluster's router
+#   GOODPUT_LOCAL_TOKENS=256, GOODPUT_TRANSFER_FRACTION=0.05, GOODPUT_LOAD_AWARE=1: the
+#   conditional cluster's router (GOODPUT_LOAD_AWARE=0: threshold and transfer cost only)
 #   GOODPUT_SEED=1
 # With models/demo (2048 positions) a coding session's first prompt is ~1800 tokens (~0.4 s of
 # prefill on one core), a chat prompt ~100 (median); the SLOs are 2.5x that long prefill and a stall of
@@ -42,6 +46,7 @@ SLO_TTFT=${GOODPUT_SLO_TTFT_MS:-1000}
 SLO_ITL=${GOODPUT_SLO_ITL_MS:-25}
 LOCAL_TOKENS=${GOODPUT_LOCAL_TOKENS:-256}
 TRANSFER_FRACTION=${GOODPUT_TRANSFER_FRACTION:-0.05}
+LOAD_AWARE=${GOODPUT_LOAD_AWARE:-1}
 SEED=${GOODPUT_SEED:-1}
 mkdir -p "$OUT"
 PIN=1
@@ -83,7 +88,7 @@ start_cluster colocated --prefill 0 --decode 2 --colocated
 start_cluster disaggregated --prefill 1 --decode 1
 start_cluster conditional --prefill 1 --decode 1 --colocated \
   --colocated_prefill_tokens "$LOCAL_TOKENS" \
-  --router_flags="--max_exposed_transfer_fraction=$TRANSFER_FRACTION"
+  --router_flags="--max_exposed_transfer_fraction=$TRANSFER_FRACTION,--load_aware_local_prefill=$([ "$LOAD_AWARE" = 1 ] && echo true || echo false)"
 if [ "$PIN" = 1 ]; then
   pin "${PID[colocated]}" decode_node "0 1"
   for name in disaggregated conditional; do
