@@ -447,6 +447,11 @@ int Main() {
     http_options.threads = absl::GetFlag(FLAGS_http_threads);
     http_options.max_body_bytes = static_cast<size_t>(*http_max_body_bytes);
     http_options.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+    if (tls.has_value()) {
+      http_options.tls_cert_file = tls->cert_file;
+      http_options.tls_key_file = tls->key_file;
+      http_options.tls_reload_interval = tls_reload;
+    }
     OpenAiApi* handler = openai_api.get();
     absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
         http_options, [handler](HttpRequest request, std::shared_ptr<HttpResponder> responder) {

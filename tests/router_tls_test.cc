@@ -1,8 +1,9 @@
 // TLS on the router's public listeners, from outside: a router process started with
 // --tls_cert_file/--tls_key_file made by the openssl CLI at test time (a throwaway CA and a
-// leaf for 127.0.0.1/localhost; no key is committed). A gRPC client trusting the CA gets an
-// answer and a plaintext one is refused; after the files are replaced with a pair from a new
-// CA, new connections present the new certificate without a restart.
+// leaf for 127.0.0.1/localhost; no key is committed), serving gRPC and the HTTP API. A gRPC
+// client and curl trusting the CA get answers (the HTTP API's relay into gRPC included) and
+// plaintext clients are refused; after the files are replaced with a pair from a new CA, new
+// connections on both listeners present the new certificate without a restart.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -80,6 +81,17 @@ grpc::Status ListModels(const std::string& target,
   return status;
 }
 
+// The HTTP status curl gets for `url` trusting `ca` ("" = plain http); "000" when the
+// connection or handshake fails.
+std::string Curl(const std::string& url, const fs::path& ca, const fs::path& out) {
+  const std::string command = absl::StrCat(
+      "curl -s -m 5 -o ", out.string(), " -w '%{http_code}' ",
+      ca.empty() ? std::string() : absl::StrCat("--cacert ", ca.string(), " "), url,
+      " > ", out.string(), ".code");
+  (void)std::system(command.c_str());
+  return ReadFile(out.string() + ".code");
+}
+
 std::shared_ptr<grpc::ChannelCredentials> Trusting(const fs::path& ca) {
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = ReadFile(ca);
@@ -107,7 +119,9 @@ class RouterTlsTest : public ::testing::Test {
                     "--allow_anonymous",
                     absl::StrCat("--tls_cert_file=", (root_ / "served" / "cert.pem").string()),
                     absl::StrCat("--tls_key_file=", (root_ / "served" / "key.pem").string()),
-                    "--tls_reload_interval=1s"};
+                    "--tls_reload_interval=1s",
+                    "--http_listen=127.0.0.1:0",
+                    absl::StrCat("--http_port_file=", (root_ / "http_port").string())};
     for (std::string& flag : extra) options.argv.push_back(std::move(flag));
     options.log_path = (root_ / "router.log").string();
     absl::StatusOr<std::unique_ptr<Subprocess>> started = Subprocess::Start(options);
@@ -120,12 +134,53 @@ class RouterTlsTest : public ::testing::Test {
                     << TailFile(options.log_path);
       return "";
     }
+    absl::StatusOr<int> http_port =
+        ReadPortFile((root_ / "http_port").string(), absl::Seconds(30));
+    if (!http_port.ok()) {
+      ADD_FAILURE() << "no HTTP port: " << http_port.status();
+      return "";
+    }
+    http_port_ = *http_port;
     return absl::StrCat("127.0.0.1:", *port);
+  }
+
+  std::string HttpUrl(absl::string_view scheme, absl::string_view path) const {
+    return absl::StrCat(scheme, "://127.0.0.1:", http_port_, path);
   }
 
   fs::path root_;
   std::unique_ptr<Subprocess> router_;
+  int http_port_ = 0;
 };
+
+TEST_F(RouterTlsTest, HttpsServesTlsRefusesPlaintextAndReloadsWithoutRestart) {
+  ASSERT_FALSE(StartRouter().empty());
+  const fs::path out = root_ / "curl.out";
+  // /v1/models answers from the router itself; a chat request goes through the relay into the
+  // gRPC server (503: no worker registered, decided by the Inference service).
+  EXPECT_EQ(Curl(HttpUrl("https", "/v1/models"), root_ / "a" / "ca.pem", out), "200");
+  EXPECT_NE(ReadFile(out).find("llama"), std::string::npos) << ReadFile(out);
+  const std::string chat = absl::StrCat(
+      "-H 'Content-Type: application/json' -d '{\"model\":\"llama\",\"messages\":"
+      "[{\"role\":\"user\",\"content\":\"hi\"}]}' ",
+      HttpUrl("https", "/v1/chat/completions"));
+  EXPECT_EQ(Curl(chat, root_ / "a" / "ca.pem", out), "503") << ReadFile(out);
+  // The Inference service's own answer, not a relay that could not connect.
+  EXPECT_NE(ReadFile(out).find("no decode worker"), std::string::npos) << ReadFile(out);
+  EXPECT_EQ(Curl(HttpUrl("http", "/v1/models"), "", out), "000");
+  EXPECT_EQ(Curl(HttpUrl("https", "/v1/models"), root_ / "b" / "ca.pem", out), "000");
+
+  Install(root_ / "b", root_ / "served");
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < deadline &&
+         Curl(HttpUrl("https", "/v1/models"), root_ / "b" / "ca.pem", out) != "200") {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(Curl(HttpUrl("https", "/v1/models"), root_ / "b" / "ca.pem", out), "200");
+  EXPECT_EQ(Curl(HttpUrl("https", "/v1/models"), root_ / "a" / "ca.pem", out), "000");
+  EXPECT_EQ(Curl(chat, root_ / "b" / "ca.pem", out), "503") << ReadFile(out);
+  EXPECT_TRUE(router_->Running()) << TailFile(router_->log_path());
+}
 
 TEST_F(RouterTlsTest, GrpcServesTlsRefusesPlaintextAndReloadsWithoutRestart) {
   const std::string target = StartRouter();
