@@ -15,8 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "grpcpp/server.h"
 #include "grpcpp/impl/codegen/service_type.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
 
 namespace deepinfer {
 
@@ -29,6 +30,12 @@ struct GrpcServerOptions {
   std::vector<std::string> health_service_names;
   // Largest request or response message, bytes (KV metadata and image payloads can be large).
   int max_message_bytes = 64 << 20;
+  // Credentials of `listen_address`; null = plaintext (grpc::InsecureServerCredentials).
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Non-empty: a second, always plaintext listener of the same services, which must be on a
+  // loopback host (127.0.0.1, [::1] or localhost; kInvalidArgument otherwise), e.g. for a
+  // process's own relay to itself while `listen_address` serves TLS. Port 0 picks a free port.
+  std::string internal_listen_address;
 };
 
 class GrpcServer {
@@ -44,6 +51,8 @@ class GrpcServer {
   int port() const { return port_; }
   // "host:port" with the bound port, usable as a client target.
   std::string address() const { return address_; }
+  // The internal plaintext listener's "host:port"; "" when none was asked for.
+  std::string internal_address() const { return internal_address_; }
 
   // Sets health for "" and every name in health_service_names.
   void SetServing(bool serving);
@@ -57,11 +66,12 @@ class GrpcServer {
 
  private:
   GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::string address,
-             std::vector<std::string> service_names);
+             std::string internal_address, std::vector<std::string> service_names);
 
   std::unique_ptr<grpc::Server> server_;
   const int port_;
   const std::string address_;
+  const std::string internal_address_;
   const std::vector<std::string> service_names_;
 };
 

@@ -18,6 +18,9 @@
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/post.hpp"
+#include "boost/asio/ssl/context.hpp"
+#include "boost/asio/ssl/error.hpp"
+#include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/strand.hpp"
 #include "boost/asio/write.hpp"
@@ -27,6 +30,8 @@
 #include "boost/beast/http/read.hpp"
 #include "boost/beast/http/string_body.hpp"
 #include "common/flags.h"
+#include "common/tls_files.h"
+#include "spdlog/spdlog.h"
 
 namespace deepinfer {
 
@@ -81,6 +86,12 @@ class HttpServer::Impl : public std::enable_shared_from_this<HttpServer::Impl> {
   absl::Status Bind();
   void Accept();
   void Stop();
+  // TLS: the context new connections use (null when TLS is off), and the reload poll.
+  std::shared_ptr<net::ssl::context> TlsContext() {
+    absl::MutexLock lock(&mu_);
+    return tls_context_;
+  }
+  void PollTls();
 
   const HttpServerOptions options_;
   const HttpHandler handler_;
@@ -92,6 +103,9 @@ class HttpServer::Impl : public std::enable_shared_from_this<HttpServer::Impl> {
   std::atomic<bool> stopped_{false};
   absl::Mutex mu_;
   std::vector<std::weak_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<net::ssl::context> tls_context_ ABSL_GUARDED_BY(mu_);
+  absl::Time tls_modified_ = absl::InfinitePast();  // on the poll timer's chain only
+  std::optional<net::steady_timer> tls_timer_;
 };
 
 namespace {
@@ -100,12 +114,35 @@ std::chrono::steady_clock::duration ToSteady(absl::Duration d) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(absl::ToChronoNanoseconds(d));
 }
 
+// A server context holding `files`' pair: TLS 1.2 and 1.3 only.
+absl::StatusOr<std::shared_ptr<net::ssl::context>> MakeTlsContext(const TlsFiles& files) {
+  auto context = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
+  error_code ec;
+  context->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                           net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                           net::ssl::context::no_tlsv1_1 | net::ssl::context::single_dh_use,
+                       ec);
+  if (!ec) context->use_certificate_chain(net::buffer(files.cert_pem), ec);
+  if (!ec) context->use_private_key(net::buffer(files.key_pem), net::ssl::context::pem, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat("tls_cert_file ", files.cert_file,
+                                                   ", tls_key_file ", files.key_file, ": ",
+                                                   ec.message()));
+  }
+  return context;
+}
+
 // One connection. Every member is touched only on the connection's strand (the socket's
 // executor).
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket)
-      : server_(std::move(server)), socket_(std::move(socket)), timer_(socket_.get_executor()) {
+  Session(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket,
+          std::shared_ptr<net::ssl::context> tls_context)
+      : server_(std::move(server)),
+        socket_(std::move(socket)),
+        tls_context_(std::move(tls_context)),
+        timer_(socket_.get_executor()) {
+    if (tls_context_ != nullptr) tls_.emplace(socket_, *tls_context_);
     ++server_->connections_;
   }
   ~Session() { --server_->connections_; }
@@ -115,7 +152,18 @@ class Session : public std::enable_shared_from_this<Session> {
     net::post(socket_.get_executor(), std::forward<F>(f));
   }
 
-  void Run() { ReadHeader(); }
+  // With TLS, the handshake counts against the first request's read timeout.
+  void Run() {
+    if (!tls_.has_value()) return ReadHeader();
+    read_timed_out_ = false;
+    Arm(server_->options_.read_timeout, /*reading=*/true);
+    tls_->async_handshake(net::ssl::stream_base::server,
+                          [self = shared_from_this()](error_code ec) {
+                            if (self->closed_) return;
+                            if (ec) return self->Close();  // not TLS, or a refused certificate
+                            self->ReadHeader();
+                          });
+  }
 
   // From the responder, on the strand: `generation` names the request it answers.
   void Respond(uint64_t generation, int status, HttpHeaders headers, std::string body) {
@@ -209,6 +257,16 @@ class Session : public std::enable_shared_from_this<Session> {
     return out;
   }
 
+  // Calls `f` with the stream requests and responses go through: the TLS stream or the socket.
+  template <typename F>
+  void WithStream(F&& f) {
+    if (tls_.has_value()) {
+      f(*tls_);
+    } else {
+      f(socket_);
+    }
+  }
+
   void Arm(absl::Duration d, bool reading) {
     const uint64_t seq = ++timer_seq_;
     timer_.expires_after(ToSteady(d));
@@ -234,10 +292,12 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_->options_.max_body_bytes);
     read_timed_out_ = false;
     Arm(server_->options_.read_timeout, /*reading=*/true);
-    http::async_read_header(socket_, buffer_, *parser_,
-                            [self = shared_from_this()](error_code ec, size_t) {
-                              self->OnHeader(ec);
-                            });
+    WithStream([&](auto& stream) {
+      http::async_read_header(stream, buffer_, *parser_,
+                              [self = shared_from_this()](error_code ec, size_t) {
+                                self->OnHeader(ec);
+                              });
+    });
   }
 
   void OnHeader(error_code ec) {
@@ -248,11 +308,13 @@ class Session : public std::enable_shared_from_this<Session> {
         !parser_->is_done()) {
       auto cont = std::make_shared<std::string>(
           absl::StrCat("HTTP/1.", req.version() >= 11 ? "1" : "0", " 100 Continue\r\n\r\n"));
-      net::async_write(socket_, net::buffer(*cont),
-                       [self = shared_from_this(), cont](error_code ec, size_t) {
-                         if (ec) return self->Close();
-                         self->ReadBody();
-                       });
+      WithStream([&](auto& stream) {
+        net::async_write(stream, net::buffer(*cont),
+                         [self = shared_from_this(), cont](error_code ec, size_t) {
+                           if (ec) return self->Close();
+                           self->ReadBody();
+                         });
+      });
       return;
     }
     ReadBody();
@@ -260,14 +322,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void ReadBody() {
     if (closed_) return;
-    http::async_read(socket_, buffer_, *parser_,
-                     [self = shared_from_this()](error_code ec, size_t) { self->OnBody(ec); });
+    WithStream([&](auto& stream) {
+      http::async_read(stream, buffer_, *parser_,
+                       [self = shared_from_this()](error_code ec, size_t) { self->OnBody(ec); });
+    });
   }
 
   void OnReadError(error_code ec) {
     const bool started = buffer_.size() > 0 || parser_->got_some();
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
-        ec == net::error::connection_reset) {
+        ec == net::error::connection_reset || ec == net::ssl::error::stream_truncated) {
       return Close();
     }
     if (read_timed_out_) {
@@ -361,8 +425,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     writing_ = true;
     Arm(server_->options_.write_timeout, /*reading=*/false);
-    net::async_write(socket_, net::buffer(writes_.front().data),
-                     [self = shared_from_this()](error_code ec, size_t) { self->OnWritten(ec); });
+    WithStream([&](auto& stream) {
+      net::async_write(stream, net::buffer(writes_.front().data),
+                       [self = shared_from_this()](error_code ec, size_t) { self->OnWritten(ec); });
+    });
   }
   void OnWritten(error_code ec) {
     writing_ = false;
@@ -405,6 +471,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   const std::shared_ptr<HttpServer::Impl> server_;
   tcp::socket socket_;
+  // TLS: the context this connection was accepted with (a reload swaps the server's, not this
+  // one) and the stream over socket_. The close and drain paths use socket_ directly: nothing
+  // sent after the response matters, so no TLS close_notify is exchanged.
+  const std::shared_ptr<net::ssl::context> tls_context_;
+  std::optional<net::ssl::stream<tcp::socket&>> tls_;
   char scratch_[16384];
   net::steady_timer timer_;
   uint64_t timer_seq_ = 0;
@@ -499,7 +570,7 @@ void HttpServer::Impl::Accept() {
       } else {
         error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);
-        auto session = std::make_shared<Session>(self, std::move(socket));
+        auto session = std::make_shared<Session>(self, std::move(socket), self->TlsContext());
         {
           absl::MutexLock lock(&self->mu_);
           auto& v = self->sessions_;
@@ -514,6 +585,32 @@ void HttpServer::Impl::Accept() {
       }
     }
     self->Accept();
+  });
+}
+
+void HttpServer::Impl::PollTls() {
+  tls_timer_->expires_after(ToSteady(options_.tls_reload_interval));
+  tls_timer_->async_wait([self = shared_from_this()](error_code ec) {
+    if (ec || self->stopped_) return;
+    const HttpServerOptions& o = self->options_;
+    absl::StatusOr<absl::Time> modified = TlsFilesModified(o.tls_cert_file, o.tls_key_file);
+    if (modified.ok() && *modified != self->tls_modified_) {
+      absl::StatusOr<TlsFiles> files = LoadTlsFiles(o.tls_cert_file, o.tls_key_file);
+      absl::StatusOr<std::shared_ptr<net::ssl::context>> context =
+          files.ok() ? MakeTlsContext(*files) : files.status();
+      if (context.ok()) {
+        self->tls_modified_ = *modified;
+        absl::MutexLock lock(&self->mu_);
+        self->tls_context_ = std::move(*context);
+        spdlog::info("HTTP API: reloaded the TLS certificate from {}", o.tls_cert_file);
+      } else {
+        // Half-replaced files (the key written, the certificate not yet) look like this too:
+        // keep serving the old pair and look again next time.
+        spdlog::warn("HTTP API: keeping the previous TLS certificate: {}",
+                     context.status().ToString());
+      }
+    }
+    self->PollTls();
   });
 }
 
@@ -534,6 +631,9 @@ void HttpServer::Impl::Stop() {
   // Closing runs the client-gone callbacks; give their owners a moment to let go.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   while (connections_.load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  if (tls_timer_.has_value()) {
+    net::post(ioc_, [self = shared_from_this()] { self->tls_timer_->cancel(); });
+  }
   ioc_.stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
@@ -550,7 +650,27 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     return absl::InvalidArgumentError("read_timeout and write_timeout: expected > 0");
   }
   if (handler == nullptr) return absl::InvalidArgumentError("handler: expected non-null");
+  const bool tls = !options.tls_cert_file.empty() || !options.tls_key_file.empty();
+  if (tls && options.tls_reload_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("tls_reload_interval: expected > 0");
+  }
   auto impl = std::make_shared<Impl>(std::move(options), std::move(handler));
+  if (tls) {
+    const HttpServerOptions& o = impl->options_;
+    absl::StatusOr<absl::Time> modified = TlsFilesModified(o.tls_cert_file, o.tls_key_file);
+    absl::StatusOr<TlsFiles> files = LoadTlsFiles(o.tls_cert_file, o.tls_key_file);
+    if (!files.ok()) return files.status();
+    if (!modified.ok()) return modified.status();
+    absl::StatusOr<std::shared_ptr<net::ssl::context>> context = MakeTlsContext(*files);
+    if (!context.ok()) return context.status();
+    impl->tls_modified_ = *modified;
+    {
+      absl::MutexLock lock(&impl->mu_);
+      impl->tls_context_ = std::move(*context);
+    }
+    impl->tls_timer_.emplace(impl->ioc_);
+    impl->PollTls();
+  }
   if (absl::Status s = impl->Bind(); !s.ok()) return s;
   impl->Accept();
   for (int i = 0; i < impl->options_.threads; ++i) {

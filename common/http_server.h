@@ -16,7 +16,11 @@
 //     is disconnected).
 //   - While a handler works on a request, the connection is watched: when the client closes it
 //     (EOF or error), the responder's client-gone callback runs once and every later write
-//     fails. That is how a handler aborts work nobody waits for.
+//     fails. That is how a handler aborts work nobody waits for. With TLS a client that sends
+//     a close_notify before closing is seen as gone only when a write to it fails (the watch
+//     peeks at raw bytes, which it cannot tell from a pipelined request).
+//   - With TLS (tls_cert_file), the handshake must also finish within `read_timeout`; a client
+//     that does not speak TLS is disconnected without an answer.
 //
 // The handler runs on an io thread and must not block: it starts its work and answers later,
 // from any thread, through the HttpResponder (exactly one of Respond, or StartStream + Write* +
@@ -54,6 +58,13 @@ struct HttpServerOptions {
   absl::Duration read_timeout = absl::Seconds(30);
   absl::Duration write_timeout = absl::Seconds(60);
   int max_connections = 10000;
+  // TLS: both PEM files or neither (plaintext). Checked at Start (errors as LoadTlsFiles in
+  // common/tls_files.h). Every `tls_reload_interval` the files' modification times are checked;
+  // on a change both are re-read and, when they hold a matching pair, new connections get it
+  // (open ones keep theirs); otherwise the previous pair stays and a warning is logged.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  absl::Duration tls_reload_interval = absl::Seconds(10);
 };
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;

@@ -50,11 +50,15 @@
 #include "common/metrics.h"
 #include "common/metrics_http_server.h"
 #include "common/process_lifecycle.h"
+#include "common/tls_files.h"
 #include "engine/model_assets.h"
 #include "router/autoscale_flags.h"
 #include "router/autoscaler.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "router/inference_front.h"
 #include "router/inference_service.h"
@@ -68,6 +72,14 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve on (Inference, WorkerRegistry, Health); port 0 picks a free port.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain (leaf first) serving TLS on --listen and --http_listen; with "
+          "--tls_key_file. Empty: plaintext. Re-read when it changes (--tls_reload_interval).");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "PEM private key of --tls_cert_file (unencrypted); both or neither.");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
+          "How often the TLS files are checked for a change; new connections then get the new "
+          "certificate (whole seconds, >= 1s).");
 ABSL_FLAG(std::string, port_file, "",
           "When set, the bound port is written to this file (atomically) once serving.");
 ABSL_FLAG(std::string, model, "",
@@ -175,6 +187,19 @@ int Main() {
   }
   if (absl::GetFlag(FLAGS_http_read_timeout) <= absl::ZeroDuration()) {
     return Fail(FlagError("http_read_timeout", "expected > 0"));
+  }
+  // TLS: checked whole at start-up (a missing file or a key that is not the certificate's is a
+  // named error now, not a failed handshake later).
+  std::optional<TlsFiles> tls;
+  if (!absl::GetFlag(FLAGS_tls_cert_file).empty() || !absl::GetFlag(FLAGS_tls_key_file).empty()) {
+    absl::StatusOr<TlsFiles> loaded =
+        LoadTlsFiles(absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file));
+    if (!loaded.ok()) return Fail(loaded.status());
+    tls = std::move(*loaded);
+  }
+  const absl::Duration tls_reload = absl::GetFlag(FLAGS_tls_reload_interval);
+  if (tls_reload < absl::Seconds(1)) {
+    return Fail(FlagError("tls_reload_interval", "expected >= 1s"));
   }
   const absl::Duration heartbeat = absl::GetFlag(FLAGS_heartbeat_interval);
   if (heartbeat <= absl::ZeroDuration()) {
@@ -289,6 +314,21 @@ int Main() {
   (*registry)->Start();
   GrpcServerOptions server_options;
   server_options.listen_address = listen->ToString();
+  if (tls.has_value()) {
+    // gRPC's file watcher re-reads both files every interval and hands new handshakes the new
+    // pair; connections already open keep theirs.
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls->key_file, tls->cert_file,
+        static_cast<unsigned int>(absl::ToInt64Seconds(absl::Ceil(tls_reload, absl::Seconds(1)))));
+    grpc::experimental::TlsServerCredentialsOptions tls_options(provider);
+    tls_options.watch_identity_key_cert_pairs();
+    server_options.credentials = grpc::experimental::TlsServerCredentials(tls_options);
+    // The HTTP API's relay into this server (below) goes over a second, plaintext listener
+    // bound to loopback with an OS-chosen port, never the public one: the relay then needs no
+    // copy of a trust root that a reload may replace, and no certificate name to match.
+    // Loopback callers still need an API key there, as on the public listener.
+    if (!http_listen.empty()) server_options.internal_listen_address = "127.0.0.1:0";
+  }
   // Inference through the front that names invalid UTF-8 (router/inference_front.h).
   InferenceFront inference_front(inference->get());
   server_options.services = {&inference_front, &registry_service, &admin_service};
@@ -350,9 +390,12 @@ int Main() {
   if (!http_listen.empty()) {
     // The API reaches the Inference service through the router's own listener, so that HTTP
     // requests take exactly the gRPC path (validation, placement, relay, cancellation).
+    // With TLS on, through the loopback plaintext listener (see server_options above).
     absl::StatusOr<HostPort> grpc_listen = ParseHostPort("listen", listen->ToString(), true);
     std::string target = (*server)->address();
-    if (grpc_listen.ok() && (grpc_listen->host == "0.0.0.0" || grpc_listen->host.empty())) {
+    if (!(*server)->internal_address().empty()) {
+      target = (*server)->internal_address();
+    } else if (grpc_listen.ok() && (grpc_listen->host == "0.0.0.0" || grpc_listen->host.empty())) {
       target = absl::StrCat("127.0.0.1:", (*server)->port());
     } else if (grpc_listen.ok() && grpc_listen->host == "::") {
       target = absl::StrCat("[::1]:", (*server)->port());
@@ -404,6 +447,11 @@ int Main() {
     http_options.threads = absl::GetFlag(FLAGS_http_threads);
     http_options.max_body_bytes = static_cast<size_t>(*http_max_body_bytes);
     http_options.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+    if (tls.has_value()) {
+      http_options.tls_cert_file = tls->cert_file;
+      http_options.tls_key_file = tls->key_file;
+      http_options.tls_reload_interval = tls_reload;
+    }
     OpenAiApi* handler = openai_api.get();
     absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
         http_options, [handler](HttpRequest request, std::shared_ptr<HttpResponder> responder) {

@@ -26,7 +26,7 @@ PACKAGES=(
   libcurl4-openssl-dev     # router's Kubernetes scaler (scale subresource over HTTPS)
   libpng-dev               # PNG decoding of request images (vision models)
   libturbojpeg0-dev        # JPEG decoding of request images (vision models)
-  libssl-dev               # libcrypto: SHA-256 of image bytes (common/sha256)
+  libssl-dev               # libcrypto: SHA-256 of image bytes (common/sha256); libssl: TLS on the router's listeners
   zlib1g-dev               # CRC-32 of KV store objects (kv_store)
   python3-yaml             # deploy/k8s manifest validation
   python3-jsonschema
