@@ -15,7 +15,8 @@
 //
 // Placement: --placement=cache_aware (prefix overlap + load, the default) or least_loaded, with
 // the cost weights --placement_w_*; --colocated_prefill_tokens, --max_exposed_transfer_fraction
-// and --load_aware_local_prefill decide when a can_prefill decode node prefills itself;
+// and --load_aware_local_prefill (or --placement_slo_ttft_ms with --placement_slo_itl_ms) decide
+// when a can_prefill decode node prefills itself;
 // --metrics_listen=host:port serves Prometheus /metrics.
 //
 // --http_listen=host:port serves the OpenAI-compatible HTTP API (router/openai_api.h; off by
