@@ -1,6 +1,7 @@
 #include "router/inference_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -250,6 +251,9 @@ absl::StatusOr<InferenceService::Placement> InferenceService::PlaceOnce(
                                     : static_cast<int64_t>(w.info.kv_capacity_blocks());
     c.free_kv_blocks = std::clamp<int64_t>(free - w.placed_blocks, 0, c.total_kv_blocks);
     c.cached_prefix_blocks = registry_->PrefixOverlap(c.worker_id, hashes);
+    if (!prefill && w.has_load && std::isfinite(w.load.decode_tokens_per_second())) {
+      c.decode_tokens_per_second = std::max(0.0, w.load.decode_tokens_per_second());
+    }
     candidates.push_back(std::move(c));
     snapshots.push_back(&w);
   }

@@ -15,7 +15,8 @@
 //
 // Placement: --placement=cache_aware (prefix overlap + load, the default) or least_loaded, with
 // the cost weights --placement_w_*; --colocated_prefill_tokens, --max_exposed_transfer_fraction
-// and --load_aware_local_prefill decide when a can_prefill decode node prefills itself;
+// and --load_aware_local_prefill (or --placement_slo_ttft_ms with --placement_slo_itl_ms) decide
+// when a can_prefill decode node prefills itself;
 // --metrics_listen=host:port serves Prometheus /metrics.
 //
 // --http_listen=host:port serves the OpenAI-compatible HTTP API (router/openai_api.h; off by
@@ -104,6 +105,15 @@ ABSL_FLAG(bool, load_aware_local_prefill, false,
           "to each of its running decodes are predicted to take less time than the least-loaded "
           "prefill node's queue plus this prompt plus the exposed KV transfer (measured rates "
           "from finished requests; token counts until measured).");
+ABSL_FLAG(double, placement_slo_ttft_ms, 0,
+          "With --placement_slo_itl_ms: SLO-aware local prefill (instead of "
+          "--load_aware_local_prefill). A can_prefill decode node prefills a prompt itself "
+          "(above --colocated_prefill_tokens too) when the remote path is predicted to miss this "
+          "TTFT target or to be slower, and its predicted local TTFT over this target plus its "
+          "running decodes' measured token gap over the ITL target is at most 1 (0 = off).");
+ABSL_FLAG(double, placement_slo_itl_ms, 0,
+          "The ITL target of SLO-aware local prefill (see --placement_slo_ttft_ms; both > 0 or "
+          "both 0).");
 ABSL_FLAG(std::string, placement, "cache_aware",
           "Placement policy: cache_aware (prefix-cache overlap and load) or least_loaded.");
 ABSL_FLAG(double, placement_w_uncached_tokens, 1.0,
@@ -288,7 +298,14 @@ int Main() {
       absl::GetFlag(FLAGS_max_exposed_transfer_fraction);
   service_options.placement.load_aware_local_prefill =
       absl::GetFlag(FLAGS_load_aware_local_prefill);
+  service_options.placement.slo_ttft_us = 1e3 * absl::GetFlag(FLAGS_placement_slo_ttft_ms);
+  service_options.placement.slo_itl_us = 1e3 * absl::GetFlag(FLAGS_placement_slo_itl_ms);
   if (absl::Status s = ValidatePlacementOptions(service_options.placement); !s.ok()) {
+    if (absl::StartsWith(s.message(), "slo_")) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--placement_slo_ttft_ms/--placement_slo_itl_ms (in ms; the policy's are us): ",
+          s.message())));
+    }
     // The transfer-cost option's flag has its own name; the weights' flags are placement_*.
     const bool own = absl::StartsWith(s.message(), "max_exposed_transfer_fraction");
     return Fail(absl::InvalidArgumentError(absl::StrCat(own ? "--" : "--placement_", s.message())));

@@ -69,6 +69,11 @@ absl::Status ValidateRequest(const PlacementRequest& request,
             absl::StrCat(field, name, ": expected >= 0; got ", value));
       }
     }
+    if (!std::isfinite(c.decode_tokens_per_second) || c.decode_tokens_per_second < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "decode_tokens_per_second: expected finite and >= 0; got ",
+          c.decode_tokens_per_second));
+    }
     if (c.free_kv_blocks > c.total_kv_blocks) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, "free_kv_blocks: expected <= ", "total_kv_blocks (",
@@ -151,6 +156,41 @@ LoadComparison CompareLoad(const PlacementRequest& request, const CandidateWorke
   return r;
 }
 
+// SLO-aware local prefill (header comment). `local` is set only when the rule says local.
+struct SloComparison {
+  double local_ttft = 0;
+  double remote_ttft = 0;
+  double gap = 0;
+  double budget = 0;  // local_ttft / slo_ttft + gap / slo_itl
+  bool local = false;
+};
+SloComparison CompareSlo(const PlacementOptions& options, const PlacementRequest& request,
+                         const CandidateWorker& decode, int64_t local_tokens,
+                         const CandidateWorker& prefill, int64_t remote_tokens) {
+  SloComparison r;
+  if (!request.transfer_cost) return r;
+  const std::optional<TransferCostEstimate> local =
+      request.transfer_cost(decode.queued_input_tokens + local_tokens);
+  const std::optional<TransferCostEstimate> remote =
+      request.transfer_cost(prefill.queued_input_tokens + remote_tokens);
+  const std::optional<TransferCostEstimate> own = request.transfer_cost(remote_tokens);
+  if (!local.has_value() || !remote.has_value() || !own.has_value()) return r;
+  if (decode.running_sequences > 0) {
+    if (!(decode.decode_tokens_per_second > 0)) return r;  // stall of its decodes unknown
+    r.gap = 1e6 * static_cast<double>(decode.running_sequences) / decode.decode_tokens_per_second;
+  }
+  r.local_ttft = local->prefill_compute_us;
+  r.remote_ttft = remote->prefill_compute_us + own->exposed_transfer_us;
+  r.budget = r.local_ttft / options.slo_ttft_us + r.gap / options.slo_itl_us;
+  const bool gains = r.remote_ttft > options.slo_ttft_us || r.local_ttft < r.remote_ttft;
+  r.local = gains && r.budget <= 1.0;
+  return r;
+}
+
+bool SloAware(const PlacementOptions& options) {
+  return options.slo_ttft_us > 0 && options.slo_itl_us > 0;
+}
+
 }  // namespace
 
 absl::string_view PlacementOutcomeName(PlacementOutcome outcome) {
@@ -165,6 +205,8 @@ absl::string_view PlacementOutcomeName(PlacementOutcome outcome) {
       return "local_prefill_transfer_cost";
     case PlacementOutcome::kLocalPrefillLoad:
       return "local_prefill_load";
+    case PlacementOutcome::kLocalPrefillSlo:
+      return "local_prefill_slo";
   }
   return "unknown";
 }
@@ -186,6 +228,21 @@ absl::Status ValidatePlacementOptions(const PlacementOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_exposed_transfer_fraction: expected finite and >= 0; got ",
                      options.max_exposed_transfer_fraction));
+  }
+  const std::pair<const char*, double> slos[] = {
+      {"slo_ttft_us", options.slo_ttft_us},
+      {"slo_itl_us", options.slo_itl_us},
+  };
+  for (const auto& [name, value] : slos) {
+    if (!std::isfinite(value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": expected finite and >= 0; got ", value));
+    }
+  }
+  if ((options.slo_ttft_us > 0) != (options.slo_itl_us > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slo_itl_us: expected > 0 together with slo_ttft_us, or both 0; got slo_ttft_us=",
+        options.slo_ttft_us, " slo_itl_us=", options.slo_itl_us));
   }
   const std::pair<const char*, double> weights[] = {
       {"w_uncached_tokens", options.w_uncached_tokens},
@@ -263,6 +320,8 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
   const int64_t threshold = options_.local_prefill_threshold_tokens;
   // Decode workers that prefill locally by the load-aware rule, with its comparison.
   absl::flat_hash_map<size_t, LoadComparison> local_by_load;
+  // Decode workers that prefill locally by the SLO-aware rule, with its comparison.
+  absl::flat_hash_map<size_t, SloComparison> local_by_slo;
   int64_t most_free = -1;
   std::string most_free_id;
   bool any_room = false;
@@ -277,7 +336,15 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
     }
     cost.local_prefill = c.can_prefill && (prefill.empty() || cost.uncached_tokens < threshold ||
                                            TransferTooCostly(options_, request, cost.uncached_tokens));
-    if (c.can_prefill && !cost.local_prefill && options_.load_aware_local_prefill) {
+    if (c.can_prefill && !cost.local_prefill && SloAware(options_)) {
+      const SloComparison slo =
+          CompareSlo(options_, request, c, cost.uncached_tokens, *worker[best_prefill_index],
+                     decision.costs[best_prefill_index].uncached_tokens);
+      if (slo.local) {
+        cost.local_prefill = true;
+        local_by_slo[k] = slo;
+      }
+    } else if (c.can_prefill && !cost.local_prefill && options_.load_aware_local_prefill) {
       const LoadComparison load =
           CompareLoad(request, c, cost.uncached_tokens, *worker[best_prefill_index],
                       decision.costs[best_prefill_index].uncached_tokens);
@@ -371,6 +438,8 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
                              ? PlacementOutcome::kLocalPrefillBelowThreshold
                          : local_by_load.contains(chosen_decode)
                              ? PlacementOutcome::kLocalPrefillLoad
+                         : local_by_slo.contains(chosen_decode)
+                             ? PlacementOutcome::kLocalPrefillSlo
                              : PlacementOutcome::kLocalPrefillTransferCost;
       decision.uncached_tokens = d.uncached_tokens;
     } else {
@@ -393,6 +462,9 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
         break;
       case PlacementOutcome::kLocalPrefillLoad:
         ++counters_.local_prefill_load;
+        break;
+      case PlacementOutcome::kLocalPrefillSlo:
+        ++counters_.local_prefill_slo;
         break;
     }
     if (decision.tie_broken) ++counters_.tie_breaks;
@@ -434,6 +506,17 @@ absl::StatusOr<PlacementDecision> ScoredPlacementPolicy::Decide(
                             d.uncached_tokens, load.local, load.measured ? "us" : " tokens",
                             decision.costs[best_prefill_index].worker_id, load.remote,
                             load.measured ? "us" : " tokens");
+      break;
+    }
+    case PlacementOutcome::kLocalPrefillSlo: {
+      const SloComparison& slo = local_by_slo.at(chosen_decode);
+      absl::StrAppendFormat(&decision.reason,
+                            "; prefill locally: %d uncached tokens, predicted TTFT %.0fus here vs "
+                            "%.0fus via %s (SLO %.0fus), running decodes' gap %.0fus (ITL SLO "
+                            "%.0fus), budget %.3f <= 1",
+                            d.uncached_tokens, slo.local_ttft, slo.remote_ttft,
+                            decision.costs[best_prefill_index].worker_id, options_.slo_ttft_us,
+                            slo.gap, options_.slo_itl_us, slo.budget);
       break;
     }
     case PlacementOutcome::kRemotePrefill: {

@@ -35,6 +35,25 @@
 // local < remote (ties stay remote). Both workers are taken to compute at the measured rate.
 // Before the model has a prediction (or without transfer_cost) the same comparison runs in
 // tokens (C(n) = n, E = 0).
+//
+// SLO-aware local prefill (Options::slo_ttft_us and slo_itl_us both > 0; it then decides instead
+// of the load-aware rule), for a can_prefill decode worker whose uncached part is not below the
+// threshold, with C, E and P as above:
+//   remote_ttft = C(P.queued_input_tokens + P's uncached tokens) + E(P's uncached tokens);
+//   local_ttft  = C(decode worker's queued_input_tokens + its uncached tokens);
+//   gap         = running_sequences / decode_tokens_per_second (the measured time between two
+//                 tokens of each running sequence now; 0 when nothing runs there).
+// The decode worker prefills locally when the request gains (remote_ttft > slo_ttft_us: it would
+// miss its TTFT remotely, so it is placed where it adds nothing to the prefill worker's queue; or
+// local_ttft < remote_ttft) and the decode worker has room in both budgets:
+//   local_ttft / slo_ttft_us + gap / slo_itl_us <= 1.
+// Why that sum: a local prefill is only worth doing if it finishes within the TTFT SLO; over that
+// window a running sequence emits at most slo_ttft_us / slo_itl_us tokens at the ITL target, and
+// the prefill's compute (its queue's too) is interleaved with them, so each of those tokens
+// waits gap + local_ttft * slo_itl_us / slo_ttft_us on average; that stays within slo_itl_us
+// exactly when the sum is at most 1. The rule needs measured rates: before the transfer cost
+// model predicts (or without transfer_cost), or while sequences run on a decode worker that has
+// not reported a decode rate, it keeps the prompt remote.
 // Candidates whose costs are equal (within a relative 1e-9) are broken by a power-of-two random
 // choice: two of the tied are drawn at random and the one with the lower secondary load wins
 // (prefill: shorter queue; decode: fewer running sequences, then more free KV blocks); when
@@ -84,6 +103,9 @@ struct CandidateWorker {
   int64_t free_kv_blocks = 0;       // <= total_kv_blocks
   int64_t total_kv_blocks = 0;
   int64_t cached_prefix_blocks = 0;  // leading prompt blocks held (PrefixOverlap)
+  // Decode workers: tokens decoded per second over the last load report's interval (all
+  // running sequences together); 0 when not measured. >= 0, finite.
+  double decode_tokens_per_second = 0;
 };
 
 struct PlacementRequest {
@@ -103,6 +125,7 @@ enum class PlacementOutcome {
   kLocalPrefillNoPrefillWorker,  // no prefill worker in the snapshot
   kLocalPrefillTransferCost,     // the measured transfer would cost too much of the TTFT
   kLocalPrefillLoad,             // load-aware: local prefill predicted to finish sooner
+  kLocalPrefillSlo,              // SLO-aware: the SLOs are predicted to hold locally
 };
 absl::string_view PlacementOutcomeName(PlacementOutcome outcome);
 
@@ -149,6 +172,7 @@ struct PlacementCounters {
   int64_t local_prefill_no_prefill_worker = 0;
   int64_t local_prefill_transfer_cost = 0;
   int64_t local_prefill_load = 0;
+  int64_t local_prefill_slo = 0;
   int64_t tie_breaks = 0;        // decisions that broke at least one tie
   int64_t no_decode_worker = 0;  // kUnavailable
   int64_t no_kv_room = 0;        // kResourceExhausted
@@ -171,6 +195,11 @@ struct PlacementOptions {
   // than the least-loaded prefill worker's queue, the prompt and the exposed transfer (file
   // comment: load-aware local prefill).
   bool load_aware_local_prefill = false;
+  // SLO-aware local prefill (file comment), on when both are > 0, and then instead of
+  // load_aware_local_prefill: the TTFT and ITL targets in microseconds. Each >= 0 and finite;
+  // both 0 or both > 0.
+  double slo_ttft_us = 0;
+  double slo_itl_us = 0;
   // CacheAwarePolicy weights, all >= 0 and finite:
   //   prefill cost = w_uncached_tokens * uncached tokens + w_queued_tokens * queued input tokens
   //   decode cost  = w_kv_used * (KV used fraction after placing blocks_needed)

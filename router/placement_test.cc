@@ -583,6 +583,107 @@ TEST(PlacementTest, LoadAwareLocalPrefillComparesTokensUntilMeasured) {
   EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillBelowThreshold);
 }
 
+// SLO-aware local prefill, with the load-aware test's measured costs (C(n) = 1 ms + 50 us * n,
+// E = 2 ms), a 320-token prompt, TTFT SLO 100 ms and ITL SLO 25 ms:
+//   remote_ttft = C(prefill queue + 320) + 2 ms, local_ttft = C(decode queue + 320),
+//   local when (remote_ttft > 100 ms or local_ttft < remote_ttft)
+//              and local_ttft / 100 ms + running / decode rate / 25 ms <= 1.
+TEST(PlacementTest, SloAwareLocalPrefillKeepsBothSlos) {
+  PlacementOptions o = Weights(64);
+  o.slo_ttft_us = 100000;
+  o.slo_itl_us = 25000;
+  auto policy = CacheAwarePolicy::Create(o);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  TransferCostModel model({.decay = 1.0, .min_samples = 2});
+  model.Observe(100, 1000 + 100 * 50.0, 2000);
+  model.Observe(1000, 1000 + 1000 * 50.0, 2000);
+  PlacementRequest r = Request();
+  r.transfer_cost = [&](int64_t tokens) { return model.Predict(tokens); };
+  auto decode = [](int64_t running, int64_t queued_tokens, double decode_rate) {
+    CandidateWorker w = Decode("d1", true, running, 600, 1000, 0, queued_tokens);
+    w.decode_tokens_per_second = decode_rate;
+    return w;
+  };
+
+  // Prefill queue 2000: remote_ttft = 119 ms misses the SLO. Decode queue 500: local_ttft = 42 ms;
+  // 3 running at 300 tokens/s: gap 10 ms. Budget 0.42 + 0.4 = 0.82. Local.
+  auto d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), decode(3, 500, 300)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillSlo) << PlacementOutcomeName(d->outcome);
+  EXPECT_EQ(d->prefill_worker, "");
+  EXPECT_EQ(d->uncached_tokens, 320);
+  EXPECT_TRUE(absl::StrContains(d->reason, "predicted TTFT 42000us here vs 119000us via p1"))
+      << d->reason;
+  EXPECT_TRUE(absl::StrContains(d->reason, "gap 10000us")) << d->reason;
+
+  // The same at 200 tokens/s: gap 15 ms, budget 0.42 + 0.6 = 1.02: the running decodes would miss
+  // their ITL. Remote (the load-aware rule would have said local: 42 + 3 * 17 = 93 < 119 ms).
+  d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), decode(3, 500, 200)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill) << PlacementOutcomeName(d->outcome);
+  EXPECT_EQ(d->prefill_worker, "p1");
+  PlacementOptions both = o;
+  both.load_aware_local_prefill = true;
+  auto with_load = CacheAwarePolicy::Create(both);
+  ASSERT_TRUE(with_load.ok());
+  d = (*with_load)->Decide(r, {Prefill("p1", 2, 2000, 0), decode(3, 500, 200)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill) << PlacementOutcomeName(d->outcome);
+
+  // Idle prefill worker: remote_ttft = 19 ms meets the SLO and beats local 42 ms. Remote.
+  d = (*policy)->Decide(r, {Prefill("p1", 0, 0, 0), decode(3, 500, 300)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+
+  // Both within the SLO, local sooner (33 ms against 35 ms), nothing running: local.
+  d = (*policy)->Decide(r, {Prefill("p1", 1, 320, 0), decode(0, 320, 0)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kLocalPrefillSlo);
+
+  // Both miss the TTFT SLO (local: decode queue 1700, 102 ms): remote.
+  d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), decode(0, 1700, 0)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+
+  // Sequences running but no decode rate reported yet: their stall is unknown. Remote.
+  d = (*policy)->Decide(r, {Prefill("p1", 2, 2000, 0), decode(3, 500, 0)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+
+  // Not measured yet: remote.
+  PlacementRequest unmeasured = r;
+  unmeasured.transfer_cost = [](int64_t) { return std::optional<TransferCostEstimate>(); };
+  d = (*policy)->Decide(unmeasured, {Prefill("p1", 2, 2000, 0), decode(3, 500, 300)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+  EXPECT_EQ((*policy)->counters().local_prefill_slo, 2);
+  EXPECT_EQ((*policy)->counters().remote_prefill, 5);
+
+  // Off (the default): remote.
+  auto off = CacheAwarePolicy::Create(Weights(64));
+  ASSERT_TRUE(off.ok());
+  d = (*off)->Decide(r, {Prefill("p1", 2, 2000, 0), decode(3, 500, 300)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->outcome, PlacementOutcome::kRemotePrefill);
+}
+
+TEST(PlacementTest, SloAwareOptionsAndRatesAreValidated) {
+  PlacementOptions o = Weights(64);
+  o.slo_ttft_us = 100000;
+  EXPECT_EQ(CacheAwarePolicy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.slo_itl_us = -1;
+  EXPECT_EQ(CacheAwarePolicy::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.slo_itl_us = 25000;
+  auto policy = CacheAwarePolicy::Create(o);
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  CandidateWorker bad = Decode("d1", true, 0, 600, 1000, 0);
+  bad.decode_tokens_per_second = -1;
+  auto d = (*policy)->Decide(Request(), {Prefill("p1", 0, 0, 0), bad});
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "candidates[1].decode_tokens_per_second"))
+      << d.status();
+}
+
 TEST(PlacementTest, ConcurrentDecisionsAreAllCounted) {
   auto policy = CreatePlacementPolicy("cache_aware", Weights(0));
   ASSERT_TRUE(policy.ok());

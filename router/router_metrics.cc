@@ -15,7 +15,8 @@ constexpr PlacementOutcome kPlacements[] = {PlacementOutcome::kRemotePrefill,
                                             PlacementOutcome::kLocalPrefillBelowThreshold,
                                             PlacementOutcome::kLocalPrefillNoPrefillWorker,
                                             PlacementOutcome::kLocalPrefillTransferCost,
-                                            PlacementOutcome::kLocalPrefillLoad};
+                                            PlacementOutcome::kLocalPrefillLoad,
+                                            PlacementOutcome::kLocalPrefillSlo};
 
 const char* PlacementLabel(PlacementOutcome outcome) {
   switch (outcome) {
@@ -29,6 +30,8 @@ const char* PlacementLabel(PlacementOutcome outcome) {
       return "local_transfer_cost";
     case PlacementOutcome::kLocalPrefillLoad:
       return "local_load";
+    case PlacementOutcome::kLocalPrefillSlo:
+      return "local_slo";
   }
   return "unknown";
 }

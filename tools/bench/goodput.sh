@@ -13,7 +13,12 @@
 #                  --max_exposed_transfer_fraction); with GOODPUT_LOAD_AWARE=1 (the default) a
 #                  longer prompt also prefills there when its own queue plus the prompt is
 #                  predicted to finish sooner than the prefill node's queue plus the prompt plus
-#                  the exposed transfer (router --load_aware_local_prefill).
+#                  the exposed transfer (router --load_aware_local_prefill); with
+#                  GOODPUT_SLO_AWARE=1 (the default; it then decides instead of the load-aware
+#                  rule) a longer prompt prefills there when the prefill node's path is predicted
+#                  to miss the TTFT SLO (or be slower) and the decode node's predicted TTFT and its
+#                  running decodes' measured token gap fit within the bench's TTFT and ITL SLOs
+#                  (router --placement_slo_ttft_ms / --placement_slo_itl_ms, given the SLOs below).
 # Equal total cores: every worker node runs one forward thread, pinned to a core of its own after
 # start-up (taskset -a: all its threads), the colocated cluster's two decode nodes on cores 0 and
 # 1, the others' prefill node on 0 and decode node on 1; routers, launchers and the bench client
@@ -29,6 +34,7 @@
 #   GOODPUT_SLO_TTFT_MS=1000, GOODPUT_SLO_ITL_MS=25
 #   GOODPUT_LOCAL_TOKENS=256, GOODPUT_TRANSFER_FRACTION=0.05, GOODPUT_LOAD_AWARE=1: the
 #   conditional cluster's router (GOODPUT_LOAD_AWARE=0: threshold and transfer cost only)
+#   GOODPUT_SLO_AWARE=1: SLO-aware local prefill on the conditional cluster (0: off)
 #   GOODPUT_SEED=1
 # With models/demo (2048 positions) a coding session's first prompt is ~1800 tokens (~0.4 s of
 # prefill on one core), a chat prompt ~100 (median); the SLOs are 2.5x that long prefill and a stall of
@@ -47,6 +53,7 @@ SLO_ITL=${GOODPUT_SLO_ITL_MS:-25}
 LOCAL_TOKENS=${GOODPUT_LOCAL_TOKENS:-256}
 TRANSFER_FRACTION=${GOODPUT_TRANSFER_FRACTION:-0.05}
 LOAD_AWARE=${GOODPUT_LOAD_AWARE:-1}
+SLO_AWARE=${GOODPUT_SLO_AWARE:-1}
 SEED=${GOODPUT_SEED:-1}
 mkdir -p "$OUT"
 PIN=1
@@ -86,9 +93,10 @@ start_cluster() {  # name, launcher flags...
 
 start_cluster colocated --prefill 0 --decode 2 --colocated
 start_cluster disaggregated --prefill 1 --decode 1
+ROUTER_FLAGS="--max_exposed_transfer_fraction=$TRANSFER_FRACTION,--load_aware_local_prefill=$([ "$LOAD_AWARE" = 1 ] && echo true || echo false)"
+[ "$SLO_AWARE" = 1 ] && ROUTER_FLAGS+=",--placement_slo_ttft_ms=$SLO_TTFT,--placement_slo_itl_ms=$SLO_ITL"
 start_cluster conditional --prefill 1 --decode 1 --colocated \
-  --colocated_prefill_tokens "$LOCAL_TOKENS" \
-  --router_flags="--max_exposed_transfer_fraction=$TRANSFER_FRACTION,--load_aware_local_prefill=$([ "$LOAD_AWARE" = 1 ] && echo true || echo false)"
+  --colocated_prefill_tokens "$LOCAL_TOKENS" --router_flags="$ROUTER_FLAGS"
 if [ "$PIN" = 1 ]; then
   pin "${PID[colocated]}" decode_node "0 1"
   for name in disaggregated conditional; do
