@@ -132,7 +132,7 @@ trap stop_all EXIT
 start_config() {  # name, flags (comma-separated)
   local name=$1 flags=$2 ready=$WORK/$1.ready
   "${PINNED[@]}" "$BIN/deploy/local/launcher" --model "$MODEL" --prefill 1 --decode 1 --threads "$THREADS" \
-    --router_listen 127.0.0.1:0 --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" "${DECODE_PIN[@]}" ${SWEEP_LAUNCHER_FLAGS:-} \
+    --router_listen 127.0.0.1:0 --http_listen "" --log_dir "$WORK/$name" --ready_file "$ready" --log_level "${SWEEP_LOG_LEVEL:-info}" "${DECODE_PIN[@]}" ${SWEEP_LAUNCHER_FLAGS:-} \
     ${flags:+--prefill_flags="$flags"} --decode_flags="$flags${SWEEP_TRACE:+${flags:+,}--log_level=debug}" \
     >"$WORK/$name.out" 2>&1 &
   PID[$name]=$!
