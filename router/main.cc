@@ -31,6 +31,7 @@
 // loopback). With neither, the router refuses to start.
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,8 +41,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/flags.h"
@@ -53,19 +54,19 @@
 #include "common/process_lifecycle.h"
 #include "common/tls_files.h"
 #include "engine/model_assets.h"
-#include "router/autoscale_flags.h"
-#include "router/autoscaler.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "router/autoscale_flags.h"
+#include "router/autoscaler.h"
 #include "router/inference_front.h"
 #include "router/inference_service.h"
 #include "router/openai_api.h"
-#include "router/router_admin_service.h"
 #include "router/placement.h"
+#include "router/router_admin_service.h"
 #include "router/router_metrics.h"
 #include "router/tenants.h"
 #include "router/worker_registry.h"
@@ -168,35 +169,180 @@ int Fail(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-int Main() {
-  if (absl::Status s = InitLogging("router", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    return Fail(s);
+// The placement options of the --placement_* flags, --colocated_prefill_tokens (`colocated`,
+// checked >= 0) and the measured conditional-disaggregation rules; kInvalidArgument naming the
+// flag for a bad value.
+absl::StatusOr<PlacementOptions> PlacementOptionsFromFlags(int colocated, uint64_t rng_seed) {
+  PlacementOptions placement;
+  // The flag counts "at most N" uncached tokens; the policy's threshold is "fewer than".
+  placement.local_prefill_threshold_tokens = colocated > 0 ? colocated + 1 : 0;
+  placement.w_uncached_tokens = absl::GetFlag(FLAGS_placement_w_uncached_tokens);
+  placement.w_queued_tokens = absl::GetFlag(FLAGS_placement_w_queued_tokens);
+  placement.w_kv_used = absl::GetFlag(FLAGS_placement_w_kv_used);
+  placement.w_running_sequences = absl::GetFlag(FLAGS_placement_w_running_sequences);
+  placement.rng_seed = rng_seed;
+  placement.max_exposed_transfer_fraction = absl::GetFlag(FLAGS_max_exposed_transfer_fraction);
+  placement.load_aware_local_prefill = absl::GetFlag(FLAGS_load_aware_local_prefill);
+  placement.slo_ttft_us = 1e3 * absl::GetFlag(FLAGS_placement_slo_ttft_ms);
+  placement.slo_itl_us = 1e3 * absl::GetFlag(FLAGS_placement_slo_itl_ms);
+  if (absl::Status s = ValidatePlacementOptions(placement); !s.ok()) {
+    if (absl::StartsWith(s.message(), "slo_")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--placement_slo_ttft_ms/--placement_slo_itl_ms (in ms; the policy's are us): ",
+          s.message()));
+    }
+    // The transfer-cost option's flag has its own name; the weights' flags are placement_*.
+    const bool own = absl::StartsWith(s.message(), "max_exposed_transfer_fraction");
+    return absl::InvalidArgumentError(absl::StrCat(own ? "--" : "--placement_", s.message()));
   }
+  return placement;
+}
+
+// The OpenAI-compatible HTTP API and its server.
+struct HttpApi {
+  std::unique_ptr<OpenAiApi> api;
+  std::unique_ptr<HttpServer> server;
+};
+
+// Starts the HTTP API on `http_listen`, relaying into the router's own gRPC `server` (through its
+// loopback internal listener when TLS is on). `refresh_metrics` and `metrics_registry` serve
+// /metrics; both, and every pointer, outlive the returned servers.
+absl::StatusOr<HttpApi> StartHttpApi(const std::string& http_listen, GrpcServer* server,
+                                     const HostPort& listen, const std::string& model_id,
+                                     const engine::ModelAssets* assets, InferenceService* inference,
+                                     Tenants* tenants, MetricsRegistry* metrics_registry,
+                                     std::function<void()> refresh_metrics,
+                                     const std::optional<TlsFiles>& tls, absl::Duration tls_reload,
+                                     size_t max_chat_text_bytes, size_t http_max_body_bytes) {
+  // The API reaches the Inference service through the router's own listener, so that HTTP
+  // requests take exactly the gRPC path (validation, placement, relay, cancellation).
+  // With TLS on, through the loopback plaintext listener
+  // (GrpcServerOptions::internal_listen_address).
+  absl::StatusOr<HostPort> grpc_listen = ParseHostPort("listen", listen.ToString(), true);
+  std::string target = server->address();
+  if (!server->internal_address().empty()) {
+    target = server->internal_address();
+  } else if (grpc_listen.ok() && (grpc_listen->host == "0.0.0.0" || grpc_listen->host.empty())) {
+    target = absl::StrCat("127.0.0.1:", server->port());
+  } else if (grpc_listen.ok() && grpc_listen->host == "::") {
+    target = absl::StrCat("[::1]:", server->port());
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  OpenAiApiOptions api_options;
+  api_options.model_id = model_id;
+  api_options.max_prompt_bytes = max_chat_text_bytes;
+  const engine::ModelAssets* model_assets = assets;
+  api_options.tokenize = [model_assets](absl::string_view text) {
+    return model_assets->tokenizer().Encode(text, /*add_special_tokens=*/true);
+  };
+  api_options.token_text = [model_assets](uint32_t id) {
+    absl::StatusOr<std::string> text =
+        model_assets->tokenizer().Decode({static_cast<int32_t>(id)}, false);
+    return text.ok() ? *text : std::string();
+  };
+  InferenceService* service = inference;
+  api_options.list_models = [service] {
+    v1::ListModelsRequest request;
+    v1::ListModelsResponse response;
+    (void)service->ListModels(nullptr, &request, &response);
+    return response;
+  };
+  api_options.metrics = [refresh_metrics, metrics_registry] {
+    refresh_metrics();
+    return metrics_registry->Serialize();
+  };
+  api_options.healthy = [service] { return !service->draining(); };
+  Tenants* tenant_table = tenants;
+  api_options.authorize = [tenant_table, model_id](const HttpRequest& request) -> absl::Status {
+    std::optional<absl::string_view> authorization;
+    const std::string header = request.Header("Authorization");
+    if (!header.empty()) authorization = header;
+    absl::StatusOr<std::shared_ptr<const Tenant>> tenant =
+        tenant_table->Authenticate(authorization);
+    if (!tenant.ok()) return tenant.status();
+    return tenant_table->CheckModel(**tenant, model_id);
+  };
+  absl::StatusOr<std::unique_ptr<OpenAiApi>> api =
+      OpenAiApi::Create(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args),
+                        std::move(api_options));
+  if (!api.ok()) return api.status();
+  HttpApi out;
+  out.api = std::move(*api);
+  HttpServerOptions http_options;
+  http_options.listen_address = http_listen;
+  http_options.threads = absl::GetFlag(FLAGS_http_threads);
+  http_options.max_body_bytes = http_max_body_bytes;
+  http_options.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+  if (tls.has_value()) {
+    http_options.tls_cert_file = tls->cert_file;
+    http_options.tls_key_file = tls->key_file;
+    http_options.tls_reload_interval = tls_reload;
+  }
+  OpenAiApi* handler = out.api.get();
+  absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
+      http_options, [handler](HttpRequest request, std::shared_ptr<HttpResponder> responder) {
+        handler->Handle(std::move(request), std::move(responder));
+      });
+  if (!started.ok()) return started.status();
+  out.server = std::move(*started);
+  if (const std::string file = absl::GetFlag(FLAGS_http_port_file); !file.empty()) {
+    if (absl::Status s = WritePortFile(file, out.server->port()); !s.ok()) {
+      out.server->Stop();
+      return s;
+    }
+  }
+  spdlog::info("serving the OpenAI-compatible HTTP API on {} (port {})", http_listen,
+               out.server->port());
+  return out;
+}
+
+// What the router's flags say, checked: kInvalidArgument naming the flag for a bad value (TLS
+// files are loaded and matched here, so a bad pair fails at start-up, not at a handshake).
+struct RouterFlags {
+  std::string model_dir;
+  std::string model_id;  // --model_id, or the model directory's name
+  HostPort listen;
+  uint64_t max_image_bytes = 0;
+  uint64_t max_chat_text_bytes = 0;
+  uint64_t http_max_body_bytes = 0;
+  std::string http_listen;  // empty: no HTTP API
+  std::optional<TlsFiles> tls;
+  absl::Duration tls_reload;
+  absl::Duration heartbeat;
+  int missed = 0;
+  int colocated = 0;
+  absl::Duration request_timeout;
+  absl::Duration drain_timeout;
+};
+
+absl::StatusOr<RouterFlags> RouterFlagsFromFlags() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
-  if (model_dir.empty()) return Fail(FlagError("model", "expected a model directory; got \"\""));
+  if (model_dir.empty()) return FlagError("model", "expected a model directory; got \"\"");
   absl::StatusOr<HostPort> listen =
       ParseHostPort("listen", absl::GetFlag(FLAGS_listen), /*allow_port_zero=*/true);
-  if (!listen.ok()) return Fail(listen.status());
+  if (!listen.ok()) return listen.status();
   absl::StatusOr<uint64_t> max_image_bytes =
       ParseByteSize("max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes));
-  if (!max_image_bytes.ok()) return Fail(max_image_bytes.status());
+  if (!max_image_bytes.ok()) return max_image_bytes.status();
   absl::StatusOr<uint64_t> max_chat_text_bytes =
       ParseByteSize("max_chat_text_bytes", absl::GetFlag(FLAGS_max_chat_text_bytes));
-  if (!max_chat_text_bytes.ok()) return Fail(max_chat_text_bytes.status());
+  if (!max_chat_text_bytes.ok()) return max_chat_text_bytes.status();
   absl::StatusOr<uint64_t> http_max_body_bytes =
       ParseByteSize("http_max_body_bytes", absl::GetFlag(FLAGS_http_max_body_bytes));
-  if (!http_max_body_bytes.ok()) return Fail(http_max_body_bytes.status());
+  if (!http_max_body_bytes.ok()) return http_max_body_bytes.status();
   const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   if (!http_listen.empty()) {
     absl::StatusOr<HostPort> parsed = ParseHostPort("http_listen", http_listen, true);
-    if (!parsed.ok()) return Fail(parsed.status());
+    if (!parsed.ok()) return parsed.status();
   }
   if (absl::GetFlag(FLAGS_http_threads) < 1) {
-    return Fail(FlagError("http_threads",
-                          absl::StrCat("expected >= 1; got ", absl::GetFlag(FLAGS_http_threads))));
+    return FlagError("http_threads",
+                     absl::StrCat("expected >= 1; got ", absl::GetFlag(FLAGS_http_threads)));
   }
   if (absl::GetFlag(FLAGS_http_read_timeout) <= absl::ZeroDuration()) {
-    return Fail(FlagError("http_read_timeout", "expected > 0"));
+    return FlagError("http_read_timeout", "expected > 0");
   }
   // TLS: checked whole at start-up (a missing file or a key that is not the certificate's is a
   // named error now, not a failed handshake later).
@@ -204,36 +350,35 @@ int Main() {
   if (!absl::GetFlag(FLAGS_tls_cert_file).empty() || !absl::GetFlag(FLAGS_tls_key_file).empty()) {
     absl::StatusOr<TlsFiles> loaded =
         LoadTlsFiles(absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file));
-    if (!loaded.ok()) return Fail(loaded.status());
+    if (!loaded.ok()) return loaded.status();
     tls = std::move(*loaded);
   }
   const absl::Duration tls_reload = absl::GetFlag(FLAGS_tls_reload_interval);
   if (tls_reload < absl::Seconds(1)) {
-    return Fail(FlagError("tls_reload_interval", "expected >= 1s"));
+    return FlagError("tls_reload_interval", "expected >= 1s");
   }
   const absl::Duration heartbeat = absl::GetFlag(FLAGS_heartbeat_interval);
   if (heartbeat <= absl::ZeroDuration()) {
-    return Fail(FlagError("heartbeat_interval",
-                          absl::StrCat("expected > 0; got ", absl::FormatDuration(heartbeat))));
+    return FlagError("heartbeat_interval",
+                     absl::StrCat("expected > 0; got ", absl::FormatDuration(heartbeat)));
   }
   const int missed = absl::GetFlag(FLAGS_missed_heartbeats);
   if (missed < 1) {
-    return Fail(FlagError("missed_heartbeats", absl::StrCat("expected >= 1; got ", missed)));
+    return FlagError("missed_heartbeats", absl::StrCat("expected >= 1; got ", missed));
   }
   const int colocated = absl::GetFlag(FLAGS_colocated_prefill_tokens);
   if (colocated < 0) {
-    return Fail(
-        FlagError("colocated_prefill_tokens", absl::StrCat("expected >= 0; got ", colocated)));
+    return FlagError("colocated_prefill_tokens", absl::StrCat("expected >= 0; got ", colocated));
   }
   const absl::Duration request_timeout = absl::GetFlag(FLAGS_request_timeout);
   if (request_timeout <= absl::ZeroDuration()) {
-    return Fail(FlagError("request_timeout", absl::StrCat("expected > 0; got ",
-                                                          absl::FormatDuration(request_timeout))));
+    return FlagError("request_timeout",
+                     absl::StrCat("expected > 0; got ", absl::FormatDuration(request_timeout)));
   }
   const absl::Duration drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   if (drain_timeout < absl::ZeroDuration()) {
-    return Fail(FlagError(
-        "drain_timeout", absl::StrCat("expected >= 0; got ", absl::FormatDuration(drain_timeout))));
+    return FlagError("drain_timeout",
+                     absl::StrCat("expected >= 0; got ", absl::FormatDuration(drain_timeout)));
   }
   std::string model_id = absl::GetFlag(FLAGS_model_id);
   if (model_id.empty()) {
@@ -242,17 +387,50 @@ int Main() {
     model_id = path.filename().string();
   }
   if (model_id.empty()) {
-    return Fail(FlagError("model_id", absl::StrCat("expected an id (none derives from --model \"",
-                                                   model_dir, "\"); got \"\"")));
+    return FlagError("model_id", absl::StrCat("expected an id (none derives from --model \"",
+                                              model_dir, "\"); got \"\""));
   }
+  RouterFlags f;
+  f.model_dir = model_dir;
+  f.model_id = model_id;
+  f.listen = *listen;
+  f.max_image_bytes = *max_image_bytes;
+  f.max_chat_text_bytes = *max_chat_text_bytes;
+  f.http_max_body_bytes = *http_max_body_bytes;
+  f.http_listen = http_listen;
+  f.tls = std::move(tls);
+  f.tls_reload = tls_reload;
+  f.heartbeat = heartbeat;
+  f.missed = missed;
+  f.colocated = colocated;
+  f.request_timeout = request_timeout;
+  f.drain_timeout = drain_timeout;
+  return f;
+}
+
+int Main() {
+  if (absl::Status s = InitLogging("router", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    return Fail(s);
+  }
+  absl::StatusOr<RouterFlags> flags = RouterFlagsFromFlags();
+  if (!flags.ok()) return Fail(flags.status());
+  const std::string& model_dir = flags->model_dir;
+  const std::string& model_id = flags->model_id;
+  const HostPort& listen = flags->listen;
+  const std::string& http_listen = flags->http_listen;
+  const std::optional<TlsFiles>& tls = flags->tls;
+  const absl::Duration tls_reload = flags->tls_reload;
+  const int colocated = flags->colocated;
+  const absl::Duration request_timeout = flags->request_timeout;
+  const absl::Duration drain_timeout = flags->drain_timeout;
 
   absl::StatusOr<std::unique_ptr<engine::ModelAssets>> assets =
       engine::ModelAssets::Load(model_dir);
   if (!assets.ok()) return Fail(assets.status());
 
   WorkerRegistry::Options registry_options;
-  registry_options.heartbeat_interval = heartbeat;
-  registry_options.missed_heartbeats_allowed = missed;
+  registry_options.heartbeat_interval = flags->heartbeat;
+  registry_options.missed_heartbeats_allowed = flags->missed;
   registry_options.rng_seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   absl::StatusOr<std::unique_ptr<WorkerRegistry>> registry =
       WorkerRegistry::Create(registry_options);
@@ -272,11 +450,13 @@ int Main() {
   absl::StatusOr<std::unique_ptr<Tenants>> tenants = Tenants::Create(tenants_options);
   if (!tenants.ok()) return Fail(tenants.status());
   if (tenants_options.allow_anonymous) {
-    const bool loopback = listen->host == "127.0.0.1" || listen->host == "::1" ||
-                          listen->host == "localhost";
+    const bool loopback =
+        listen.host == "127.0.0.1" || listen.host == "::1" || listen.host == "localhost";
     if (!loopback) {
-      spdlog::warn("--allow_anonymous on {}: anyone who reaches this address may call without "
-                   "a key", listen->ToString());
+      spdlog::warn(
+          "--allow_anonymous on {}: anyone who reaches this address may call without "
+          "a key",
+          listen.ToString());
     }
   }
   Tenants::InstallReloadOnSighup();
@@ -286,30 +466,10 @@ int Main() {
   service_options.model_id = model_id;
   service_options.tenants = tenants->get();
   service_options.placement_policy = absl::GetFlag(FLAGS_placement);
-  // The flag counts "at most N" uncached tokens; the policy's threshold is "fewer than".
-  service_options.placement.local_prefill_threshold_tokens = colocated > 0 ? colocated + 1 : 0;
-  service_options.placement.w_uncached_tokens = absl::GetFlag(FLAGS_placement_w_uncached_tokens);
-  service_options.placement.w_queued_tokens = absl::GetFlag(FLAGS_placement_w_queued_tokens);
-  service_options.placement.w_kv_used = absl::GetFlag(FLAGS_placement_w_kv_used);
-  service_options.placement.w_running_sequences =
-      absl::GetFlag(FLAGS_placement_w_running_sequences);
-  service_options.placement.rng_seed = registry_options.rng_seed;
-  service_options.placement.max_exposed_transfer_fraction =
-      absl::GetFlag(FLAGS_max_exposed_transfer_fraction);
-  service_options.placement.load_aware_local_prefill =
-      absl::GetFlag(FLAGS_load_aware_local_prefill);
-  service_options.placement.slo_ttft_us = 1e3 * absl::GetFlag(FLAGS_placement_slo_ttft_ms);
-  service_options.placement.slo_itl_us = 1e3 * absl::GetFlag(FLAGS_placement_slo_itl_ms);
-  if (absl::Status s = ValidatePlacementOptions(service_options.placement); !s.ok()) {
-    if (absl::StartsWith(s.message(), "slo_")) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--placement_slo_ttft_ms/--placement_slo_itl_ms (in ms; the policy's are us): ",
-          s.message())));
-    }
-    // The transfer-cost option's flag has its own name; the weights' flags are placement_*.
-    const bool own = absl::StartsWith(s.message(), "max_exposed_transfer_fraction");
-    return Fail(absl::InvalidArgumentError(absl::StrCat(own ? "--" : "--placement_", s.message())));
-  }
+  absl::StatusOr<PlacementOptions> placement =
+      PlacementOptionsFromFlags(colocated, registry_options.rng_seed);
+  if (!placement.ok()) return Fail(placement.status());
+  service_options.placement = *placement;
   if (absl::Status s = CreatePlacementPolicy(service_options.placement_policy,
                                              service_options.placement, "placement")
                            .status();
@@ -317,8 +477,8 @@ int Main() {
     return Fail(s);
   }
   service_options.metrics = metrics->get();
-  service_options.max_image_bytes = static_cast<size_t>(*max_image_bytes);
-  service_options.max_chat_text_bytes = static_cast<size_t>(*max_chat_text_bytes);
+  service_options.max_image_bytes = static_cast<size_t>(flags->max_image_bytes);
+  service_options.max_chat_text_bytes = static_cast<size_t>(flags->max_chat_text_bytes);
   service_options.default_timeout = request_timeout;
   absl::StatusOr<std::unique_ptr<InferenceService>> inference =
       InferenceService::Create(registry->get(), assets->get(), service_options);
@@ -330,7 +490,7 @@ int Main() {
 
   (*registry)->Start();
   GrpcServerOptions server_options;
-  server_options.listen_address = listen->ToString();
+  server_options.listen_address = listen.ToString();
   if (tls.has_value()) {
     // gRPC's file watcher re-reads both files every interval and hands new handshakes the new
     // pair; connections already open keep theirs.
@@ -402,93 +562,19 @@ int Main() {
     metrics_server = std::move(*created);
     spdlog::info("serving metrics on {} (port {})", address, metrics_server->port());
   }
-  std::unique_ptr<OpenAiApi> openai_api;
-  std::unique_ptr<HttpServer> http_server;
+  HttpApi http_api;
   if (!http_listen.empty()) {
-    // The API reaches the Inference service through the router's own listener, so that HTTP
-    // requests take exactly the gRPC path (validation, placement, relay, cancellation).
-    // With TLS on, through the loopback plaintext listener (see server_options above).
-    absl::StatusOr<HostPort> grpc_listen = ParseHostPort("listen", listen->ToString(), true);
-    std::string target = (*server)->address();
-    if (!(*server)->internal_address().empty()) {
-      target = (*server)->internal_address();
-    } else if (grpc_listen.ok() && (grpc_listen->host == "0.0.0.0" || grpc_listen->host.empty())) {
-      target = absl::StrCat("127.0.0.1:", (*server)->port());
-    } else if (grpc_listen.ok() && grpc_listen->host == "::") {
-      target = absl::StrCat("[::1]:", (*server)->port());
-    }
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    OpenAiApiOptions api_options;
-    api_options.model_id = model_id;
-    api_options.max_prompt_bytes = static_cast<size_t>(*max_chat_text_bytes);
-    const engine::ModelAssets* model_assets = assets->get();
-    api_options.tokenize = [model_assets](absl::string_view text) {
-      return model_assets->tokenizer().Encode(text, /*add_special_tokens=*/true);
-    };
-    api_options.token_text = [model_assets](uint32_t id) {
-      absl::StatusOr<std::string> text =
-          model_assets->tokenizer().Decode({static_cast<int32_t>(id)}, false);
-      return text.ok() ? *text : std::string();
-    };
-    InferenceService* service = inference->get();
-    api_options.list_models = [service] {
-      v1::ListModelsRequest request;
-      v1::ListModelsResponse response;
-      (void)service->ListModels(nullptr, &request, &response);
-      return response;
-    };
-    api_options.metrics = [&] {
-      refresh_metrics();
-      return metrics_registry.Serialize();
-    };
-    api_options.healthy = [service] { return !service->draining(); };
-    Tenants* tenant_table = tenants->get();
-    api_options.authorize = [tenant_table, model_id](const HttpRequest& request) -> absl::Status {
-      std::optional<absl::string_view> authorization;
-      const std::string header = request.Header("Authorization");
-      if (!header.empty()) authorization = header;
-      absl::StatusOr<std::shared_ptr<const Tenant>> tenant =
-          tenant_table->Authenticate(authorization);
-      if (!tenant.ok()) return tenant.status();
-      return tenant_table->CheckModel(**tenant, model_id);
-    };
-    absl::StatusOr<std::unique_ptr<OpenAiApi>> api = OpenAiApi::Create(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args),
-        std::move(api_options));
-    if (!api.ok()) return Fail(api.status());
-    openai_api = std::move(*api);
-    HttpServerOptions http_options;
-    http_options.listen_address = http_listen;
-    http_options.threads = absl::GetFlag(FLAGS_http_threads);
-    http_options.max_body_bytes = static_cast<size_t>(*http_max_body_bytes);
-    http_options.read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
-    if (tls.has_value()) {
-      http_options.tls_cert_file = tls->cert_file;
-      http_options.tls_key_file = tls->key_file;
-      http_options.tls_reload_interval = tls_reload;
-    }
-    OpenAiApi* handler = openai_api.get();
-    absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(
-        http_options, [handler](HttpRequest request, std::shared_ptr<HttpResponder> responder) {
-          handler->Handle(std::move(request), std::move(responder));
-        });
+    absl::StatusOr<HttpApi> started =
+        StartHttpApi(http_listen, server->get(), listen, model_id, assets->get(), inference->get(),
+                     tenants->get(), &metrics_registry, refresh_metrics, tls, tls_reload,
+                     static_cast<size_t>(flags->max_chat_text_bytes),
+                     static_cast<size_t>(flags->http_max_body_bytes));
     if (!started.ok()) {
       (*server)->Shutdown(absl::ZeroDuration());
       (*registry)->Stop();
       return Fail(started.status());
     }
-    http_server = std::move(*started);
-    if (const std::string file = absl::GetFlag(FLAGS_http_port_file); !file.empty()) {
-      if (absl::Status s = WritePortFile(file, http_server->port()); !s.ok()) {
-        (*server)->Shutdown(absl::ZeroDuration());
-        (*registry)->Stop();
-        return Fail(s);
-      }
-    }
-    spdlog::info("serving the OpenAI-compatible HTTP API on {} (port {})", http_listen,
-                 http_server->port());
+    http_api = std::move(*started);
   }
   (*server)->SetServing(true);
   if (autoscale->autoscaler != nullptr) {
@@ -509,10 +595,10 @@ int Main() {
     spdlog::warn("drain timeout: cancelling {} calls still in flight", (*inference)->in_flight());
   }
   (*server)->Shutdown(absl::Seconds(1));
-  if (openai_api != nullptr && !openai_api->WaitIdle(absl::Seconds(2))) {
-    spdlog::warn("{} HTTP calls still in flight at shutdown", openai_api->in_flight());
+  if (http_api.api != nullptr && !http_api.api->WaitIdle(absl::Seconds(2))) {
+    spdlog::warn("{} HTTP calls still in flight at shutdown", http_api.api->in_flight());
   }
-  if (http_server != nullptr) http_server->Stop();
+  if (http_api.server != nullptr) http_api.server->Stop();
   if (metrics_server != nullptr) metrics_server->Stop();
   (*registry)->Stop();
   spdlog::info("stopped");
