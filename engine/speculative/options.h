@@ -76,7 +76,7 @@ struct SpecOptions {
   // Draft model: the step drafts up to the longest L whose predicted rate is at least (1 -
   // draft_stop_extend) x the best L's, in [0, 1), for the confidence stop to cut, from
   // draft_stop_extend_min_decoding (>= 1) decoding sequences on; 0: the best L. 0.25 from 3:
-  // faster at 5-32 decoding sequences, slower at 1-2, in the sweeps.
+  // the extension pays where several sequences share a step (docs/speculative-decoding.md).
   double draft_stop_extend = 0.25;
   int draft_stop_extend_min_decoding = 3;
   int profile_runs = 5;  // forward passes per profiled shape (median), >= 5
